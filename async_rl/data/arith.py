@@ -1,0 +1,44 @@
+"""The embedded demo task: integer arithmetic problems generated in code (nothing is downloaded).
+
+A record is ``{"prompt": "37+45=", "ground_truth": "82"}``. Problems are drawn from a seeded generator, so a seed
+fixes the data order; ``split`` separates training problems from held-out evaluation problems by a hash of the
+operands so the two never overlap.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def _in_split(a: int, op: str, b: int, split: str) -> bool:
+    bucket = zlib.crc32(f"{a}{op}{b}".encode()) % 10
+    return (bucket == 0) == (split == "eval")
+
+
+def make_arith_problems(
+    n: int, *, seed: int = 0, digits: int = 2, ops: str = "+", split: str = "train"
+) -> list[dict[str, str]]:
+    """``n`` problems ``a<op>b=`` with operands of up to ``digits`` digits; ``split`` is "train" or "eval" (10%)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    bad = [op for op in ops if op not in _OPS]
+    if not ops or bad:
+        raise ValueError(f"ops must be a non-empty string of {sorted(_OPS)}, got {ops!r}")
+    rng = random.Random(seed)
+    high = 10**digits - 1
+    records: list[dict[str, str]] = []
+    while len(records) < n:
+        a, b, op = rng.randint(0, high), rng.randint(0, high), rng.choice(ops)
+        if op == "-" and b > a:
+            a, b = b, a
+        if not _in_split(a, op, b, split):
+            continue
+        records.append({"prompt": f"{a}{op}{b}=", "ground_truth": str(_OPS[op](a, b))})
+    return records

@@ -1,0 +1,47 @@
+"""The embedded arithmetic task and the jsonl prompt loader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from async_rl.data import load_prompt_records, make_arith_problems
+
+
+def test_arith_problems_are_correct_seeded_and_split():
+    train = make_arith_problems(200, seed=1, digits=2, ops="+-*")
+    assert train == make_arith_problems(200, seed=1, digits=2, ops="+-*")
+    assert train != make_arith_problems(200, seed=2, digits=2, ops="+-*")
+    for rec in train:
+        lhs = rec["prompt"].rstrip("=")
+        assert rec["prompt"].endswith("=")
+        assert str(eval(lhs)) == rec["ground_truth"]  # noqa: S307 - test oracle on generated digits
+        assert int(rec["ground_truth"]) >= 0
+    held_out = make_arith_problems(50, seed=1, digits=2, ops="+-*", split="eval")
+    assert not {r["prompt"] for r in held_out} & {r["prompt"] for r in train}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"), [({"digits": 0}, "digits"), ({"ops": "/"}, "ops"), ({"split": "x"}, "split")]
+)
+def test_arith_bad_arguments(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        make_arith_problems(3, **kwargs)
+
+
+def test_jsonl_loader(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [
+        {"prompt": "q1", "reward_model": {"ground_truth": "7"}, "data_source": "gsm8k"},
+        {"prompt": [{"role": "user", "content": "q2"}], "ground_truth": "8"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    records = load_prompt_records(path)
+    assert records[0] == {"prompt": "q1", "ground_truth": "7", "extra": {"data_source": "gsm8k"}}
+    assert records[1]["ground_truth"] == "8" and records[1]["prompt"][0]["content"] == "q2"
+    path.write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match="data.prompt_key"):
+        load_prompt_records(path)
+    with pytest.raises(ValueError, match="not found"):
+        load_prompt_records(tmp_path / "missing.jsonl")

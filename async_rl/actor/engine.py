@@ -1,0 +1,260 @@
+"""The actor's generation engine: one vLLM ``AsyncLLM`` (continuous batching) with policy-version tracking.
+
+Why a wrapper: the rest of the actor needs four things vLLM does not track for it.
+1. Which policy version produced each completion. A completion records the version loaded when its request was
+   submitted (``min_version``) and the version loaded when it finished (``max_version``); with in-flight updates the two
+   differ and the staleness bound uses the oldest.
+2. Behaviour log-probs of every sampled token from the distribution actually sampled from. The engine is built with
+   ``logprobs_mode="processed_logprobs"`` by default: log-probs after temperature scaling and top-k/top-p truncation,
+   which is the sampling distribution, so the learner's importance weight exp(proximal - behaviour) is a true ratio.
+   ``"raw_logprobs"`` (log-softmax of the unscaled logits) is available for experiments; with temperature != 1 or
+   truncation it makes those ratios biased.
+3. No reuse of prefix-cache entries computed under old weights: each request carries ``cache_salt = "v<version>"``, so
+   blocks cached under another version never match.
+4. Weight updates without restarting the engine, in two modes (see :meth:`GenerationEngine.update_weights`).
+
+The engine runs inside the actor's asyncio loop; all methods are coroutines except the constructor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+UpdateMode = Literal["inflight", "drain"]
+LogprobsMode = Literal["processed", "raw"]
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling parameters of one prompt group (``n`` completions)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 32
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One sampled completion: token ids, the behaviour log-prob of each, and the version span it was generated in."""
+
+    token_ids: np.ndarray  # [T] int32
+    logprobs: np.ndarray  # [T] float32, log-prob of each sampled token
+    finish_reason: str
+    min_version: int
+    max_version: int
+    text: str = ""
+
+
+@dataclass
+class EngineStats:
+    """Counters the actor reports as ``actor/...`` metrics."""
+
+    requests: int = 0
+    completions: int = 0
+    generated_tokens: int = 0
+    updates: int = 0
+    update_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    versions_spanned: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the engine is built from (mirrors ``actor_rollout_ref.rollout.*`` and ``async_training.actor.*``)."""
+
+    model_path: str
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    max_model_len: int = 1024
+    gpu_memory_utilization: float = 0.5
+    max_num_seqs: int = 256
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    logprobs_mode: LogprobsMode = "processed"
+    seed: int = 0
+    worker_extension_cls: str | None = None
+
+
+class GenerationEngine:
+    """A vLLM ``AsyncLLM`` that knows its policy version. Build with :meth:`start`, stop with :meth:`shutdown`."""
+
+    def __init__(self, settings: EngineSettings, *, version: int = 0) -> None:
+        if settings.logprobs_mode not in ("processed", "raw"):
+            raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {settings.logprobs_mode!r}")
+        self.settings = settings
+        self.version = version
+        self.stats = EngineStats()
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._next_request = 0
+        self._busy_since: float | None = None
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        s = self.settings
+        args = AsyncEngineArgs(
+            model=s.model_path,
+            tensor_parallel_size=s.tensor_parallel_size,
+            dtype=s.dtype,  # type: ignore[arg-type]
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            max_num_seqs=s.max_num_seqs,
+            enforce_eager=s.enforce_eager,
+            enable_prefix_caching=s.enable_prefix_caching,
+            logprobs_mode="processed_logprobs" if s.logprobs_mode == "processed" else "raw_logprobs",
+            seed=s.seed,
+            worker_extension_cls=s.worker_extension_cls or "",
+        )
+        self._engine = AsyncLLM.from_engine_args(args)
+        self._tokenizer = self._engine.tokenizer if hasattr(self._engine, "tokenizer") else None
+        logger.info("vLLM engine up: %s (tp=%d)", s.model_path, s.tensor_parallel_size)
+
+    @property
+    def vllm(self) -> Any:
+        """The underlying ``AsyncLLM`` (for ``collective_rpc`` to the worker extension)."""
+        if self._engine is None:
+            raise RuntimeError("GenerationEngine.start() was not called")
+        return self._engine
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def _sampling_params(self, spec: SamplingSpec) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=spec.n,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k if spec.top_k > 0 else -1,
+            max_tokens=spec.max_tokens,
+            seed=spec.seed,
+            logprobs=0,
+            detokenize=True,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def generate(self, prompt_token_ids: Sequence[int], spec: SamplingSpec) -> list[Completion]:
+        """Generate ``spec.n`` completions of one prompt; returns when all of them have finished."""
+        from vllm.inputs import TokensPrompt
+
+        engine = self.vllm
+        self._next_request += 1
+        request_id = f"g{self._next_request}-v{self.version}"
+        start_version = self.version
+        finished_at: dict[int, int] = {}
+        # Streamed as deltas (no quadratic re-copying of long outputs); a delta may carry only some completions.
+        tokens: dict[int, list[int]] = {i: [] for i in range(spec.n)}
+        logprobs: dict[int, list[float]] = {i: [] for i in range(spec.n)}
+        texts: dict[int, list[str]] = {i: [] for i in range(spec.n)}
+        reasons: dict[int, str] = {}
+        self._enter()
+        try:
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=f"v{start_version}")
+            async for output in engine.generate(prompt, self._sampling_params(spec), request_id=request_id):
+                for comp in output.outputs:
+                    tokens[comp.index].extend(comp.token_ids)
+                    logprobs[comp.index].extend(_sampled_logprobs(comp.token_ids, comp.logprobs))
+                    texts[comp.index].append(comp.text)
+                    if comp.finish_reason is not None and comp.index not in finished_at:
+                        finished_at[comp.index] = self.version
+                        reasons[comp.index] = str(comp.finish_reason)
+        finally:
+            self._exit()
+        if sorted(reasons) != list(range(spec.n)):
+            raise RuntimeError(
+                f"vLLM finished completions {sorted(reasons)} of request {request_id}, expected n={spec.n}"
+            )
+        completions = []
+        for i in range(spec.n):
+            token_ids = np.asarray(tokens[i], dtype=np.int32)
+            end_version = finished_at[i]
+            completions.append(
+                Completion(
+                    token_ids=token_ids,
+                    logprobs=np.asarray(logprobs[i], dtype=np.float32),
+                    finish_reason=reasons[i],
+                    min_version=start_version,
+                    max_version=end_version,
+                    text="".join(texts[i]),
+                )
+            )
+            span = end_version - start_version
+            self.stats.versions_spanned[span] = self.stats.versions_spanned.get(span, 0) + 1
+            self.stats.generated_tokens += len(token_ids)
+        self.stats.requests += 1
+        self.stats.completions += len(completions)
+        return completions
+
+    def _enter(self) -> None:
+        if self._inflight == 0:
+            self._busy_since = time.monotonic()
+        self._inflight += 1
+        self._idle.clear()
+
+    def _exit(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            if self._busy_since is not None:
+                self.stats.busy_seconds += time.monotonic() - self._busy_since
+                self._busy_since = None
+            self._idle.set()
+
+    async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
+        """Swap in the weights of ``new_version`` without restarting the engine.
+
+        Order: pause -> ``load()`` (receives and loads weights through the worker extension) -> set version -> resume.
+        - ``"inflight"``: pause keeping requests and their KV cache (``mode="keep"``); running completions continue
+          under the new weights after resume, and record the version span.
+        - ``"drain"``: stop scheduling new requests and let running ones finish first (``mode="wait"``), then swap.
+        New requests are salted with the new version, so no prefix-cache entry computed under old weights is reused.
+        If ``load`` raises, the engine is resumed on its old weights and version and the error propagates.
+        """
+        if mode not in ("inflight", "drain"):
+            raise ValueError(f"update mode must be 'inflight' or 'drain', got {mode!r}")
+        if new_version <= self.version:
+            raise ValueError(f"new_version {new_version} is not newer than the loaded version {self.version}")
+        engine = self.vllm
+        started = time.monotonic()
+        await engine.pause_generation(mode="keep" if mode == "inflight" else "wait", clear_cache=False)
+        try:
+            await load()
+            self.version = new_version
+        finally:
+            await engine.resume_generation()
+        self.stats.updates += 1
+        self.stats.update_seconds += time.monotonic() - started
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+
+def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position ``{token_id: Logprob}`` dicts."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no per-token log-probs; requests must set logprobs=0")
+    return [pos[tok].logprob for tok, pos in zip(token_ids, logprobs, strict=True)]

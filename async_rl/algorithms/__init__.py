@@ -1,0 +1,68 @@
+"""Pure algorithm core of async_rl: advantages, KL penalties/controllers, policy/value losses, IS correction.
+
+Everything here is a pure function (or a tiny controller object) on ``[B, T]`` torch tensors -- no model, no
+``torch.distributed``, no config -- so the learner, the tests and users porting a verl configuration all share one
+numerically verl-compatible implementation. Import from this package rather than from its submodules.
+"""
+
+from async_rl.algorithms.advantages import (
+    ADV_ESTIMATORS,
+    CRITIC_ESTIMATORS,
+    AdvantageEstimatorSpec,
+    AdvantageInputs,
+    compute_advantages,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+    needs_critic,
+)
+from async_rl.algorithms.importance import IS_LEVELS, IS_MODES, compute_is_weights
+from async_rl.algorithms.kl import (
+    KL_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    apply_kl_in_reward,
+    kl_penalty,
+)
+from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, value_loss
+from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, masked_whiten
+from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "CRITIC_ESTIMATORS",
+    "IS_LEVELS",
+    "IS_MODES",
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "AdvantageEstimatorSpec",
+    "AdvantageInputs",
+    "FixedKLController",
+    "KLController",
+    "PolicyLossInputs",
+    "agg_loss",
+    "apply_kl_in_reward",
+    "compute_advantages",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_is_weights",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "entropy_from_logits",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "needs_critic",
+    "policy_loss",
+    "value_loss",
+]

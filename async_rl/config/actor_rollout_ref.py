@@ -1,0 +1,194 @@
+"""The ``actor_rollout_ref`` section: policy model, its training (actor), generation (rollout) and reference model.
+
+Names and meanings are verl's. Batch-size units follow verl: ``ppo_mini_batch_size`` counts PROMPTS (it is multiplied
+by ``rollout.n``), the ``*_per_gpu`` micro-batch sizes count SEQUENCES per learner rank. The deprecated global micro
+batch sizes (without ``_per_gpu``) are converted to per-rank sizes during validation.
+"""
+
+from typing import Annotated, Any
+
+import msgspec
+
+from async_rl.config.common import FsdpConfig, OptimConfig
+from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, UnitInterval, doc, noop
+from async_rl.config.names import KLKind, LossAggMode, PolicyLossMode, RolloutDtype, RolloutEngine, Strategy
+
+_MICRO = "null = derived"
+
+
+class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The policy model (shared by actor, rollout and reference)."""
+
+    path: Annotated[
+        str,
+        doc("HF hub id or local directory of the policy; 'builtin:tiny-arith' = the demo model built in code."),
+    ] = "builtin:tiny-arith"
+    enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward to save memory.")] = True
+    use_remove_padding: Annotated[bool, doc("Pack sequences without padding in the learner forward (varlen).")] = False
+    trust_remote_code: Annotated[bool, doc("Allow custom model code from the hub when loading the model.")] = False
+    external_lib: Annotated[str | None, noop("Python module imported to register custom models.")] = None
+    override_config: Annotated[dict[str, Any], noop("HF config overrides.")] = msgspec.field(default_factory=dict)
+    enable_activation_offload: Annotated[bool, noop("Activation offload.")] = False
+    use_shm: Annotated[bool, noop("Copy the model to shared memory first.")] = False
+    lora_rank: Annotated[int, noop("LoRA rank (0 = full fine-tuning; LoRA is not supported).")] = 0
+    lora_alpha: Annotated[int, noop("LoRA alpha.")] = 16
+    target_modules: Annotated[str | list[str], noop("LoRA target modules.")] = "all-linear"
+    use_liger: Annotated[bool, noop("Liger kernels.")] = False
+    use_fused_kernels: Annotated[bool, noop("verl fused kernels.")] = False
+    custom_chat_template: Annotated[str | None, noop("Chat template override.")] = None
+
+
+class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Which clipped policy-gradient objective the actor minimises."""
+
+    loss_mode: Annotated[
+        PolicyLossMode, doc("'vanilla' = PPO clipped objective (with dual clip); 'geo_mean' = GMPO geometric-mean PPO.")
+    ] = "vanilla"
+
+
+class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Policy training: PPO mini/micro batching, clipping, entropy and KL-loss terms, optimizer, FSDP."""
+
+    strategy: Annotated[Strategy, doc("Data-parallel strategy; 'fsdp' and 'fsdp2' both mean FSDP2 here.")] = "fsdp"
+    ppo_mini_batch_size: Annotated[
+        PosInt, doc("PROMPTS per optimizer step (x rollout.n sequences); must divide data.train_batch_size.")
+    ] = 8
+    ppo_micro_batch_size: Annotated[
+        PosInt | None, doc("Deprecated: GLOBAL micro-batch in sequences (split over learner ranks); use _per_gpu.")
+    ] = None
+    ppo_micro_batch_size_per_gpu: Annotated[
+        PosInt | None,
+        doc(
+            f"Sequences per forward/backward on each learner rank (gradient accumulation); {_MICRO}: the rank's share."
+        ),
+    ] = None
+    use_dynamic_bsz: Annotated[
+        bool, doc("Form micro-batches by token budget (ppo_max_token_len_per_gpu) instead of a sequence count.")
+    ] = False
+    ppo_max_token_len_per_gpu: Annotated[
+        PosInt, doc("Token budget per micro-batch per rank when use_dynamic_bsz (>= prompt + response length).")
+    ] = 16384
+    ppo_epochs: Annotated[PosInt, doc("Passes over each training batch.")] = 1
+    shuffle: Annotated[bool, doc("Shuffle sequences between mini-batches within a step.")] = False
+    clip_ratio: Annotated[PosFloat, doc("PPO clip epsilon (used for both sides unless the low/high ones are set).")] = (
+        0.2
+    )
+    clip_ratio_low: Annotated[
+        PosFloat | None, doc("Lower clip epsilon: ratio >= 1 - clip_ratio_low; null = clip_ratio.")
+    ] = None
+    clip_ratio_high: Annotated[
+        PosFloat | None, doc("Upper clip epsilon: ratio <= 1 + clip_ratio_high; null = clip_ratio.")
+    ] = None
+    clip_ratio_c: Annotated[float, doc("Dual-clip constant for negative advantages (must be > 1).")] = 3.0
+    loss_agg_mode: Annotated[LossAggMode, doc("How token losses are aggregated into the batch loss.")] = "token-mean"
+    entropy_coeff: Annotated[float, doc("Entropy bonus coefficient (0 = off).")] = 0.0
+    use_kl_loss: Annotated[bool, doc("Add a KL(policy || reference) term to the actor loss (GRPO style).")] = False
+    kl_loss_coef: Annotated[NonNegFloat, doc("Coefficient of the KL loss term.")] = 0.001
+    kl_loss_type: Annotated[KLKind, doc("KL estimator of the KL loss ('+' suffix: straight-through k2 gradient).")] = (
+        "low_var_kl"
+    )
+    grad_clip: Annotated[PosFloat, doc("Global gradient-norm clip.")] = 1.0
+    policy_loss: Annotated[PolicyLossConfig, doc("Policy objective.")] = msgspec.field(default_factory=PolicyLossConfig)
+    optim: Annotated[OptimConfig, doc("Actor optimizer.")] = msgspec.field(default_factory=OptimConfig)
+    fsdp_config: Annotated[FsdpConfig, doc("Actor FSDP options.")] = msgspec.field(default_factory=FsdpConfig)
+    use_torch_compile: Annotated[bool, noop("torch.compile of the loss helpers.")] = True
+    ulysses_sequence_parallel_size: Annotated[int, noop("Ulysses sequence parallelism (not supported).")] = 1
+    data_loader_seed: Annotated[int | None, noop("Seed of verl's actor data loader.")] = None
+    checkpoint: Annotated[dict[str, Any], noop("verl checkpoint contents.")] = msgspec.field(default_factory=dict)
+
+
+class ValKwargs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Sampling used for validation generations."""
+
+    temperature: Annotated[NonNegFloat, doc("Validation sampling temperature (0 = greedy).")] = 0.0
+    top_p: Annotated[UnitInterval, doc("Validation nucleus sampling mass, in (0, 1].")] = 1.0
+    top_k: Annotated[int, doc("Validation top-k (-1 = off).")] = -1
+    n: Annotated[PosInt, doc("Samples per validation prompt.")] = 1
+    do_sample: Annotated[bool, doc("Sample (true) or decode greedily (false) during validation.")] = False
+
+
+class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Generation on the vLLM actors."""
+
+    name: Annotated[RolloutEngine, doc("Inference engine of the actors (only 'vllm').")] = "vllm"
+    n: Annotated[PosInt, doc("Completions sampled per prompt (group size).")] = 1
+    temperature: Annotated[NonNegFloat, doc("Sampling temperature of training rollouts.")] = 1.0
+    top_p: Annotated[UnitInterval, doc("Nucleus sampling mass, in (0, 1].")] = 1.0
+    top_k: Annotated[int, doc("Top-k sampling (-1 = off; otherwise > 0).")] = -1
+    prompt_length: Annotated[PosInt | None, doc("Max prompt tokens; null = data.max_prompt_length.")] = None
+    response_length: Annotated[PosInt | None, doc("Max generated tokens; null = data.max_response_length.")] = None
+    dtype: Annotated[RolloutDtype, doc("vLLM weight/activation dtype.")] = "bfloat16"
+    gpu_memory_utilization: Annotated[UnitInterval, doc("Fraction of device memory vLLM may use, in (0, 1].")] = 0.5
+    tensor_model_parallel_size: Annotated[PosInt, doc("Tensor-parallel degree of each vLLM actor.")] = 1
+    max_num_seqs: Annotated[PosInt, doc("vLLM max concurrent sequences per actor.")] = 1024
+    max_num_batched_tokens: Annotated[PosInt, doc("vLLM max tokens per scheduler step.")] = 8192
+    max_model_len: Annotated[PosInt | None, doc("vLLM context length; null = prompt_length + response_length.")] = None
+    enforce_eager: Annotated[bool, doc("Disable CUDA graphs in vLLM.")] = True
+    enable_chunked_prefill: Annotated[bool, doc("vLLM chunked prefill.")] = True
+    log_prob_micro_batch_size: Annotated[
+        PosInt | None, doc("Deprecated: GLOBAL micro-batch for learner log-prob recomputation; use _per_gpu.")
+    ] = None
+    log_prob_micro_batch_size_per_gpu: Annotated[
+        PosInt | None,
+        doc(f"Sequences per rank per forward when the learner recomputes old log-probs; {_MICRO} from the actor's."),
+    ] = None
+    log_prob_use_dynamic_bsz: Annotated[
+        bool | None, doc("Token-budget micro-batches for log-prob recomputation; null = actor.use_dynamic_bsz.")
+    ] = None
+    log_prob_max_token_len_per_gpu: Annotated[
+        PosInt | None, doc("Token budget for log-prob recomputation; null = actor.ppo_max_token_len_per_gpu.")
+    ] = None
+    val_kwargs: Annotated[ValKwargs, doc("Validation sampling.")] = msgspec.field(default_factory=ValKwargs)
+    mode: Annotated[str, noop("verl rollout mode (sync/async); always asynchronous here.")] = "sync"
+    do_sample: Annotated[bool, noop("Training rollouts always sample.")] = True
+    ignore_eos: Annotated[bool, noop("Ignore EOS while generating.")] = False
+    free_cache_engine: Annotated[bool, noop("Free the KV cache between phases.")] = True
+    load_format: Annotated[str, noop("vLLM weight load format.")] = "dummy_dtensor"
+    layered_summon: Annotated[bool, noop("Layered FSDP summon.")] = False
+    disable_log_stats: Annotated[bool, noop("vLLM stats logging.")] = True
+    calculate_log_probs: Annotated[bool, noop("Behaviour log-probs are always returned here.")] = False
+    engine_kwargs: Annotated[dict[str, Any], noop("Engine-specific kwargs.")] = msgspec.field(default_factory=dict)
+    multi_turn: Annotated[dict[str, Any], noop("Multi-turn rollout.")] = msgspec.field(default_factory=dict)
+    agent: Annotated[dict[str, Any], noop("Agent loop.")] = msgspec.field(default_factory=dict)
+
+
+class RefConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The frozen reference policy (used for the KL loss or KL-in-reward)."""
+
+    strategy: Annotated[Strategy, doc("Data-parallel strategy ('fsdp' and 'fsdp2' both mean FSDP2).")] = "fsdp"
+    fsdp_config: Annotated[FsdpConfig, doc("Reference-model FSDP options.")] = msgspec.field(default_factory=FsdpConfig)
+    log_prob_micro_batch_size: Annotated[
+        PosInt | None, doc("Deprecated: GLOBAL reference forward micro-batch; use _per_gpu.")
+    ] = None
+    log_prob_micro_batch_size_per_gpu: Annotated[
+        PosInt | None, doc(f"Sequences per rank per reference forward; {_MICRO} from the actor's.")
+    ] = None
+    log_prob_use_dynamic_bsz: Annotated[
+        bool | None, doc("Token-budget micro-batches for the reference; null = actor.use_dynamic_bsz.")
+    ] = None
+    log_prob_max_token_len_per_gpu: Annotated[
+        PosInt | None, doc("Reference token budget per micro-batch; null = actor.ppo_max_token_len_per_gpu.")
+    ] = None
+    use_torch_compile: Annotated[bool, noop("torch.compile.")] = True
+    ulysses_sequence_parallel_size: Annotated[int, noop("Ulysses sequence parallelism (not supported).")] = 1
+
+
+class ActorRolloutRefConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Policy model plus its actor (training), rollout (generation) and ref (reference) roles."""
+
+    model: Annotated[ModelConfig, doc("Policy model.")] = msgspec.field(default_factory=ModelConfig)
+    actor: Annotated[ActorConfig, doc("Policy training.")] = msgspec.field(default_factory=ActorConfig)
+    rollout: Annotated[RolloutConfig, doc("Generation on the actors.")] = msgspec.field(default_factory=RolloutConfig)
+    ref: Annotated[RefConfig, doc("Reference policy.")] = msgspec.field(default_factory=RefConfig)
+    hybrid_engine: Annotated[bool, noop("Colocated actor/rollout engine; actors are always separate here.")] = True
+
+
+__all__ = [
+    "ActorConfig",
+    "ActorRolloutRefConfig",
+    "ModelConfig",
+    "PolicyLossConfig",
+    "RefConfig",
+    "RolloutConfig",
+    "ValKwargs",
+]

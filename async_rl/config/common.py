@@ -1,0 +1,63 @@
+"""Config sections shared by several parts of the tree: optimizer/scheduler settings and FSDP settings.
+
+``OptimConfig`` appears under ``actor_rollout_ref.actor.optim`` and ``critic.optim``; ``FsdpConfig`` under the actor,
+reference and critic. Names and meanings follow verl so its command lines port unchanged.
+"""
+
+from typing import Annotated, Any
+
+import msgspec
+
+from async_rl.config.fields import NonNegFloat, Prob, doc, noop
+from async_rl.config.names import LRSchedule, ModelDtype
+
+
+class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """AdamW optimizer and learning-rate schedule (verl's ``optim`` section)."""
+
+    lr: Annotated[NonNegFloat, doc("Peak learning rate of AdamW.")] = 1e-6
+    lr_warmup_steps: Annotated[
+        int, doc("Linear warm-up length in optimizer steps; -1 = use lr_warmup_steps_ratio instead.", ge=-1)
+    ] = -1
+    lr_warmup_steps_ratio: Annotated[
+        Prob, doc("Warm-up length as a fraction of total_training_steps (used when lr_warmup_steps is -1).")
+    ] = 0.0
+    lr_scheduler_type: Annotated[
+        LRSchedule, doc("Learning-rate schedule after warm-up: 'constant' or 'cosine' decay to min_lr_ratio * lr.")
+    ] = "constant"
+    warmup_style: Annotated[
+        LRSchedule | None,
+        doc("Deprecated verl alias of lr_scheduler_type; when set it replaces lr_scheduler_type (null = unset)."),
+    ] = None
+    min_lr_ratio: Annotated[Prob, doc("Cosine schedule floor as a fraction of lr.")] = 0.0
+    num_cycles: Annotated[
+        NonNegFloat, doc("Cosine schedule: number of half-periods (0.5 = decay once to the floor).")
+    ] = 0.5
+    weight_decay: Annotated[NonNegFloat, doc("AdamW decoupled weight decay.")] = 0.01
+    betas: Annotated[tuple[Prob, Prob], doc("AdamW (beta1, beta2).")] = (0.9, 0.999)
+    total_training_steps: Annotated[
+        int, doc("Scheduler horizon in optimizer steps; -1 = filled in from the trainer's run length.", ge=-1)
+    ] = -1
+
+
+def critic_optim_default() -> OptimConfig:
+    """Critic optimizer defaults: verl uses a 10x larger learning rate for the value model."""
+    return OptimConfig(lr=1e-5)
+
+
+class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """FSDP2 sharding options for one model (verl's ``fsdp_config``)."""
+
+    param_offload: Annotated[bool, doc("Keep sharded parameters in CPU memory between uses.")] = False
+    optimizer_offload: Annotated[bool, doc("Keep optimizer state in CPU memory between steps.")] = False
+    model_dtype: Annotated[
+        ModelDtype, doc("Dtype of the master parameters held by FSDP ('fp32' recommended; compute is mixed precision).")
+    ] = "fp32"
+    offload_policy: Annotated[bool, noop("FSDP2 CPUOffloadPolicy switch.")] = False
+    reshard_after_forward: Annotated[bool, noop("FSDP2 reshard-after-forward switch.")] = True
+    fsdp_size: Annotated[int, noop("FSDP group size (-1 = world).")] = -1
+    forward_prefetch: Annotated[bool, noop("FSDP forward prefetch.")] = False
+    wrap_policy: Annotated[dict[str, Any], noop("FSDP wrap policy.")] = msgspec.field(default_factory=dict)
+
+
+__all__ = ["FsdpConfig", "OptimConfig", "critic_optim_default"]

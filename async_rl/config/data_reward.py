@@ -1,0 +1,103 @@
+"""The ``data`` section (prompt files, lengths, batch size) and the reward sections.
+
+``reward`` is this system's own reward-function spec ("module:function", run in a sandboxed worker with a timeout);
+``custom_reward_function`` is verl's file-path form and, when its ``path`` is set, is used instead. ``reward_model`` is
+verl's learned-reward-model section, accepted for compatibility only (a warning is raised if it is set).
+"""
+
+from typing import Annotated, Any
+
+import msgspec
+
+from async_rl.config.fields import PosFloat, PosInt, doc, noop
+from async_rl.config.names import Truncation
+
+BUILTIN_DATA = "builtin:arith"
+DEFAULT_REWARD_FUNCTION = "async_rl.rewards.arith:compute_score"
+
+
+class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Prompt data and per-step batch size."""
+
+    train_files: Annotated[
+        str | list[str],
+        doc(f"Training prompt file(s) (parquet/jsonl); '{BUILTIN_DATA}' = the embedded arithmetic task (train split)."),
+    ] = BUILTIN_DATA
+    val_files: Annotated[
+        str | list[str] | None,
+        doc(f"Validation prompt file(s); '{BUILTIN_DATA}' = the arithmetic task's eval split; null = no validation."),
+    ] = BUILTIN_DATA
+    prompt_key: Annotated[str, doc("Record field holding the prompt (a string or a chat message list).")] = "prompt"
+    max_prompt_length: Annotated[PosInt, doc("Max prompt tokens (longer prompts: see filter_overlong_prompts).")] = 16
+    max_response_length: Annotated[PosInt, doc("Max generated tokens per completion.")] = 8
+    train_batch_size: Annotated[PosInt, doc("PROMPTS per training step (each sampled rollout.n times).")] = 16
+    shuffle: Annotated[bool, doc("Shuffle the training prompts every epoch.")] = True
+    seed: Annotated[int, doc("Seed of the training-prompt shuffle.")] = 1
+    filter_overlong_prompts: Annotated[
+        bool, doc("Drop prompts longer than max_prompt_length when loading (else apply `truncation`).")
+    ] = False
+    truncation: Annotated[
+        Truncation, doc("Over-long prompt handling: 'error' or which side to cut ('left', 'right', 'middle').")
+    ] = "error"
+    trust_remote_code: Annotated[bool, noop("Tokenizer remote code (use actor_rollout_ref.model's).")] = False
+    tokenizer: Annotated[str | None, noop("Separate tokenizer path (the policy's tokenizer is used).")] = None
+    reward_fn_key: Annotated[str, noop("Record field selecting the reward function.")] = "data_source"
+    val_batch_size: Annotated[int | None, noop("Deprecated in verl; validation uses the whole set.")] = None
+    return_raw_input_ids: Annotated[bool, noop("verl dataset option.")] = False
+    return_raw_chat: Annotated[bool, noop("verl dataset option.")] = False
+    return_full_prompt: Annotated[bool, noop("verl dataset option.")] = False
+    dataloader_num_workers: Annotated[int, noop("verl data-loader workers.")] = 8
+    filter_overlong_prompts_workers: Annotated[int, noop("verl filter workers.")] = 1
+    use_shm: Annotated[bool, noop("Shared-memory copy of the data.")] = False
+    validation_shuffle: Annotated[bool, noop("Shuffle validation data.")] = False
+    image_key: Annotated[str, noop("Multimodal image field.")] = "images"
+    video_key: Annotated[str, noop("Multimodal video field.")] = "videos"
+    custom_cls: Annotated[dict[str, Any], noop("Custom dataset class.")] = msgspec.field(default_factory=dict)
+
+
+class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """This system's reward function (scored in a separate worker process)."""
+
+    function: Annotated[
+        str,
+        doc(
+            "Reward function as 'package.module:function' taking (completion, ground_truth, prompt, extra);"
+            " ignored when custom_reward_function.path is set."
+        ),
+    ] = DEFAULT_REWARD_FUNCTION
+    timeout_s: Annotated[PosFloat, doc("Seconds one reward call may take before it scores 0 and is logged.")] = 10.0
+
+
+class CustomRewardFunctionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's reward-function-from-file option."""
+
+    path: Annotated[
+        str | None, doc("Python file defining the reward function (verl signature); null = use reward.function.")
+    ] = None
+    name: Annotated[str, doc("Function name inside `path`.")] = "compute_score"
+
+
+class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's learned reward model (not supported: rewards come from functions)."""
+
+    enable: Annotated[bool, doc("Use a learned reward model.")] = False
+    reward_manager: Annotated[str, doc("verl reward manager.")] = "naive"
+    launch_reward_fn_async: Annotated[bool, doc("Score asynchronously (always the case here).")] = False
+    strategy: Annotated[str, doc("Reward-model strategy.")] = "fsdp"
+    model: Annotated[dict[str, Any], doc("Reward-model settings.")] = msgspec.field(default_factory=dict)
+    micro_batch_size: Annotated[int | None, doc("Reward-model micro-batch.")] = None
+    micro_batch_size_per_gpu: Annotated[int | None, doc("Reward-model micro-batch per GPU.")] = None
+    max_length: Annotated[int | None, doc("Reward-model max length.")] = None
+    use_dynamic_bsz: Annotated[bool, doc("Reward-model dynamic batch.")] = False
+    forward_max_token_len_per_gpu: Annotated[int | None, doc("Reward-model token budget.")] = None
+    sandbox_fusion: Annotated[dict[str, Any], doc("Sandbox settings.")] = msgspec.field(default_factory=dict)
+
+
+__all__ = [
+    "BUILTIN_DATA",
+    "DEFAULT_REWARD_FUNCTION",
+    "CustomRewardFunctionConfig",
+    "DataConfig",
+    "RewardConfig",
+    "RewardModelConfig",
+]

@@ -1,0 +1,106 @@
+"""Fill in derived config values after validation, so consumers never see the "null = derived" placeholders.
+
+What is resolved (in place, idempotent; run by :func:`async_rl.config.validate.validate_config`):
+rollout prompt/response/model lengths from ``data``; clip_ratio_low/high from clip_ratio; the deprecated verl global
+micro-batch sizes into per-rank ones (global // learner world size); unset per-rank micro-batches (the rank's whole
+mini-batch share for the actor/critic, the actor's value for log-prob passes); critic keys inheriting the actor's
+(only when the estimator uses a critic); ``warmup_style`` into ``lr_scheduler_type``; the optimizer horizon from
+``trainer.total_training_steps``; the IS lower bound in mask mode; checkpoint dir/period/retention from their verl
+aliases. ``transport.max_inflight_groups`` stays null here: the coordinator derives it.
+"""
+
+from __future__ import annotations
+
+from async_rl.config.common import OptimConfig
+from async_rl.config.names import needs_critic
+from async_rl.config.schema import Config
+
+
+def _per_rank(per_gpu: int | None, global_micro: int | None, world: int) -> int | None:
+    if per_gpu is None and global_micro is not None:
+        return global_micro // world
+    return per_gpu
+
+
+def _resolve_optim(optim: OptimConfig, total_steps: int | None) -> None:
+    if optim.warmup_style is not None:
+        optim.lr_scheduler_type = optim.warmup_style
+        optim.warmup_style = None
+    if optim.total_training_steps == -1 and total_steps is not None:
+        optim.total_training_steps = total_steps
+
+
+def resolve_config(cfg: Config) -> None:
+    """Replace derived placeholders in ``cfg`` (assumes :func:`validate_config`'s checks passed)."""
+    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    arr, data, tr = cfg.actor_rollout_ref, cfg.data, cfg.trainer
+    actor, ro, ref = arr.actor, arr.rollout, arr.ref
+    n = ro.n
+
+    ro.prompt_length = data.max_prompt_length
+    ro.response_length = data.max_response_length
+    if ro.max_model_len is None:
+        ro.max_model_len = data.max_prompt_length + data.max_response_length
+
+    if actor.clip_ratio_low is None:
+        actor.clip_ratio_low = actor.clip_ratio
+    if actor.clip_ratio_high is None:
+        actor.clip_ratio_high = actor.clip_ratio
+
+    actor.ppo_micro_batch_size_per_gpu = _per_rank(
+        actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, world
+    )
+    actor.ppo_micro_batch_size = None
+    if actor.ppo_micro_batch_size_per_gpu is None and not actor.use_dynamic_bsz:
+        actor.ppo_micro_batch_size_per_gpu = actor.ppo_mini_batch_size * n // world
+
+    for sec in (ro, ref):
+        sec.log_prob_micro_batch_size_per_gpu = _per_rank(
+            sec.log_prob_micro_batch_size_per_gpu, sec.log_prob_micro_batch_size, world
+        )
+        sec.log_prob_micro_batch_size = None
+        if sec.log_prob_micro_batch_size_per_gpu is None:
+            sec.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+        if sec.log_prob_use_dynamic_bsz is None:
+            sec.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
+        if sec.log_prob_max_token_len_per_gpu is None:
+            sec.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+
+    _resolve_optim(actor.optim, tr.total_training_steps)
+    if needs_critic(cfg.algorithm.adv_estimator):
+        crit = cfg.critic
+        if crit.ppo_mini_batch_size is None:
+            crit.ppo_mini_batch_size = actor.ppo_mini_batch_size
+        if crit.ppo_epochs is None:
+            crit.ppo_epochs = actor.ppo_epochs
+        if crit.shuffle is None:
+            crit.shuffle = actor.shuffle
+        if crit.loss_agg_mode is None:
+            crit.loss_agg_mode = actor.loss_agg_mode
+        if crit.use_dynamic_bsz is None:
+            crit.use_dynamic_bsz = actor.use_dynamic_bsz
+        crit.ppo_micro_batch_size_per_gpu = _per_rank(
+            crit.ppo_micro_batch_size_per_gpu, crit.ppo_micro_batch_size, world
+        )
+        crit.ppo_micro_batch_size = None
+        if crit.ppo_micro_batch_size_per_gpu is None and not crit.use_dynamic_bsz:
+            crit.ppo_micro_batch_size_per_gpu = crit.ppo_mini_batch_size * n // world
+        _resolve_optim(crit.optim, tr.total_training_steps)
+
+    rc = cfg.algorithm.rollout_correction
+    if rc.is_mode == "mask" and rc.is_threshold_lower is None:
+        rc.is_threshold_lower = 1.0 / rc.is_threshold
+
+    ck = cfg.async_training.checkpoint
+    ck.dir = ck.dir or tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}"
+    tr.default_local_dir = ck.dir
+    if ck.save_every_n_steps is None and tr.save_freq > 0:
+        ck.save_every_n_steps = tr.save_freq
+    if ck.save_every_n_steps is not None:
+        tr.save_freq = ck.save_every_n_steps
+    if ck.keep_last is None:
+        ck.keep_last = tr.max_actor_ckpt_to_keep
+    tr.max_actor_ckpt_to_keep = ck.keep_last
+
+
+__all__ = ["resolve_config"]

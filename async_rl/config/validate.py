@@ -1,0 +1,316 @@
+"""Cross-field validation of a typed :class:`Config`, start-up warnings, and resolution of derived values.
+
+Per-key types and ranges are enforced by msgspec during conversion; this module checks the rules that involve
+several keys (batch divisibility, estimator vs. critic, transport security, ...). All violated rules are reported
+together in one :class:`ConfigError`, one line per rule, each naming the dotted keys. Rules that verl only warns
+about, and verl keys set to values that have no effect here, become warnings returned to the caller.
+
+Decision: group-baseline estimators (grpo, rloo, rloo_vectorized, reinforce_plus_plus_baseline) with rollout.n == 1
+are an ERROR, not a warning: the baseline is then the sample itself (advantage 0) or silently degenerates.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from async_rl.config.critic import CriticConfig
+from async_rl.config.errors import ConfigError
+from async_rl.config.introspect import changed_keys
+from async_rl.config.names import GROUP_ESTIMATORS, needs_critic
+from async_rl.config.resolve import resolve_config
+from async_rl.config.schema import Config
+
+ARR = "actor_rollout_ref"
+_REWARD_SPEC = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_KEYS_HINT = (
+    "create them with `python -m async_rl.transport.keys DIR` and point the async_training.transport.curve_* keys at"
+    " the files it writes"
+)
+_CURVE_FIELDS = (
+    "curve_server_secret_key",
+    "curve_server_public_key",
+    "curve_client_keys_dir",
+    "curve_client_secret_key",
+    "curve_client_public_key",
+)
+
+
+def learner_world_size(cfg: Config) -> int:
+    """Learner ranks: trainer.n_gpus_per_node x trainer.nnodes."""
+    return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+
+
+def is_loopback(host: str) -> bool:
+    """True for 'localhost' and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_ppo_batching(cfg: Config, section: str, errors: list[str]) -> None:
+    """Mini-/micro-batch rules of the actor (section=actor) or critic (section=critic)."""
+    actor = cfg.actor_rollout_ref.actor
+    n, world, tb = cfg.actor_rollout_ref.rollout.n, learner_world_size(cfg), cfg.data.train_batch_size
+    if section == "critic":
+        crit = cfg.critic
+        prefix, mini = "critic", crit.ppo_mini_batch_size or actor.ppo_mini_batch_size
+        micro, per_gpu, max_tokens = (
+            crit.ppo_micro_batch_size,
+            crit.ppo_micro_batch_size_per_gpu,
+            crit.ppo_max_token_len_per_gpu,
+        )
+        dynamic = actor.use_dynamic_bsz if crit.use_dynamic_bsz is None else crit.use_dynamic_bsz
+    else:
+        prefix, mini = f"{ARR}.actor", actor.ppo_mini_batch_size
+        micro, per_gpu, max_tokens = (
+            actor.ppo_micro_batch_size,
+            actor.ppo_micro_batch_size_per_gpu,
+            actor.ppo_max_token_len_per_gpu,
+        )
+        dynamic = actor.use_dynamic_bsz
+    # A critic mini-batch left null inherits the actor's, whose divisibility is already reported under the actor.
+    report_mini = section == "actor" or cfg.critic.ppo_mini_batch_size is not None
+    if tb % mini and report_mini:
+        errors.append(
+            f"data.train_batch_size ({tb}) must be divisible by {prefix}.ppo_mini_batch_size ({mini} prompts)"
+        )
+    if micro is not None and per_gpu is not None:
+        errors.append(
+            f"{prefix}.ppo_micro_batch_size ({micro}) and {prefix}.ppo_micro_batch_size_per_gpu ({per_gpu}) are both"
+            " set; set only ppo_micro_batch_size_per_gpu (the global one is deprecated)"
+        )
+    seqs = mini * n
+    if seqs % world:
+        if not report_mini:
+            return
+        errors.append(
+            f"{prefix}.ppo_mini_batch_size ({mini}) x {ARR}.rollout.n ({n}) = {seqs} sequences must be divisible by"
+            f" the learner world size trainer.n_gpus_per_node x trainer.nnodes ({world})"
+        )
+        return
+    if dynamic:
+        need = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if max_tokens < need:
+            errors.append(
+                f"{prefix}.ppo_max_token_len_per_gpu ({max_tokens}) must be >= data.max_prompt_length +"
+                f" data.max_response_length ({need}) when use_dynamic_bsz is true"
+            )
+        return
+    if micro is not None and per_gpu is None:
+        if micro < world:
+            errors.append(f"{prefix}.ppo_micro_batch_size ({micro}) must be >= the learner world size ({world})")
+            return
+        per_gpu = micro // world
+    per_rank = seqs // world
+    if per_gpu is not None and per_rank % per_gpu:
+        errors.append(
+            f"{prefix}.ppo_micro_batch_size_per_gpu ({per_gpu}) must divide the per-rank mini-batch:"
+            f" ppo_mini_batch_size ({mini}) x rollout.n ({n}) / learner ranks ({world}) = {per_rank} sequences"
+        )
+
+
+def _check_logprob_batching(cfg: Config, errors: list[str]) -> None:
+    world = learner_world_size(cfg)
+    for prefix, sec in ((f"{ARR}.rollout", cfg.actor_rollout_ref.rollout), (f"{ARR}.ref", cfg.actor_rollout_ref.ref)):
+        micro, per_gpu = sec.log_prob_micro_batch_size, sec.log_prob_micro_batch_size_per_gpu
+        if micro is not None and per_gpu is not None:
+            errors.append(
+                f"{prefix}.log_prob_micro_batch_size ({micro}) and {prefix}.log_prob_micro_batch_size_per_gpu"
+                f" ({per_gpu}) are both set; set only the _per_gpu one"
+            )
+        elif micro is not None and micro < world:
+            errors.append(f"{prefix}.log_prob_micro_batch_size ({micro}) must be >= the learner world size ({world})")
+
+
+def _check_sampling(cfg: Config, errors: list[str]) -> None:
+    ro, data = cfg.actor_rollout_ref.rollout, cfg.data
+    for prefix, top_k in ((f"{ARR}.rollout", ro.top_k), (f"{ARR}.rollout.val_kwargs", ro.val_kwargs.top_k)):
+        if top_k != -1 and top_k <= 0:
+            errors.append(f"{prefix}.top_k must be -1 (off) or > 0, got {top_k}")
+    for name, own, data_key, data_val in (
+        ("prompt_length", ro.prompt_length, "max_prompt_length", data.max_prompt_length),
+        ("response_length", ro.response_length, "max_response_length", data.max_response_length),
+    ):
+        if own is not None and own != data_val:
+            errors.append(
+                f"{ARR}.rollout.{name} ({own}) differs from data.{data_key} ({data_val}); set data.{data_key} only"
+            )
+    need = data.max_prompt_length + data.max_response_length
+    if ro.max_model_len is not None and ro.max_model_len < need:
+        errors.append(
+            f"{ARR}.rollout.max_model_len ({ro.max_model_len}) must be >= data.max_prompt_length +"
+            f" data.max_response_length ({need})"
+        )
+
+
+def _check_actor(cfg: Config, errors: list[str]) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    if actor.clip_ratio_c <= 1:
+        errors.append(f"{ARR}.actor.clip_ratio_c must be > 1 (dual-clip bound), got {actor.clip_ratio_c}")
+    low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
+    if low >= 1:
+        key = "clip_ratio_low" if actor.clip_ratio_low is not None else "clip_ratio"
+        errors.append(f"{ARR}.actor.{key} must be < 1 (the ratio lower bound is 1 - it), got {low}")
+    for prefix, optim in ((f"{ARR}.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
+        if optim.warmup_style is not None and optim.warmup_style != optim.lr_scheduler_type:
+            if optim.lr_scheduler_type != "constant":
+                errors.append(
+                    f"{prefix}.warmup_style ({optim.warmup_style!r}) conflicts with {prefix}.lr_scheduler_type"
+                    f" ({optim.lr_scheduler_type!r}); set only lr_scheduler_type"
+                )
+        if any(b >= 1 for b in optim.betas):
+            errors.append(f"{prefix}.betas must each be in [0, 1), got {list(optim.betas)}")
+
+
+def _check_algorithm(cfg: Config, errors: list[str]) -> None:
+    alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    est = alg.adv_estimator
+    if est in GROUP_ESTIMATORS and n < 2:
+        errors.append(
+            f"algorithm.adv_estimator={est!r} computes a baseline from the other samples of the same prompt, so it"
+            f" needs {ARR}.rollout.n >= 2 (got {n})"
+        )
+    if needs_critic(est):
+        path, actor_path = cfg.critic.model.path, cfg.actor_rollout_ref.model.path
+        if not path:
+            errors.append(f"algorithm.adv_estimator={est!r} needs a value model: set critic.model.path")
+        elif path.startswith("builtin:") != actor_path.startswith("builtin:"):
+            errors.append(
+                f"critic.model.path ({path!r}) and {ARR}.model.path ({actor_path!r}) must both be builtin demo models"
+                " or both real models (they share the tokenizer); set critic.model.path"
+            )
+    else:
+        ignored = changed_keys(cfg.critic, CriticConfig(), "critic.")
+        if cfg.trainer.critic_warmup:
+            ignored.append("trainer.critic_warmup")
+        if ignored:
+            errors.append(
+                f"algorithm.adv_estimator={est!r} uses no critic, but these critic settings were changed and would be"
+                f" silently ignored: {', '.join(ignored)} (remove them or use adv_estimator='gae')"
+            )
+    rc = alg.rollout_correction
+    if rc.is_threshold_lower is not None and rc.is_threshold_lower >= rc.is_threshold:
+        errors.append(
+            f"algorithm.rollout_correction.is_threshold_lower ({rc.is_threshold_lower}) must be <"
+            f" algorithm.rollout_correction.is_threshold ({rc.is_threshold})"
+        )
+
+
+def _check_reward_and_trainer(cfg: Config, errors: list[str]) -> None:
+    if not _REWARD_SPEC.match(cfg.reward.function):
+        errors.append(f"reward.function must look like 'package.module:function', got {cfg.reward.function!r}")
+    default_fn = type(cfg.reward)().function
+    if cfg.custom_reward_function.path and cfg.reward.function != default_fn:
+        errors.append("custom_reward_function.path and reward.function are both set; set only one of them")
+    tr = cfg.trainer
+    if tr.total_epochs is None and tr.total_training_steps is None:
+        errors.append("trainer.total_epochs and trainer.total_training_steps are both null; set one to bound the run")
+    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
+        errors.append("trainer.resume_mode='resume_path' needs trainer.resume_from_path")
+    if tr.device == "cpu" and cfg.async_training.weight_sync.backend == "nccl":
+        errors.append("async_training.weight_sync.backend='nccl' needs CUDA, but trainer.device='cpu'")
+
+
+def _check_async(cfg: Config, errors: list[str]) -> None:
+    at, tr = cfg.async_training, cfg.trainer
+    tp = at.transport
+    missing = [f for f in _CURVE_FIELDS if not getattr(tp, f)]
+    if not is_loopback(tp.host) and missing:
+        errors.append(
+            f"async_training.transport.host={tp.host!r} is not loopback, so the rollout plane must be encrypted and"
+            f" authenticated with CURVE, but these keys are unset: {', '.join(missing)}; {_KEYS_HINT}"
+        )
+    elif 0 < len(missing) < len(_CURVE_FIELDS):
+        errors.append(
+            f"async_training.transport: some CURVE keys are set but these are missing: {', '.join(missing)}"
+            f" (set all five or none); {_KEYS_HINT}"
+        )
+    if tp.peer_timeout_s <= tp.heartbeat_interval_s:
+        errors.append(
+            f"async_training.transport.peer_timeout_s ({tp.peer_timeout_s}) must be > heartbeat_interval_s"
+            f" ({tp.heartbeat_interval_s})"
+        )
+    tb = cfg.data.train_batch_size
+    if tp.max_inflight_groups is not None and tp.max_inflight_groups < tb:
+        errors.append(
+            f"async_training.transport.max_inflight_groups ({tp.max_inflight_groups}) must be >= the groups of one"
+            f" step, data.train_batch_size ({tb}), or no step could ever fill"
+        )
+    n, resp = cfg.actor_rollout_ref.rollout.n, cfg.data.max_response_length
+    group_bytes = n * resp * 8  # lower bound: int32 token id + float32 log-prob per generated token
+    if group_bytes > tp.max_message_bytes:
+        errors.append(
+            f"async_training.transport.max_message_bytes ({tp.max_message_bytes}) is below one group's payload"
+            f" ({n} x {resp} tokens x 8 bytes = {group_bytes})"
+        )
+    ck = at.checkpoint
+    pairs = (
+        ("async_training.checkpoint.dir", ck.dir, "trainer.default_local_dir", tr.default_local_dir),
+        ("async_training.checkpoint.save_every_n_steps", ck.save_every_n_steps, "trainer.save_freq",
+         tr.save_freq if tr.save_freq > 0 else None),
+        ("async_training.checkpoint.keep_last", ck.keep_last, "trainer.max_actor_ckpt_to_keep",
+         tr.max_actor_ckpt_to_keep),
+    )  # fmt: skip
+    for ours, our_val, verls, verl_val in pairs:
+        if our_val is not None and verl_val is not None and our_val != verl_val:
+            errors.append(f"{ours} ({our_val!r}) conflicts with its verl alias {verls} ({verl_val!r}); set only one")
+
+
+def collect_warnings(cfg: Config) -> list[str]:
+    """Start-up warnings: verl no-op keys that were set, and combinations verl also only warns about."""
+    warnings: list[str] = []
+    noop = changed_keys(cfg, Config(), "", only_noop=True)
+    if noop:
+        warnings.append(f"these verl keys are accepted but have no effect in async_rl: {', '.join(noop)}")
+    actor, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
+    if alg.use_kl_in_reward and actor.use_kl_loss:
+        warnings.append(
+            "algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both true:"
+            " the KL is penalized twice"
+        )
+    if ro.temperature == 0:
+        warnings.append(f"{ARR}.rollout.temperature is 0: training rollouts are greedy, so a group's samples coincide")
+    rc, at = alg.rollout_correction, cfg.async_training
+    if not rc.enable and at.max_staleness > 0:
+        warnings.append(
+            f"algorithm.rollout_correction.enable is false with async_training.max_staleness={at.max_staleness}:"
+            " off-policy samples are trained without importance correction"
+        )
+    if rc.is_mode == "truncate" and rc.is_threshold_lower is not None:
+        warnings.append("algorithm.rollout_correction.is_threshold_lower is only used by is_mode='mask'; ignored")
+    shaped = ro.temperature != 1.0 or ro.top_p < 1.0 or ro.top_k != -1
+    if at.actor.logprobs_mode == "raw" and rc.enable and shaped:
+        warnings.append(
+            "async_training.actor.logprobs_mode='raw' with temperature/top-p/top-k sampling: behaviour log-probs do not"
+            " match the sampled distribution, so importance ratios are biased (use 'processed')"
+        )
+    return warnings
+
+
+def validate_config(cfg: Config) -> list[str]:
+    """Check every cross-field rule (one ConfigError listing all violations), then fill in derived values in place
+    (null "inherit"/"derived" keys, deprecated aliases; idempotent) and return the start-up warnings."""
+    errors: list[str] = []
+    _check_ppo_batching(cfg, "actor", errors)
+    if needs_critic(cfg.algorithm.adv_estimator):
+        _check_ppo_batching(cfg, "critic", errors)
+    _check_logprob_batching(cfg, errors)
+    _check_sampling(cfg, errors)
+    _check_actor(cfg, errors)
+    _check_algorithm(cfg, errors)
+    _check_reward_and_trainer(cfg, errors)
+    _check_async(cfg, errors)
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        raise ConfigError(f"{len(errors)} config errors:\n" + "\n".join(f"  - {e}" for e in errors))
+    warnings = collect_warnings(cfg)
+    resolve_config(cfg)
+    return warnings
+
+
+__all__ = ["collect_warnings", "is_loopback", "learner_world_size", "validate_config"]

@@ -1,0 +1,97 @@
+"""Tests for loss aggregation, including global-count normalisation for micro-batching."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from async_rl.algorithms import LOSS_AGG_MODES, agg_loss
+
+LOSS = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 5.0, 6.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+
+
+def test_local_modes_by_hand() -> None:
+    # valid: row 0 -> 1, 2 (sum 3, mean 1.5); row 1 -> 4 (sum 4, mean 4)
+    assert agg_loss(LOSS, MASK, "token-mean").item() == pytest.approx(7 / 3)  # (1 + 2 + 4) / 3
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx(3.5)  # (3 + 4) / 2
+    assert agg_loss(LOSS, MASK, "seq-mean-token-mean").item() == pytest.approx(2.75)  # (1.5 + 4) / 2
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(1.75)  # (3 + 4) / T=4
+
+
+def test_global_counts_replace_local_denominators() -> None:
+    assert agg_loss(LOSS, MASK, "token-mean", global_num_tokens=7).item() == pytest.approx(1.0)  # 7 / 7
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum", global_num_seqs=4).item() == pytest.approx(1.75)  # 7 / 4
+    assert agg_loss(LOSS, MASK, "seq-mean-token-mean", global_num_seqs=4).item() == pytest.approx(1.375)  # 5.5 / 4
+    # Dr. GRPO's normaliser is the padded length only: counts are ignored
+    out = agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", global_num_tokens=100, global_num_seqs=100)
+    assert out.item() == pytest.approx(1.75)
+    # tensor counts are accepted as-is
+    assert agg_loss(LOSS, MASK, "token-mean", global_num_tokens=torch.tensor(14.0)).item() == pytest.approx(0.5)
+
+
+def test_empty_row_and_non_finite_padding() -> None:
+    loss = torch.tensor([[1.0, 3.0], [5.0, float("nan")]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    # per-row means [2, 0 (empty row, not NaN)] -> 1
+    assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(1.0)
+    assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(2.0)
+
+
+def test_gradient_only_reaches_valid_tokens() -> None:
+    loss = LOSS.clone().requires_grad_(True)
+    agg_loss(loss, MASK, "token-mean").backward()
+    assert loss.grad is not None
+    torch.testing.assert_close(loss.grad, MASK / 3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    data=st.data(),
+)
+def test_token_mean_equals_seq_mean_token_mean_for_equal_lengths(lengths: list[int], data: st.DataObject) -> None:
+    n = lengths[0]
+    b, t = len(lengths), 6
+    values = data.draw(st.lists(st.floats(-10, 10, allow_nan=False), min_size=b * t, max_size=b * t))
+    loss = torch.tensor(values, dtype=torch.float64).view(b, t)
+    mask = torch.zeros(b, t, dtype=torch.float64)
+    mask[:, :n] = 1.0
+    a = agg_loss(loss, mask, "token-mean")
+    s = agg_loss(loss, mask, "seq-mean-token-mean")
+    assert a.item() == pytest.approx(s.item(), rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 8),
+    t=st.integers(1, 6),
+    mode=st.sampled_from(sorted(LOSS_AGG_MODES)),
+    data=st.data(),
+)
+def test_micro_batches_with_global_counts_sum_to_full_batch(b: int, t: int, mode: str, data: st.DataObject) -> None:
+    values = data.draw(st.lists(st.floats(-10, 10, allow_nan=False), min_size=b * t, max_size=b * t))
+    bits = data.draw(st.lists(st.booleans(), min_size=b * t, max_size=b * t))
+    loss = torch.tensor(values, dtype=torch.float64).view(b, t)
+    mask = torch.tensor(bits, dtype=torch.float64).view(b, t)
+    mask[0, 0] = 1.0  # at least one valid token in the mini-batch
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, b - 1)), max_size=3))) if b > 1 else []
+    bounds = [0, *[c for c in cuts if 0 < c < b], b]
+    full = agg_loss(loss, mask, mode)
+    total = torch.zeros((), dtype=torch.float64)
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        total = total + agg_loss(loss[lo:hi], mask[lo:hi], mode, global_num_tokens=float(mask.sum()), global_num_seqs=b)
+    assert total.item() == pytest.approx(full.item(), rel=1e-9, abs=1e-9)
+
+
+def test_bad_arguments_raise_value_error() -> None:
+    with pytest.raises(ValueError, match="loss_agg_mode.*token-mean"):
+        agg_loss(LOSS, MASK, "mean")
+    with pytest.raises(ValueError, match="loss_mask"):
+        agg_loss(LOSS, MASK[:, :3], "token-mean")
+    with pytest.raises(ValueError, match="loss_mat"):
+        agg_loss(LOSS[0], MASK[0], "token-mean")
+    with pytest.raises(ValueError, match="global_num_tokens"):
+        agg_loss(LOSS, MASK, "token-mean", global_num_tokens=0)
+    with pytest.raises(ValueError, match="global_num_seqs"):
+        agg_loss(LOSS, MASK, "seq-mean-token-sum", global_num_seqs=-2)

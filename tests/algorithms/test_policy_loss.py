@@ -1,0 +1,167 @@
+"""Tests for the PPO (vanilla, dual-clip) and GMPO (geo_mean) policy losses with hand-derived values."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from async_rl.algorithms import POLICY_LOSSES, policy_loss
+
+E = math.e
+
+
+def _vanilla_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    # 2 rows x 3 tokens, last column is padding with garbage; log-ratios (log_prob - old) per valid token:
+    #   t1: A=+1, lr=1 (ratio e)   t2: A=-1, lr=1 (ratio e)
+    #   t3: A=-1, lr=2 (ratio e^2) t4: A=+1, lr=0 (ratio 1)
+    old = torch.zeros(2, 3)
+    log_prob = torch.tensor([[1.0, 1.0, 50.0], [2.0, 0.0, -50.0]])
+    adv = torch.tensor([[1.0, -1.0, 7.0], [-1.0, 1.0, -7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    return old, log_prob, adv, mask
+
+
+def test_vanilla_ppo_values_clipfracs_and_kl() -> None:
+    old, log_prob, adv, mask = _vanilla_case()
+    loss, metrics = policy_loss(old, log_prob, adv, mask)
+    # t1: max(-e, -1.2) = -1.2 (clipped)          t2: max(e, 1.2) = e; min(3, e) = e
+    # t3: max(e^2, 1.2) = 7.389; dual clip min(3, 7.389) = 3 (lower-clipped)   t4: -1
+    expected = (-1.2 + E + 3.0 - 1.0) / 4  # = 0.879570
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(0.25)
+    assert metrics["pg_clipfrac_lower"].item() == pytest.approx(0.25)
+    assert metrics["ppo_kl"].item() == pytest.approx(-1.0)  # mean(-lr) = -(1 + 1 + 2 + 0) / 4
+    assert all(v.ndim == 0 and not v.requires_grad for v in metrics.values())
+
+
+def test_vanilla_ppo_gradient_flows_only_through_unclipped_tokens() -> None:
+    old, log_prob, adv, mask = _vanilla_case()
+    log_prob.requires_grad_(True)
+    loss, _ = policy_loss(old, log_prob, adv, mask)
+    loss.backward()
+    assert log_prob.grad is not None
+    # unclipped tokens: d(-A * exp(lr))/dlr = -A * ratio, / 4 tokens: t2 -> e/4, t4 -> -1/4; clipped tokens -> 0
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[0.0, E / 4, 0.0], [0.0, -0.25, 0.0]]))
+
+
+def test_asymmetric_clip_ranges() -> None:
+    old = torch.zeros(1, 2)
+    log_prob = torch.tensor([[0.5, -1.0]])  # ratios e^.5 = 1.6487 and e^-1 = .3679
+    adv = torch.tensor([[1.0, -1.0]])
+    loss, metrics = policy_loss(old, log_prob, adv, torch.ones(1, 2), clip_ratio_low=0.2, clip_ratio_high=0.28)
+    # t1: clamp(1.6487, .8, 1.28) = 1.28 -> max(-1.6487, -1.28) = -1.28
+    # t2: clamp(.3679, .8, 1.28) = .8 -> max(.3679, .8) = .8 (< 3, no dual clip)
+    assert loss.item() == pytest.approx((-1.28 + 0.8) / 2, rel=1e-6)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(1.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lr=st.floats(-5, 5, allow_nan=False),
+    a=st.floats(-10, -0.01, allow_nan=False),
+    c=st.floats(1.01, 10, allow_nan=False),
+)
+def test_dual_clip_bounds_negative_advantage_loss(lr: float, a: float, c: float) -> None:
+    loss, _ = policy_loss(
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.tensor([[lr]], dtype=torch.float64),
+        torch.tensor([[a]], dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.float64),
+        clip_ratio_c=c,
+    )
+    assert loss.item() <= c * abs(a) * (1 + 1e-12)
+    # without the dual clip the loss would be max(-A*ratio, -A*clamp(ratio)) = |A| * max(ratio, .8)
+    assert loss.item() == pytest.approx(min(c * abs(a), abs(a) * max(math.exp(lr), 0.8)), rel=1e-12)
+
+
+def _gmpo_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    old = torch.zeros(2, 3)
+    log_prob = torch.tensor([[0.5, -0.1, 30.0], [0.5, -0.1, -30.0]])  # column 2 is padding
+    adv = torch.tensor([[1.0, 1.0, 5.0], [-1.0, -1.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    return old, log_prob, adv, mask
+
+
+def test_geo_mean_values_and_clipfracs() -> None:
+    old, log_prob, adv, mask = _gmpo_case()
+    loss, metrics = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean")
+    # clamp(lr, -.2, .2) = [.2, -.1]
+    # row 0 (A=+1): min(lr, clamped) = [.2, -.1] -> mean .05 -> ratio e^.05; loss -1 * e^.05 = -1.051271
+    # row 1 (A=-1): max(lr, clamped) = [.5, -.1] -> mean .2 -> ratio e^.2; loss +1 * e^.2 = 1.221403
+    expected = (-math.exp(0.05) + math.exp(0.2)) / 2  # = 0.085066
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    # token 0 of each row is clipped (.5 != .2): one of 4 tokens with A>0, one with A<0
+    assert metrics["pg_clipfrac"].item() == pytest.approx(0.25)
+    assert metrics["pg_clipfrac_lower"].item() == pytest.approx(0.25)
+    # ppo_kl = mean(-lr) over valid tokens = -(.5 - .1 + .5 - .1) / 4 = -.2
+    assert metrics["ppo_kl"].item() == pytest.approx(-0.2)
+
+
+def test_geo_mean_global_num_seqs() -> None:
+    old, log_prob, adv, mask = _gmpo_case()
+    full, _ = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean")
+    parts = [
+        policy_loss(
+            old[i : i + 1],
+            log_prob[i : i + 1],
+            adv[i : i + 1],
+            mask[i : i + 1],
+            loss_mode="geo_mean",
+            global_num_seqs=2,
+        )[0]
+        for i in range(2)
+    ]
+    assert (parts[0] + parts[1]).item() == pytest.approx(full.item(), rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    b=st.integers(2, 6),
+    mode=st.sampled_from(["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]),
+    seed=st.integers(0, 10_000),
+)
+def test_vanilla_micro_batches_with_global_counts_match_full_batch(b: int, mode: str, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    old = torch.randn(b, 5, generator=gen, dtype=torch.float64)
+    log_prob = old + 0.3 * torch.randn(b, 5, generator=gen, dtype=torch.float64)
+    rollout = old + 0.3 * torch.randn(b, 5, generator=gen, dtype=torch.float64)
+    adv = torch.randn(b, 5, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(b, 5, generator=gen) > 0.3).to(torch.float64)
+    mask[:, 0] = 1.0
+    full, _ = policy_loss(old, log_prob, adv, mask, loss_agg_mode=mode, rollout_log_prob=rollout, tis_cap=2.0)
+    total = torch.zeros((), dtype=torch.float64)
+    for rows in (slice(0, b // 2), slice(b // 2, b)):
+        part, _ = policy_loss(
+            old[rows],
+            log_prob[rows],
+            adv[rows],
+            mask[rows],
+            loss_agg_mode=mode,
+            rollout_log_prob=rollout[rows],
+            tis_cap=2.0,
+            global_num_tokens=float(mask.sum()),
+            global_num_seqs=b,
+        )
+        total = total + part
+    assert total.item() == pytest.approx(full.item(), rel=1e-9, abs=1e-12)
+
+
+def test_bad_arguments_raise_value_error() -> None:
+    old, log_prob, adv, mask = _vanilla_case()
+    assert set(POLICY_LOSSES) == {"vanilla", "geo_mean"}
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(old, log_prob, adv, mask, clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match="loss_mode.*geo_mean.*vanilla"):
+        policy_loss(old, log_prob, adv, mask, loss_mode="gspo")
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        policy_loss(old, log_prob, adv, mask, loss_agg_mode="sum")
+    with pytest.raises(ValueError, match="clip_ratio_low"):
+        policy_loss(old, log_prob, adv, mask, clip_ratio_low=-0.1)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(old, log_prob, adv[:, :2], mask)
+    with pytest.raises(ValueError, match="old_log_prob"):
+        policy_loss(old[0], log_prob, adv, mask)
+    with pytest.raises(ValueError, match="rollout_log_prob"):
+        policy_loss(old, log_prob, adv, mask, rollout_log_prob=old[:1], tis_cap=2.0)

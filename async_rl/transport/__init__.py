@@ -1,0 +1,50 @@
+"""The rollout plane: how actors and the learner talk (torch-free: numpy, msgspec, pyzmq).
+
+protocol     typed, versioned msgpack messages; token ids / log-probs as raw little-endian arrays
+codec        strict decoding (every bad message is a ProtocolError with a reason) and size-checked encoding
+settings     PlaneSettings, mirroring the config keys async_training.{max_staleness, stale_policy, transport.*}
+sockets      ROUTER/DEALER construction, loopback-by-default binding, CURVE + ZAP
+keys         ``python -m async_rl.transport.keys DIR`` makes CURVE key pairs
+ledger       exactly-once accounting of every prompt id (leases, re-grants, buffer, trained), save/restore
+admission    the staleness bound and admission control (K = 0 is synchronous)
+coordinator  the background thread beside learner rank 0, and the learner's in-process API
+client       RolloutClient, used by actor processes
+"""
+
+from async_rl.transport.admission import min_start_version, within_bound
+from async_rl.transport.client import RolloutClient
+from async_rl.transport.codec import MessageTooLarge, ProtocolError, WireCodec, WireLimits
+from async_rl.transport.coordinator import Coordinator
+from async_rl.transport.prompts import PromptRecord
+from async_rl.transport.protocol import (
+    PROTOCOL_VERSION,
+    Completion,
+    PromptGrant,
+    RolloutGroup,
+    SamplingParams,
+    make_completion,
+    pack_array,
+    unpack_array,
+)
+from async_rl.transport.settings import PlaneSettings
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Completion",
+    "Coordinator",
+    "MessageTooLarge",
+    "PlaneSettings",
+    "PromptGrant",
+    "PromptRecord",
+    "ProtocolError",
+    "RolloutClient",
+    "RolloutGroup",
+    "SamplingParams",
+    "WireCodec",
+    "WireLimits",
+    "make_completion",
+    "min_start_version",
+    "pack_array",
+    "unpack_array",
+    "within_bound",
+]

@@ -1,0 +1,366 @@
+"""The actor side of the rollout plane: `RolloutClient`, one DEALER socket driven by the actor's own loop.
+
+Typical loop (see tests/transport/fake_actor.py)::
+
+    client = RolloutClient("tcp://127.0.0.1:5555", "actor-0")
+    welcome = client.hello(loaded_version=0)
+    while not client.shutdown_requested:
+        for grant in client.request_work(max_groups=free_slots, loaded_version=v, timeout_s=0.1):
+            ... generate grant.sampling.n completions, calling client.poll() now and then ...
+            client.send_group(group)          # tracked until acked; re-sent after ack_timeout_s
+        client.poll()
+
+Before starting a grant the actor must have loaded a policy of version >= ``grant.min_version`` (learner version - K
+at grant time); ``client.policy_version`` / ``client.min_version`` track the latest announced versions.
+
+Not thread-safe: use it from one thread, and call `poll()` (or any other method) at least every
+heartbeat_interval_s, or the coordinator presumes the actor dead and re-grants its prompts. If generation blocks
+longer, run it in a worker thread and keep polling here. Finished groups are kept until acked and re-sent after
+ack_timeout_s or a reconnect (the coordinator dedups), so nothing is lost in flight; when the coordinator is silent
+for peer_timeout_s the client reconnects, says Hello again and re-sends.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from async_rl.transport import sockets
+from async_rl.transport.codec import MessageTooLarge, ProtocolError, WireCodec, WireLimits
+from async_rl.transport.metrics import BadMessageLog
+from async_rl.transport.protocol import (
+    Bye,
+    GroupAck,
+    Heartbeat,
+    Hello,
+    Message,
+    PromptGrant,
+    RolloutGroup,
+    Shutdown,
+    VersionUpdate,
+    Welcome,
+    WorkGrant,
+    WorkRequest,
+)
+from async_rl.transport.settings import PlaneSettings
+
+logger = logging.getLogger(__name__)
+
+ZERO_COPY_MIN_BYTES = 1 << 20  # below this, a memcpy is cheaper than pyzmq's zero-copy bookkeeping
+_ACTOR_ID = re.compile(r"^[!-~]{1,128}$")
+
+
+@dataclass
+class _Unacked:
+    group: RolloutGroup  # kept as the object, re-encoded on the rare re-send (saves a copy per group)
+    sent_at: float | None  # None: not (successfully) sent since the last reconnect
+
+
+class RolloutClient:
+    """One actor's connection to the coordinator (see the module docstring for the loop and the guarantees)."""
+
+    def __init__(
+        self,
+        address: str,
+        actor_id: str,
+        settings: PlaneSettings | None = None,
+        *,
+        ack_timeout_s: float = 5.0,
+        max_unacked: int = 4096,
+        limits: WireLimits | None = None,
+    ) -> None:
+        if not isinstance(actor_id, str) or not _ACTOR_ID.match(actor_id) or actor_id == "coordinator":
+            raise ValueError(f"actor_id must be 1-128 printable ASCII chars without spaces, got {actor_id!r}")
+        if not isinstance(address, str) or not address.startswith("tcp://"):
+            raise ValueError(f"address must look like tcp://host:port, got {address!r}")
+        if ack_timeout_s <= 0:
+            raise ValueError(f"ack_timeout_s must be > 0, got {ack_timeout_s}")
+        _check_version("max_unacked", max_unacked)
+        if max_unacked < 1:
+            raise ValueError(f"max_unacked must be >= 1, got {max_unacked}")
+        self.address = address
+        self.actor_id = actor_id
+        self.settings = settings or PlaneSettings()
+        self.ack_timeout_s = ack_timeout_s
+        self.max_unacked = max_unacked
+        self.codec = WireCodec(limits)
+        self._keys = sockets.client_keys(self.settings)
+        self.max_message_bytes = self.settings.max_message_bytes
+        self.heartbeat_interval_s = self.settings.heartbeat_interval_s
+        self.peer_timeout_s = self.settings.peer_timeout_s
+        self.welcome: Welcome | None = None
+        self.policy_version = 0
+        self.min_version = 0
+        self.loaded_version = 0
+        self.weight_sync: dict[str, Any] = {}
+        self.shutdown_requested = False
+        self.version_updates = 0
+        self.counters: Counter[str] = Counter()
+        self.bad = BadMessageLog("message from the coordinator")
+        self._grants_seen = 0
+        self._pending: deque[PromptGrant] = deque()
+        self._sends_since_receive = 0
+        self._unacked: OrderedDict[tuple[int, int], _Unacked] = OrderedDict()
+        self._last_request: tuple[int, int, int] | None = None
+        self._last_request_t = 0.0
+        now = time.monotonic()
+        self._last_recv = now
+        self._last_sent = now
+        self._welcomes = 0
+        self.ctx = zmq.Context()
+        self._sock = sockets.connect_dealer(self.ctx, address, actor_id, self.settings, self._keys)
+
+    # ---- public API ----------------------------------------------------------------------------------------------
+    def hello(self, loaded_version: int = 0, timeout_s: float = 10.0) -> Welcome:
+        """Join the plane; returns the Welcome (policy version, weight-sync info). Raises TimeoutError."""
+        _check_version("loaded_version", loaded_version)
+        self.loaded_version = loaded_version
+        before = self._welcomes
+        self._send(Hello(actor_id=self.actor_id, loaded_version=loaded_version))
+        deadline = time.monotonic() + timeout_s
+        while self._welcomes == before:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no Welcome from {self.address} within {timeout_s} s")
+            self.poll(min(remaining, 0.05))
+        assert self.welcome is not None
+        return self.welcome
+
+    def request_work(self, max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]:
+        """Offer credit for ``max_groups`` more groups; return the grants received within ``timeout_s`` (maybe [])."""
+        if isinstance(max_groups, bool) or not isinstance(max_groups, int) or max_groups < 0:
+            raise ValueError(f"max_groups must be an int >= 0, got {max_groups!r}")
+        _check_version("loaded_version", loaded_version)
+        self.loaded_version = loaded_version
+        key = (max_groups, loaded_version, self._grants_seen)
+        now = time.monotonic()
+        if key != self._last_request or now - self._last_request_t >= self.heartbeat_interval_s:
+            req = WorkRequest(
+                actor_id=self.actor_id,
+                max_groups=max_groups,
+                loaded_version=loaded_version,
+                grants_seen=self._grants_seen,
+            )
+            if self._send(req):
+                self._last_request, self._last_request_t = key, now
+        deadline = now + timeout_s
+        self.poll(0.0)
+        while not self._pending and max_groups > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.poll(min(remaining, 0.05))
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
+    def send_group(self, group: RolloutGroup, timeout_s: float | None = None) -> None:
+        """Send a finished group and track it until acked. Raises MessageTooLarge (nothing tracked) when it cannot
+        fit, and TimeoutError when backpressure keeps it unsent for ``timeout_s`` (it stays tracked and is retried)."""
+        buf = self._encode_group(group)
+        if len(self._unacked) >= self.max_unacked:
+            raise RuntimeError(f"{len(self._unacked)} groups await acks (max_unacked); is the coordinator alive?")
+        self._sends_since_receive += 1
+        if self._sends_since_receive >= 16:  # take in acks now and then, so a fast sender never lets them pile up
+            self._receive(0.0)
+        key = (group.prompt_id, group.lease_id)
+        entry = _Unacked(group, None)
+        self._unacked[key] = entry
+        self.counters["groups_sent"] += 1
+        if self._try_send(buf):
+            entry.sent_at = time.monotonic()
+            return
+        self.counters["send_blocked"] += 1  # backpressure: the coordinator is not keeping up
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"group {key} still unsent after {timeout_s} s of backpressure (kept for retry)")
+            self._receive(0.05 if remaining is None else min(remaining, 0.05), want_out=True)
+            if key not in self._unacked:
+                return  # acked (a retry from poll() got through first)
+            if self._try_send(buf):
+                entry.sent_at = time.monotonic()
+                return
+
+    def _encode_group(self, group: RolloutGroup) -> bytes:
+        try:
+            return self.codec.encode_checked(group, self.max_message_bytes)
+        except MessageTooLarge:
+            self.counters["oversize"] += 1
+            raise
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Process incoming messages, send a heartbeat when due, re-send unacked groups, detect a lost coordinator."""
+        self._receive(timeout_s)
+        now = time.monotonic()
+        if self.welcome is not None and now - self._last_recv > self.peer_timeout_s:
+            self._receive(0.1)  # grace: after a long stall of this process, zmq's I/O thread may lag a moment
+            now = time.monotonic()
+            if now - self._last_recv > self.peer_timeout_s:
+                self._reconnect(now)
+        if now - self._last_sent >= self.heartbeat_interval_s:
+            self._send(Heartbeat(sender=self.actor_id, policy_version=self.loaded_version))
+        self._resend_due(now)
+
+    def wait_acked(self, timeout_s: float) -> bool:
+        """Poll until every sent group is acked; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._unacked:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.poll(min(remaining, 0.05))
+        return True
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def metrics(self) -> dict[str, float | int]:
+        out: dict[str, float | int] = {f"transport/client/{k}": v for k, v in self.counters.items()}
+        for reason, value in self.bad.counts.items():
+            out[f"transport/client/decode_errors/{reason}"] = value
+        out["transport/client/unacked"] = len(self._unacked)
+        out["transport/client/pending_grants"] = len(self._pending)
+        return out
+
+    def close(self, linger_s: float = 0.5) -> None:
+        """Say Bye (best effort), close the socket and the context. Unacked groups are abandoned (their leases
+        expire and the prompts are re-granted)."""
+        if self._sock.closed:
+            return
+        try:
+            self._sock.send(self.codec.encode(Bye(actor_id=self.actor_id)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self._sock.close(linger=int(linger_s * 1000))
+        self.ctx.term()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals -----------------------------------------------------------------------------------------------
+    def _try_send(self, buf: bytes) -> bool:
+        try:
+            self._sock.send(buf, zmq.NOBLOCK, copy=len(buf) < ZERO_COPY_MIN_BYTES)
+        except zmq.Again:
+            return False
+        self._last_sent = time.monotonic()
+        return True
+
+    def _send(self, msg: Message) -> bool:
+        """Send a small control message without blocking; False when backpressure defers it (it is re-sent later)."""
+        ok = self._try_send(self.codec.encode_checked(msg, self.max_message_bytes))
+        if not ok:
+            self.counters["control_deferred"] += 1
+        return ok
+
+    def _resend_due(self, now: float) -> None:
+        for key, entry in self._unacked.items():
+            if entry.sent_at is not None and now - entry.sent_at < self.ack_timeout_s:
+                continue
+            if not self._try_send(self._encode_group(entry.group)):
+                self.counters["send_blocked"] += 1
+                return
+            if entry.sent_at is not None:
+                self.counters["groups_resent"] += 1
+            entry.sent_at = now
+            logger.debug("re-sent group %s", key)
+
+    def _receive(self, timeout_s: float, want_out: bool = False) -> None:
+        self._sends_since_receive = 0
+        if timeout_s <= 0:  # cheap check without building a poller (send_group calls this for every group)
+            events = self._sock.getsockopt(zmq.EVENTS)
+            assert isinstance(events, int)
+            if not events & zmq.POLLIN:
+                return
+        else:
+            flags = zmq.POLLIN | (zmq.POLLOUT if want_out else 0)
+            if self._sock.poll(int(timeout_s * 1000), flags) & zmq.POLLIN == 0:
+                return
+        for _ in range(1024):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(frames) != 1:
+                self.bad.record("coordinator", "frames", f"{len(frames)} frames")
+                continue
+            try:
+                msg = self.codec.decode(frames[0].buffer)
+            except ProtocolError as exc:
+                self.bad.record("coordinator", exc.reason, exc.detail)
+                continue
+            self._last_recv = time.monotonic()
+            self._handle(msg)
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, WorkGrant):
+            self._grants_seen += len(msg.prompts)
+            self._pending.extend(msg.prompts)
+            self.policy_version = max(self.policy_version, msg.policy_version)
+        elif isinstance(msg, GroupAck):
+            for ack in msg.acks:
+                if self._unacked.pop((ack.prompt_id, ack.lease_id), None) is None:
+                    self.counters["stray_acks"] += 1
+                else:
+                    self.counters[f"acks/{ack.status}"] += 1
+        elif isinstance(msg, Heartbeat):
+            self.policy_version = max(self.policy_version, msg.policy_version)
+        elif isinstance(msg, VersionUpdate):
+            self.policy_version = max(self.policy_version, msg.policy_version)
+            self.min_version = max(self.min_version, msg.min_version)
+            if msg.weight_sync:
+                self.weight_sync = dict(msg.weight_sync)
+            self.version_updates += 1
+        elif isinstance(msg, Welcome):
+            self._on_welcome(msg)
+        elif isinstance(msg, Shutdown):
+            logger.info("coordinator asked %s to shut down: %s", self.actor_id, msg.reason)
+            self.shutdown_requested = True
+        else:
+            self.bad.record("coordinator", "direction", f"{type(msg).__name__} is not sent by the coordinator")
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        self.welcome = msg
+        self._welcomes += 1
+        self._grants_seen = 0  # the coordinator restarted its count for us
+        self._last_request = None
+        self.policy_version = max(self.policy_version, msg.policy_version)
+        self.min_version = max(self.min_version, msg.min_version)
+        self.heartbeat_interval_s = msg.heartbeat_interval_s
+        self.peer_timeout_s = msg.peer_timeout_s
+        self.max_message_bytes = min(self.settings.max_message_bytes, msg.max_message_bytes)
+        self.weight_sync = dict(msg.weight_sync)
+        for entry in self._unacked.values():
+            entry.sent_at = None  # (re)joined: re-send what is still unacked right away
+        if self._welcomes > 1:
+            self.counters["rejoins"] += 1
+
+    def _reconnect(self, now: float) -> None:
+        logger.warning(
+            "%s: coordinator silent for %.1f s; reconnecting to %s", self.actor_id, now - self._last_recv, self.address
+        )
+        self.counters["reconnects"] += 1
+        self._sock.close(linger=0)
+        self._sock = sockets.connect_dealer(self.ctx, self.address, self.actor_id, self.settings, self._keys)
+        self._last_recv = now
+        self._last_request = None
+        for entry in self._unacked.values():
+            entry.sent_at = None
+        self._send(Hello(actor_id=self.actor_id, loaded_version=self.loaded_version))
+
+
+def _check_version(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")

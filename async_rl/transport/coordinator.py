@@ -1,0 +1,541 @@
+"""The coordinator: a background thread beside learner rank 0 that owns the ROUTER socket and the prompt ledger.
+
+Actors join (Hello -> Welcome), ask for work with credits (WorkRequest), receive leased prompts (WorkGrant), deliver
+groups (RolloutGroup -> GroupAck) and exchange heartbeats. The learner, in the same process, calls the thread-safe
+API: `get_groups`, `mark_trained`, `set_policy_version`, `state_dict`/`load_state_dict`, `metrics`, `close`.
+
+Only the coordinator thread touches the ROUTER. Learner calls mutate shared state under one lock and wake the
+thread through an inproc PAIR socket. Bad input never raises out of the loop: it is counted by reason and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from async_rl.transport import admission as adm
+from async_rl.transport.actors import ActorRegistry, ActorState, ActorStatus
+from async_rl.transport.codec import WireCodec, WireLimits
+from async_rl.transport.coordinator_io import RouterIO
+from async_rl.transport.ledger import Lease, Ledger
+from async_rl.transport.metrics import TransportMetrics
+from async_rl.transport.prompts import PromptRecord, PromptSource
+from async_rl.transport.protocol import (
+    AckEntry,
+    AckStatus,
+    AnyMessage,
+    Bye,
+    GroupAck,
+    Heartbeat,
+    Hello,
+    Message,
+    PromptGrant,
+    RolloutGroup,
+    SamplingParams,
+    VersionUpdate,
+    Welcome,
+    WorkRequest,
+    pack_array,
+)
+from async_rl.transport.settings import PlaneSettings
+
+logger = logging.getLogger(__name__)
+
+COORDINATOR_ID = "coordinator"
+Outbox = list[tuple[bytes, Message]]
+STATE_FORMAT = 1
+SCAN_INTERVAL_S = 0.01  # liveness/lease scans at most this often (they are O(actors + leases))
+_SEED_MODULUS = 2**31
+
+
+class Coordinator:
+    """Serves prompts to actors and rollout groups to the learner, exactly once, within the staleness bound."""
+
+    def __init__(
+        self,
+        records: Sequence[PromptRecord],
+        settings: PlaneSettings | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        seed: int | None = 0,
+        shuffle_seed: int | None = None,
+        max_epochs: int | None = None,
+        initial_version: int = 0,
+        weight_sync_info: dict[str, Any] | None = None,
+        limits: WireLimits | None = None,
+        autostart: bool = True,
+    ) -> None:
+        self.settings = settings or PlaneSettings()
+        if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
+            raise ValueError(f"initial_version must be an int >= 0, got {initial_version!r}")
+        self.source = PromptSource(records, shuffle_seed=shuffle_seed, max_epochs=max_epochs)
+        self.sampling = _checked_sampling(sampling or SamplingParams())
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        self.seed = seed
+        self.codec = WireCodec(limits)
+        self.k = self.settings.max_staleness
+        self._version = initial_version
+        self._weight_sync: dict[str, Any] = dict(weight_sync_info or {})
+        msgspec.msgpack.encode(self._weight_sync)  # fail now, not at the first Welcome, if it is not msgpack-able
+        self._ledger = Ledger(self.source.total)
+        self._admission = adm.Admission(self.k, self.settings.inflight_cap)
+        self._actors = ActorRegistry(self.settings.max_actors, self.settings.peer_timeout_s)
+        self._metrics = TransportMetrics(self.k)
+        self._taken_staleness: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._stopping = False
+        self._failed: BaseException | None = None
+        self._version_dirty = False
+        self._granted_any = False
+        self._notify_on_close = True
+        self._last_scan = 0.0
+        self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
+        self._io = RouterIO(self.settings, self.codec)  # binds now: bad bind settings raise here
+        self.port = self._io.port
+        self.address = self._io.address  # tcp://host:port as bound (with host 0.0.0.0, actors use a real address)
+        self._thread = threading.Thread(target=self._run, name="rollout-coordinator", daemon=True)
+        self._started = False
+        if autostart:
+            self.start()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            raise RuntimeError("coordinator already started")
+        self._started = True
+        self._thread.start()
+
+    def close(self, notify_actors: bool = True) -> None:
+        """Stop the thread (telling live actors to shut down when ``notify_actors``), close sockets; idempotent."""
+        with self._cv:
+            if self._stopping:
+                return
+            self._stopping = True
+            self._notify_on_close = notify_actors
+            self._cv.notify_all()
+        if self._started:
+            self._io.wake()
+            self._thread.join(timeout=10.0)
+            if self._thread.is_alive():
+                logger.error("coordinator thread did not stop within 10 s")
+        else:
+            self._io.close_router()
+        self._io.close()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- learner API ---------------------------------------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        with self._lock:
+            return self._version
+
+    def set_policy_version(self, version: int, weight_sync: dict[str, Any] | None = None) -> None:
+        """The learner finished a step and its weights are ``version``; stale buffered groups are dropped/re-granted.
+
+        ``weight_sync`` (the publisher's plan for this version) rides on the VersionUpdate sent to every live actor
+        and on later Welcomes.
+        """
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"version must be an int, got {version!r}")
+        if weight_sync is not None:
+            msgspec.msgpack.encode(weight_sync)
+        with self._cv:
+            if version < self._version:
+                raise ValueError(f"version must not decrease: {version} < current {self._version}")
+            if version == self._version:
+                return
+            if weight_sync is not None:
+                self._weight_sync = dict(weight_sync)
+            self._version = version
+            self._version_dirty = True
+            self._purge_stale_locked()
+            self._cv.notify_all()
+        self._io.wake()
+
+    def set_weight_sync_info(self, info: dict[str, Any]) -> None:
+        msgspec.msgpack.encode(info)
+        with self._lock:
+            self._weight_sync = dict(info)
+
+    def get_groups(self, num_groups: int, timeout_s: float | None = None) -> list[RolloutGroup]:
+        """Block until ``num_groups`` groups within the staleness bound are buffered and return them.
+
+        Groups come oldest generation version first. Raises TimeoutError after ``timeout_s`` (the buffer is left
+        untouched). When the data is exhausted and nothing is outstanding, returns what is left (maybe fewer, or []).
+        """
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
+            raise ValueError(f"num_groups must be an int >= 1, got {num_groups!r}")
+        if num_groups > self.settings.inflight_cap:
+            raise ValueError(f"num_groups={num_groups} exceeds the admission cap {self.settings.inflight_cap}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                if self._failed is not None:
+                    raise RuntimeError("coordinator thread failed") from self._failed
+                if self._stopping:
+                    raise RuntimeError("coordinator is closed")
+                self._purge_stale_locked()
+                led = self._ledger
+                if len(led.received) >= num_groups or self._nothing_coming_locked():
+                    self._learner_wants = 0
+                    taken = led.take(num_groups)
+                    for buf in taken:
+                        staleness = self._version - buf.version
+                        assert 0 <= staleness <= self.k, "a group over the staleness bound reached the learner"
+                        self._taken_staleness[buf.group.prompt_id] = staleness
+                    return [buf.group for buf in taken]
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    self._learner_wants = 0
+                    raise TimeoutError(
+                        f"only {len(led.received)} of {num_groups} groups buffered after {timeout_s} s "
+                        f"(leased={len(led.leases)}, actors alive={len(self._actors.alive())})"
+                    )
+                self._learner_wants = num_groups
+                self._cv.wait(timeout=remaining)
+
+    def mark_trained(self, prompt_ids: Sequence[int]) -> None:
+        """Record that the groups of ``prompt_ids`` (from get_groups) were trained; they are never served again."""
+        with self._cv:
+            self._ledger.mark_trained(prompt_ids)
+            for pid in prompt_ids:
+                self._metrics.record_staleness(self._taken_staleness.pop(pid))
+            self._metrics.count("trained", len(prompt_ids))
+            self._admission.on_trained(self._version)
+        self._io.wake()
+
+    def metrics(self) -> dict[str, float | int]:
+        with self._lock:
+            led = self._ledger
+            epoch, position = self.source.cursor(led.next_prompt_id)
+            gauges: dict[str, float | int] = {
+                "queue_depth": len(led.received),
+                "leased": len(led.leases),
+                "taken": len(led.taken),
+                "regrant_queue": len(led.regrant),
+                "in_flight": led.in_flight,
+                "inflight_cap": self._admission.cap,
+                "actors_alive": len(self._actors.alive()),
+                "policy_version": self._version,
+                "trained_total": led.trained_total,
+                "dropped_total": led.dropped_total,
+                "data_epoch": epoch,
+                "data_position": position,
+            }
+            decode_errors, send_failures = self._io.stats()
+            return self._metrics.snapshot(gauges, decode_errors, send_failures)
+
+    def live_actor_ids(self) -> list[str]:
+        """Ids of the actors currently presumed alive, sorted (the weight-sync membership)."""
+        with self._lock:
+            return sorted(s.actor_id for s in self._actors.alive())
+
+    def actors(self) -> dict[str, ActorStatus]:
+        now = time.monotonic()
+        with self._lock:
+            return {
+                actor_id: ActorStatus(
+                    s.alive, s.loaded_version, len(self._ledger.actor_leases(actor_id)), s.credit, now - s.last_seen
+                )
+                for actor_id, s in self._actors.items()
+            }
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            self._ledger.check_invariants()
+
+    # ---- persistence ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (no pickle): ledger, version, admission gate and counters; see Ledger.state_dict."""
+        with self._lock:
+            return {
+                "format": STATE_FORMAT,
+                "num_records": len(self.source),
+                "shuffle_seed": self.source.shuffle_seed,
+                "policy_version": self._version,
+                "ledger": self._ledger.state_dict(self.codec),
+                "admission": self._admission.state_dict(),
+                "counters": dict(self._metrics.counters),
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore before any work is granted (construct with autostart=False, or before actors ask)."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"coordinator state must be a dict with format={STATE_FORMAT}")
+        if state.get("num_records") != len(self.source) or state.get("shuffle_seed") != self.source.shuffle_seed:
+            raise ValueError(
+                f"state was saved for num_records={state.get('num_records')}, shuffle_seed={state.get('shuffle_seed')}"
+                f" but this dataset has {len(self.source)}, {self.source.shuffle_seed}: the data cursor would not match"
+            )
+        ledger = Ledger.from_state_dict(state["ledger"], self.codec)
+        if ledger.total != self.source.total:
+            raise ValueError(f"state ledger total {ledger.total} != this dataset's total {self.source.total}")
+        version = state.get("policy_version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"state policy_version must be an int >= 0, got {version!r}")
+        with self._cv:
+            if self._granted_any:
+                raise ValueError("load_state_dict must be called before any work is granted (use autostart=False)")
+            self._ledger = ledger
+            self._version = max(self._version, version)
+            self._admission.load_state_dict(state.get("admission", {}))
+            self._metrics.counters.update({str(k): int(v) for k, v in state.get("counters", {}).items()})
+            self._purge_stale_locked()
+            self._cv.notify_all()
+
+    # ---- shared-state helpers (caller holds the lock) --------------------------------------------------------------
+    def _nothing_coming_locked(self) -> bool:
+        led = self._ledger
+        return led.exhausted and not led.leases and not led.regrant
+
+    def _learner_can_proceed_locked(self) -> bool:
+        """Whether waking a learner blocked in get_groups is worth it (avoids a wake-up per received group)."""
+        want = self._learner_wants
+        return want > 0 and (len(self._ledger.received) >= want or self._nothing_coming_locked())
+
+    def _purge_stale_locked(self) -> None:
+        regrant = self.settings.stale_policy == "regrant"
+        stale = self._ledger.purge_stale(self._version, self.k, regrant)
+        if stale:
+            self._metrics.drops["stale"] += len(stale)
+
+    # ---- the coordinator thread ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug, not bad input: make the learner see it instead of hanging
+            logger.exception("coordinator thread crashed")
+            with self._cv:
+                self._failed = exc
+                self._cv.notify_all()
+        finally:
+            notify = self._notify_on_close and self._failed is None
+            try:
+                if notify:
+                    with self._lock:
+                        live = [a.rid for a in self._actors.alive()]
+                    for rid in live:
+                        self._io.send_shutdown(rid, "coordinator closed")
+            finally:
+                self._io.close_router()
+
+    def _loop(self) -> None:
+        hb = self.settings.heartbeat_interval_s
+        tick_ms = max(5, int(min(hb / 4, 0.05) * 1000))
+        while True:
+            frames_batch = self._io.poll(tick_ms)
+            with self._lock:
+                if self._stopping:
+                    return
+            now = time.monotonic()
+            decoded = [d for d in (self._io.decode_frames(frames) for frames in frames_batch) if d is not None]
+            out: Outbox = []
+            with self._cv:
+                acks: dict[bytes, list[AckEntry]] = {}
+                for rid, msg, nbytes in decoded:
+                    self._handle_locked(rid, msg, nbytes, now, out, acks)
+                out.extend((rid, GroupAck(acks=entries)) for rid, entries in acks.items())
+                dead = self._housekeeping_locked(now, out)
+                grants = self._serve_credits_locked(now)
+                if self._learner_can_proceed_locked():
+                    self._cv.notify_all()
+            self._io.flush_retries()
+            for dest, reply in out:
+                self._io.send(dest, reply, retry=not isinstance(reply, Heartbeat))
+            for rid in dead:
+                self._io.forget_peer(rid)
+            for actor, leases in grants:
+                self._send_grants(actor, leases)
+
+    def _ensure_actor_locked(self, actor_id: str, loaded_version: int, now: float, out: Outbox) -> ActorState | None:
+        state = self._actors.get(actor_id)
+        if state is not None and state.alive:
+            state.last_seen = now
+            return state
+        return self._register_locked(actor_id, loaded_version, now, out)
+
+    def _register_locked(self, actor_id: str, loaded_version: int, now: float, out: Outbox) -> ActorState | None:
+        existing = self._actors.get(actor_id)
+        if existing is not None and existing.alive:
+            self._expire_locked(self._ledger.expire_actor(actor_id), "rejoined")
+        state = self._actors.register(actor_id, loaded_version, now)
+        if state is None:
+            self._metrics.count("rejected_actors")
+            return None
+        out.append((state.rid, self._welcome_locked()))
+        logger.info("actor %s joined (loaded version %d)", actor_id, loaded_version)
+        return state
+
+    def _welcome_locked(self) -> Welcome:
+        s = self.settings
+        return Welcome(
+            policy_version=self._version,
+            min_version=adm.min_start_version(self._version, self.k),
+            max_staleness=self.k,
+            heartbeat_interval_s=s.heartbeat_interval_s,
+            peer_timeout_s=s.peer_timeout_s,
+            lease_timeout_s=s.lease_timeout_s,
+            max_message_bytes=s.max_message_bytes,
+            weight_sync=self._weight_sync,
+        )
+
+    def _handle_locked(
+        self, rid: bytes, msg: AnyMessage, nbytes: int, now: float, out: Outbox, acks: dict[bytes, list[AckEntry]]
+    ) -> None:
+        actor_id = rid.decode("ascii")
+        if isinstance(msg, Hello):
+            self._register_locked(actor_id, msg.loaded_version, now, out)
+            return
+        if isinstance(msg, Bye):
+            state = self._actors.get(actor_id)
+            if state is not None and state.alive:
+                self._actors.mark_gone(state, now)
+                self._expire_locked(self._ledger.expire_actor(actor_id), "left")
+                logger.info("actor %s left", actor_id)
+            return
+        loaded = msg.loaded_version if isinstance(msg, WorkRequest) else self._version
+        if isinstance(msg, Heartbeat):
+            loaded = msg.policy_version
+        state = self._ensure_actor_locked(actor_id, loaded, now, out)
+        if state is None:
+            return
+        if isinstance(msg, WorkRequest):
+            state.loaded_version = msg.loaded_version
+            state.set_credit(msg.max_groups, msg.grants_seen)
+            if state.credit > 0 and self._admission.allowance(self._ledger.in_flight, self._version) == 0:
+                self._metrics.count("credit_waits")
+        elif isinstance(msg, Heartbeat):
+            state.loaded_version = msg.policy_version
+        elif isinstance(msg, RolloutGroup):
+            status = self._deliver_locked(msg, nbytes)
+            acks.setdefault(rid, []).append(AckEntry(msg.prompt_id, msg.lease_id, status))
+
+    def _deliver_locked(self, group: RolloutGroup, nbytes: int) -> AckStatus:
+        verdict = self._ledger.check_delivery(group.prompt_id, group.lease_id)
+        if verdict == "unknown":
+            self._metrics.count("unknown_groups")
+            return "unknown"
+        if verdict == "duplicate":
+            self._metrics.count("duplicates")
+            return "duplicate"
+        if group.newest_version > self._version:
+            self._metrics.count("unknown_groups")  # claims a policy version the learner never published
+            return "unknown"
+        if verdict == "late":
+            self._metrics.count("late_accepted")
+        version = group.version
+        if not adm.within_bound(self._version, version, self.k):
+            self._metrics.drops["stale"] += 1
+            self._ledger.reject_stale(group.prompt_id, regrant=self.settings.stale_policy == "regrant")
+            return "stale"
+        self._ledger.accept(group, nbytes, version)
+        self._metrics.groups.add()
+        self._metrics.bytes.add(nbytes)
+        self._metrics.record_span(group.newest_version - version)
+        return "accepted"
+
+    def _expire_locked(self, leases: list[Lease], why: str) -> None:
+        if leases:
+            self._metrics.count("lease_expiries", len(leases))
+            logger.info("%d lease(s) expired (%s): prompts %s", len(leases), why, [x.prompt_id for x in leases][:8])
+
+    def _housekeeping_locked(self, now: float, out: Outbox) -> list[bytes]:
+        """Liveness, lease expiry, version broadcast and heartbeats; returns routing ids of actors now dead.
+
+        The scans (dead actors, due leases) run at most once per SCAN_INTERVAL_S, not per received message."""
+        dead = []
+        if now - self._last_scan >= SCAN_INTERVAL_S:
+            self._last_scan = now
+            dead = self._actors.newly_dead(now)
+            for state in dead:
+                logger.warning("actor %s silent > %.1f s: presumed dead", state.actor_id, self.settings.peer_timeout_s)
+                self._expire_locked(self._ledger.expire_actor(state.actor_id), f"actor {state.actor_id} presumed dead")
+            self._expire_locked(self._ledger.expire_due(now), "lease timeout")
+            self._actors.forget_dead(now)
+        if self._version_dirty:
+            self._version_dirty = False
+            update = VersionUpdate(
+                policy_version=self._version,
+                min_version=adm.min_start_version(self._version, self.k),
+                weight_sync=self._weight_sync,
+            )
+            out.extend((s.rid, update) for s in self._actors.alive())
+        for s in self._actors.alive():
+            if now - s.last_heartbeat_sent >= self.settings.heartbeat_interval_s:
+                s.last_heartbeat_sent = now
+                out.append((s.rid, Heartbeat(sender=COORDINATOR_ID, policy_version=self._version)))
+        return [state.rid for state in dead]
+
+    def _serve_credits_locked(self, now: float) -> list[tuple[ActorState, list[Lease]]]:
+        allowance = self._admission.allowance(self._ledger.in_flight, self._version)
+        floor = adm.min_start_version(self._version, self.k)
+        grants: list[tuple[ActorState, list[Lease]]] = []
+        for state in self._actors.round_robin():
+            if allowance <= 0:
+                break
+            if state.credit <= 0 or state.loaded_version < floor:
+                continue
+            count = min(state.credit, allowance, self.codec.limits.max_prompts_per_grant)
+            leases = self._ledger.grant(state.actor_id, count, now + self.settings.lease_timeout_s)
+            if not leases:
+                break  # no data left
+            state.credit -= len(leases)
+            state.granted_total += len(leases)
+            allowance -= len(leases)
+            self._metrics.grants.add(len(leases))
+            self._granted_any = True
+            grants.append((state, leases))
+        return grants
+
+    def _prompt_grant(self, lease: Lease, min_version: int) -> PromptGrant:
+        record = self.source.record(lease.prompt_id)
+        sampling = self.sampling
+        if self.seed is not None:
+            sampling = msgspec.structs.replace(sampling, seed=(self.seed + lease.prompt_id) % _SEED_MODULUS)
+        return PromptGrant(
+            prompt_id=lease.prompt_id,
+            lease_id=lease.lease_id,
+            min_version=min_version,
+            prompt_token_ids=pack_array(record.token_ids, "<i4"),
+            sampling=sampling,
+            extras=dict(record.extras),
+        )
+
+    def _send_grants(self, actor: ActorState, leases: list[Lease]) -> None:
+        """Encode and send; whatever cannot be sent goes back to the front of the re-grant queue."""
+        with self._lock:
+            version = self._version
+        floor = adm.min_start_version(version, self.k)
+        prompts = [self._prompt_grant(lease, floor) for lease in leases]
+        unsent, too_big = self._io.send_grant(actor.rid, prompts, version)
+        if not unsent and not too_big:
+            return
+        by_id = {lease.prompt_id: lease for lease in leases}
+        with self._cv:
+            for pid in too_big:
+                logger.error("prompt %d can never fit in max_message_bytes: dropped", pid)
+                self._metrics.drops["oversize"] += 1
+                self._ledger.drop_leased(pid)
+            self._ledger.revoke([by_id[pid] for pid in unsent])
+            actor.granted_total = max(0, actor.granted_total - len(unsent) - len(too_big))
+            self._cv.notify_all()
+
+
+def _checked_sampling(sampling: SamplingParams) -> SamplingParams:
+    """Validate sampling parameters with the wire schema (structs are not validated when built in Python)."""
+    try:
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(sampling), type=SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"sampling: {exc}") from None

@@ -1,0 +1,134 @@
+"""Counters, histograms, rates and a rate-limited bad-message log for the rollout plane.
+
+Everything here is plain Python state mutated by the owner under its own lock; `TransportMetrics.snapshot` turns it
+into the flat ``{"transport/...": number}`` dict the learner logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "transport/"
+
+
+class RateMeter:
+    """Events per second between consecutive reads (the first read measures from construction)."""
+
+    def __init__(self, now: float | None = None) -> None:
+        self._last_t = time.monotonic() if now is None else now
+        self._last_total = 0.0
+        self.total = 0.0
+
+    def add(self, amount: float = 1.0) -> None:
+        self.total += amount
+
+    def rate(self, now: float | None = None) -> float:
+        t = time.monotonic() if now is None else now
+        dt = t - self._last_t
+        value = (self.total - self._last_total) / dt if dt > 0 else 0.0
+        self._last_t, self._last_total = t, self.total
+        return value
+
+
+class BadMessageLog:
+    """Counts bad messages by reason; logs at most one warning per sender per ``window_s``.
+
+    Remembers at most ``max_senders`` senders (oldest forgotten first), so a flood of fake identities cannot grow it.
+    """
+
+    def __init__(self, what: str, window_s: float = 60.0, max_senders: int = 1024) -> None:
+        self.what = what
+        self.window_s = window_s
+        self.max_senders = max_senders
+        self.counts: Counter[str] = Counter()
+        self._last_logged: OrderedDict[str, float] = OrderedDict()
+
+    def record(self, sender: str, reason: str, detail: str, now: float | None = None) -> bool:
+        """Count one bad message; returns True when this call logged it."""
+        self.counts[reason] += 1
+        t = time.monotonic() if now is None else now
+        last = self._last_logged.get(sender)
+        if last is not None and t - last < self.window_s:
+            return False
+        self._last_logged[sender] = t
+        self._last_logged.move_to_end(sender)
+        while len(self._last_logged) > self.max_senders:
+            self._last_logged.popitem(last=False)
+        logger.warning(
+            "dropped bad %s from %s (%s: %s); further ones from this sender are only counted for %.0f s",
+            self.what,
+            sender,
+            reason,
+            detail[:200],
+            self.window_s,
+        )
+        return True
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def tracked_senders(self) -> int:
+        return len(self._last_logged)
+
+
+class TransportMetrics:
+    """The coordinator's metric state. Keys produced by `snapshot` are all prefixed ``transport/``."""
+
+    SPAN_BUCKETS = 8  # version_span/0..7 and version_span/8+
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+        self.counters: Counter[str] = Counter()
+        self.drops: Counter[str] = Counter()
+        self.staleness: Counter[int] = Counter()
+        self.version_span: Counter[int] = Counter()
+        self.grants = RateMeter()
+        self.groups = RateMeter()
+        self.bytes = RateMeter()
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] += amount
+
+    def record_span(self, span: int) -> None:
+        self.version_span[min(span, self.SPAN_BUCKETS)] += 1
+
+    def record_staleness(self, staleness: int) -> None:
+        self.staleness[staleness] += 1
+
+    def snapshot(
+        self, gauges: dict[str, float | int], decode_errors: dict[str, int], send_failures: dict[str, int]
+    ) -> dict[str, float | int]:
+        now = time.monotonic()
+        out: dict[str, float | int] = {PREFIX + k: v for k, v in gauges.items()}
+        out[PREFIX + "grants_per_s"] = self.grants.rate(now)
+        out[PREFIX + "groups_per_s"] = self.groups.rate(now)
+        out[PREFIX + "bytes_per_s"] = self.bytes.rate(now)
+        out[PREFIX + "grants_total"] = int(self.grants.total)
+        out[PREFIX + "groups_received_total"] = int(self.groups.total)
+        out[PREFIX + "bytes_received_total"] = int(self.bytes.total)
+        for name in ("lease_expiries", "duplicates", "late_accepted", "unknown_groups", "credit_waits", "trained"):
+            out[PREFIX + name] = self.counters[name]
+        for name, value in self.counters.items():
+            out.setdefault(PREFIX + name, value)
+        for reason, value in self.drops.items():
+            out[PREFIX + "drops/" + reason] = value
+        out[PREFIX + "drops_total"] = sum(self.drops.values())
+        for reason, value in send_failures.items():
+            out[PREFIX + "send_failures/" + reason] = value
+        for reason, value in decode_errors.items():
+            out[PREFIX + "decode_errors/" + reason] = value
+        out[PREFIX + "decode_errors_total"] = sum(decode_errors.values())
+        for k in range(self.max_staleness + 1):
+            out[f"{PREFIX}staleness/{k}"] = self.staleness[k]
+        trained = sum(self.staleness.values())
+        out[PREFIX + "staleness_mean"] = sum(k * v for k, v in self.staleness.items()) / trained if trained else 0.0
+        for span in range(self.SPAN_BUCKETS):
+            out[f"{PREFIX}version_span/{span}"] = self.version_span[span]
+        out[f"{PREFIX}version_span/{self.SPAN_BUCKETS}+"] = self.version_span[self.SPAN_BUCKETS]
+        return out

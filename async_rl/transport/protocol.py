@@ -1,0 +1,229 @@
+"""The rollout plane's wire messages: typed, versioned msgspec structs encoded as msgpack.
+
+Every message is one member of a tagged union (``kind`` names it) and carries ``protocol`` (checked on decode by
+``codec.WireCodec``) and ``ts``, its creation time. Token ids and log-probs travel as `WireArray`: raw little-endian
+bytes plus dtype and length, never as msgpack lists of numbers, and decode to numpy without a copy.
+
+All structs are ``gc=False``: messages are trees (never reference cycles), so the cyclic garbage collector need not
+track them. That matters in the learner process, which holds millions of objects: every tracked allocation brings
+the next full collection closer, and a group decodes into dozens of objects.
+
+Flow: actor -> coordinator: Hello, WorkRequest, RolloutGroup, Heartbeat, Bye.
+      coordinator -> actor: Welcome, WorkGrant, GroupAck, Heartbeat, VersionUpdate, Shutdown.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# dtypes accepted on the wire, as numpy little-endian type strings.
+TOKEN_DTYPES: frozenset[str] = frozenset({"<i4", "<i8", "<u4"})
+FLOAT_DTYPES: frozenset[str] = frozenset({"<f2", "<f4", "<f8"})
+ALLOWED_DTYPES: frozenset[str] = TOKEN_DTYPES | FLOAT_DTYPES
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+# Actor ids double as zmq routing ids: non-empty, printable ASCII, no leading NUL (reserved by zmq).
+ActorId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
+AckStatus = Literal["accepted", "duplicate", "stale", "unknown"]
+ACK_STATUSES: tuple[str, ...] = ("accepted", "duplicate", "stale", "unknown")
+
+
+class WireArray(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """A 1-D numeric array as raw little-endian bytes; ``len(data) == length * itemsize(dtype)`` is enforced on decode.
+
+    ``data`` is a memoryview so decoding references the received buffer instead of copying it.
+    """
+
+    data: memoryview
+    dtype: str
+    length: NonNegInt
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """Per-prompt sampling parameters; ``n`` completions are generated for the prompt (one group)."""
+
+    n: PositiveInt = 1
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    max_tokens: PositiveInt = 256
+    seed: NonNegInt | None = None
+
+
+class PromptGrant(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """One leased prompt: generate ``sampling.n`` completions with a policy of version >= ``min_version``."""
+
+    prompt_id: NonNegInt
+    lease_id: PositiveInt
+    min_version: NonNegInt
+    prompt_token_ids: WireArray
+    sampling: SamplingParams
+    extras: dict[str, Any] = {}
+
+
+class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """One sampled completion: its tokens, the behaviour log-prob of each, and the policy versions it spans."""
+
+    token_ids: WireArray
+    logprobs: WireArray
+    version_min: NonNegInt
+    version_max: NonNegInt
+    finish_reason: Annotated[str, msgspec.Meta(max_length=64)]
+    reward: float
+    reward_components: dict[Annotated[str, msgspec.Meta(max_length=128)], float] | None = None
+
+
+class Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, kw_only=True, gc=False):
+    """Base of every wire message: protocol version and creation time (stamped per instance, not at import)."""
+
+    protocol: NonNegInt = PROTOCOL_VERSION
+    ts: float = msgspec.field(default_factory=time.time)
+
+
+class Hello(Message, tag="hello"):
+    actor_id: ActorId
+    loaded_version: NonNegInt = 0
+
+
+class Welcome(Message, tag="welcome"):
+    policy_version: NonNegInt
+    min_version: NonNegInt
+    max_staleness: NonNegInt
+    heartbeat_interval_s: float
+    peer_timeout_s: float
+    lease_timeout_s: float
+    max_message_bytes: PositiveInt
+    weight_sync: dict[str, Any] = {}
+
+
+class WorkRequest(Message, tag="work_request"):
+    """Credit: the actor can take ``max_groups`` more groups, counting from the ``grants_seen``-th granted prompt."""
+
+    actor_id: ActorId
+    max_groups: NonNegInt
+    loaded_version: NonNegInt
+    grants_seen: NonNegInt = 0
+
+
+class WorkGrant(Message, tag="work_grant"):
+    prompts: list[PromptGrant]
+    policy_version: NonNegInt
+
+
+class RolloutGroup(Message, tag="rollout_group"):
+    """The n completions of one prompt, delivered under the lease that granted it."""
+
+    prompt_id: NonNegInt
+    lease_id: PositiveInt
+    actor_id: ActorId
+    completions: list[Completion]
+    timings: dict[Annotated[str, msgspec.Meta(max_length=128)], float] = {}
+
+    @property
+    def version(self) -> int:
+        """The group's generation version: the OLDEST version any of its completions used."""
+        return min(c.version_min for c in self.completions)
+
+    @property
+    def newest_version(self) -> int:
+        return max(c.version_max for c in self.completions)
+
+    @property
+    def version_span(self) -> int:
+        return self.newest_version - self.version
+
+
+class AckEntry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """The coordinator's verdict on one delivered group."""
+
+    prompt_id: NonNegInt
+    lease_id: PositiveInt
+    status: AckStatus
+
+
+class GroupAck(Message, tag="group_ack"):
+    """Acknowledges each delivered group individually; acks for one actor are batched per coordinator loop pass."""
+
+    acks: list[AckEntry]
+
+
+class Heartbeat(Message, tag="heartbeat"):
+    sender: ActorId
+    policy_version: NonNegInt = 0
+
+
+class VersionUpdate(Message, tag="version_update"):
+    policy_version: NonNegInt
+    min_version: NonNegInt
+    # The weight-sync plan for this version (epoch, ranks, rendezvous), see async_rl.weight_sync.publisher.
+    weight_sync: dict[str, Any] = {}
+
+
+class Shutdown(Message, tag="shutdown"):
+    reason: ShortStr = ""
+
+
+class Bye(Message, tag="bye"):
+    actor_id: ActorId
+
+
+AnyMessage = (
+    Hello | Welcome | WorkRequest | WorkGrant | RolloutGroup | GroupAck | Heartbeat | VersionUpdate | Shutdown | Bye
+)
+
+
+def pack_array(values: np.ndarray | list[int] | list[float], dtype: str) -> WireArray:
+    """Wrap a 1-D array as a WireArray of ``dtype`` (converted to little-endian; no copy when already so)."""
+    if dtype not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not allowed on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
+    arr = np.ascontiguousarray(np.asarray(values, dtype=np.dtype(dtype)))
+    if arr.ndim != 1:
+        raise ValueError(f"values must be 1-D, got shape {arr.shape}")
+    return WireArray(data=arr.data.cast("B"), dtype=dtype, length=int(arr.shape[0]))
+
+
+def unpack_array(wire: WireArray) -> np.ndarray:
+    """A read-only numpy view of the wire bytes (zero-copy); the length is checked here too."""
+    dtype = np.dtype(wire.dtype)
+    if len(wire.data) != wire.length * dtype.itemsize:
+        raise ValueError(f"array byte length {len(wire.data)} != length {wire.length} x itemsize {dtype.itemsize}")
+    return np.frombuffer(wire.data, dtype=dtype, count=wire.length)
+
+
+def make_completion(
+    token_ids: np.ndarray | list[int],
+    logprobs: np.ndarray | list[float],
+    *,
+    version_min: int,
+    version_max: int | None = None,
+    finish_reason: str = "stop",
+    reward: float = 0.0,
+    reward_components: dict[str, float] | None = None,
+    token_dtype: str = "<i4",
+    logprob_dtype: str = "<f4",
+) -> Completion:
+    """Build a Completion from arrays; one behaviour log-prob per sampled token is required."""
+    tokens = pack_array(token_ids, token_dtype)
+    lps = pack_array(logprobs, logprob_dtype)
+    if tokens.length != lps.length:
+        raise ValueError(f"logprobs length {lps.length} != token_ids length {tokens.length}")
+    vmax = version_min if version_max is None else version_max
+    if vmax < version_min:
+        raise ValueError(f"version_max {vmax} < version_min {version_min}")
+    return Completion(
+        token_ids=tokens,
+        logprobs=lps,
+        version_min=version_min,
+        version_max=vmax,
+        finish_reason=finish_reason,
+        reward=float(reward),
+        reward_components=reward_components,
+    )

@@ -1,0 +1,161 @@
+"""Actor-process helpers that drive a vLLM engine through a weight update (no vLLM import at module level).
+
+The actor owns the ``vllm.LLM`` / ``AsyncLLM``; when the learner announces a new weights version, the actor calls
+:meth:`EngineWeightSync.update` (or the async twin) while the learner's rank 0 calls ``WeightSender.send``. Both
+sides must be in the same update at the same time: the broadcasts rendezvous.
+
+Construct the engine with :func:`vllm_engine_kwargs` so vLLM loads the worker extension (which registers the
+weight-transfer engine inside the worker processes) and selects it::
+
+    llm = vllm.LLM(model=path, **vllm_engine_kwargs(), ...)
+    sync = EngineWeightSync(llm)
+    sync.join("learner-host", 29600, world_size=1 + n_actors, rank_offset=1 + actor_index)
+    report = sync.update(version=7)          # raises WeightSyncError / WeightSyncTimeout
+
+A failed update leaves the engine's weights invalid (``state()["weights_valid"]`` is False): do not generate from
+it until an update succeeds. After a timeout the group is broken: every member rejoins with ``epoch + 1``.
+Worker exceptions reach this process only as text inside a generic ``Exception``; the structured error is fetched
+with the ``weight_sync_state`` RPC and re-raised as the matching exception type.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncEngineWeightSync", "EngineWeightSync", "init_info", "update_info", "vllm_engine_kwargs"]
+
+ENGINE_NAME = "async_rl_broadcast"  # same string as vllm_ext.ENGINE_NAME (kept here to avoid importing vLLM)
+EXTENSION_CLS = "async_rl.weight_sync.vllm_ext.WeightSyncWorkerExtension"
+
+
+def vllm_engine_kwargs() -> dict[str, Any]:
+    """Engine arguments that install the weight-sync worker extension and select its transfer engine."""
+    return {"worker_extension_cls": EXTENSION_CLS, "weight_transfer_config": {"backend": ENGINE_NAME}}
+
+
+def init_info(
+    host: str,
+    port: int,
+    *,
+    world_size: int,
+    rank_offset: int = 1,
+    epoch: int = 0,
+    backend: str = "auto",
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
+    """The ``init_info`` payload of ``init_weight_transfer_engine`` (validated here, before any RPC)."""
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2, got {world_size}")
+    if not 1 <= rank_offset < world_size:
+        raise ValueError(f"rank_offset must be in [1, {world_size}), got {rank_offset}")
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    return {
+        "host": host,
+        "port": int(port),
+        "world_size": int(world_size),
+        "rank_offset": int(rank_offset),
+        "epoch": int(epoch),
+        "backend": backend,
+        "timeout_s": float(timeout_s),
+    }
+
+
+def update_info(version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
+    """The ``update_info`` payload of ``update_weights``."""
+    if version < -1:
+        raise ValueError(f"version must be >= 0 (or -1 for any), got {version}")
+    return {"version": int(version), "verify_load": bool(verify_load), "require_complete": bool(require_complete)}
+
+
+def _structured_error(state: dict[str, Any], fallback: BaseException) -> WeightSyncError:
+    err = state.get("last_error") or {}
+    message = err.get("message") or str(fallback)
+    cls = WeightSyncTimeout if err.get("type") == "WeightSyncTimeout" else WeightSyncError
+    return cls(message, tensor=err.get("tensor"))
+
+
+class EngineWeightSync:
+    """Weight-sync driver for a synchronous ``vllm.LLM`` built with :func:`vllm_engine_kwargs`."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def join(self, host: str, port: int, **kwargs: Any) -> None:
+        """Join (or, with a higher ``epoch``, rejoin) the group; blocks until all have joined. See :func:`init_info`."""
+        payload = init_info(host, port, **kwargs)
+        try:
+            self.llm.init_weight_transfer_engine({"init_info": payload})
+        except Exception as exc:
+            raise _structured_error({}, exc) from exc
+
+    def update(self, version: int, **kwargs: Any) -> dict[str, Any]:
+        """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks)."""
+        payload = update_info(version, **kwargs)
+        try:
+            self.llm.start_weight_update()
+            self.llm.update_weights({"update_info": payload})
+        except Exception as exc:
+            raise _structured_error(self.state(), exc) from exc
+        self.llm.finish_weight_update(weight_version=str(version))
+        report = self.state()["last_report"]
+        assert report is not None, "a successful update always leaves a report"
+        return report
+
+    def state(self) -> dict[str, Any]:
+        """The first worker's weight-sync status (see ``vllm_ext.BroadcastWeightTransferEngine.state``)."""
+        return self.llm.collective_rpc("weight_sync_state")[0]
+
+
+class AsyncEngineWeightSync:
+    """The same for ``vllm.v1.engine.async_llm.AsyncLLM``; optionally pauses generation around the update.
+
+    With ``pause="keep"`` in-flight requests are frozen and resume on the new weights (their earlier tokens keep
+    the old weights' KV cache: the learner's off-policy correction uses the recorded behaviour log-probs).
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def join(self, host: str, port: int, **kwargs: Any) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        payload = init_info(host, port, **kwargs)
+        try:
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
+        except Exception as exc:
+            raise _structured_error({}, exc) from exc
+
+    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if pause not in (None, "keep", "abort", "wait"):
+            raise ValueError(f"pause must be None, 'keep', 'abort' or 'wait', got {pause!r}")
+        payload = update_info(version, **kwargs)
+        if pause is not None:
+            await self.engine.pause_generation(mode=pause, clear_cache=True)
+        try:
+            try:
+                await self.engine.start_weight_update()
+                await self.engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
+            except Exception as exc:
+                raise _structured_error(await self.state(), exc) from exc
+            await self.engine.finish_weight_update(weight_version=str(version))
+        finally:
+            if pause is not None:
+                await self.engine.resume_generation()
+        report = (await self.state())["last_report"]
+        assert report is not None, "a successful update always leaves a report"
+        return report
+
+    async def state(self) -> dict[str, Any]:
+        return (await self.engine.collective_rpc("weight_sync_state"))[0]

@@ -1,0 +1,28 @@
+"""Exceptions raised by the learner -> actor weight-sync path.
+
+Kept in their own module so the pure pieces (packing, digests, verification) and the vLLM-side pieces can raise and
+catch the same types without importing each other. ``WeightSyncError.tensor`` names the first offending tensor
+(checkpoint-format name) when one is known, so callers and tests can act on it without parsing messages.
+"""
+
+from __future__ import annotations
+
+__all__ = ["WeightSyncError", "WeightSyncTimeout"]
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update failed or could not be verified; the receiving model must not be trusted until a later sync.
+
+    ``tensor`` is the checkpoint-format name of the first mismatching, missing or malformed tensor, if any.
+    """
+
+    def __init__(self, message: str, *, tensor: str | None = None) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+
+
+class WeightSyncTimeout(WeightSyncError):
+    """A collective of the weight-sync group did not complete within its timeout.
+
+    The group is unusable afterwards (peers may be mid-operation): every member must rejoin under a new epoch.
+    """

@@ -1,0 +1,212 @@
+"""The stateless learner <-> actors process group that carries weight updates.
+
+Rank 0 is the learner's sending rank; ranks 1..N are the actors' vLLM workers. The group lives outside
+``torch.distributed``'s global state (the learner already has its own FSDP world, the vLLM workers theirs): it is a
+``TCPStore`` plus a ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) built directly on it. ``backend="auto"``
+picks NCCL when CUDA is available and gloo otherwise; nothing else in the weight-sync path depends on the backend.
+
+Epochs: a gloo/NCCL group has a fixed membership and is unusable after a timeout or a dead peer. Recovery is a new
+group under a new *epoch*: every member calls :meth:`WeightSyncGroup.rejoin` (or :func:`open_group` again) with the
+same epoch number, which namespaces the rendezvous keys (``PrefixStore``) on the same TCPStore, so stale keys of a
+failed epoch can never be confused with the new one. The TCPStore server lives in rank 0's process for the lifetime
+of the learner.
+
+Every collective goes through :meth:`WeightSyncGroup.broadcast`, which bounds it with the group timeout and turns an
+expiry into :class:`WeightSyncTimeout` (never a hang) and marks the group broken.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WeightSyncGroup", "create_store", "open_group", "resolve_backend"]
+
+_PREFIX = "async_rl/weight_sync/epoch"
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """``"auto"`` -> ``"nccl"`` if CUDA is available else ``"gloo"``; explicit names are validated."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs a CUDA device; use 'gloo' or 'auto'")
+    return backend
+
+
+def create_store(host: str, port: int, *, is_master: bool, timeout_s: float = 120.0) -> dist.TCPStore:
+    """A TCPStore server (``is_master``: rank 0; ``port=0`` picks a free port, see ``.port``) or client."""
+    if not host:
+        raise ValueError("host must be a non-empty string")
+    if not 0 <= port < 65536 or (port == 0 and not is_master):
+        raise ValueError(f"port must be in [1, 65535] (0 only for the master), got {port}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    return dist.TCPStore(
+        host, port, None, is_master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=True
+    )
+
+
+class WeightSyncGroup:
+    """One epoch of the weight-sync group, as seen by one member. Use :func:`open_group` to create it."""
+
+    def __init__(
+        self, store: dist.TCPStore, *, rank: int, world_size: int, epoch: int, backend: str, timeout_s: float
+    ) -> None:
+        if world_size < 2:
+            raise ValueError(f"world_size must be >= 2 (one learner rank and at least one actor), got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = epoch
+        self.backend = resolve_backend(backend)
+        self.timeout_s = float(timeout_s)
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        )
+        self.broken = False
+        self._pg = self._connect()
+
+    def _connect(self) -> Any:
+        prefix = dist.PrefixStore(f"{_PREFIX}/{self.epoch}/", self.store)
+        timeout = timedelta(seconds=self.timeout_s)
+        t0 = time.perf_counter()
+        try:
+            if self.backend == "gloo":
+                pg: Any = dist.ProcessGroupGloo(prefix, self.rank, self.world_size, timeout)
+            else:
+                opts = dist.ProcessGroupNCCL.Options()
+                # Our own deadline (polled in broadcast) must fire first: NCCL's watchdog tears the process down.
+                opts._timeout = timeout * 2 + timedelta(seconds=60)
+                pg = dist.ProcessGroupNCCL(prefix, self.rank, self.world_size, opts)
+        except RuntimeError as exc:  # rendezvous timed out, or a peer vanished mid-handshake
+            self.broken = True
+            raise WeightSyncTimeout(
+                f"weight-sync group epoch {self.epoch} (rank {self.rank}/{self.world_size}) failed to form: {exc}"
+            ) from exc
+        logger.info(
+            "weight-sync group epoch %d formed: rank %d/%d, %s, %.2f s",
+            self.epoch,
+            self.rank,
+            self.world_size,
+            self.backend,
+            time.perf_counter() - t0,
+        )
+        return pg
+
+    def broadcast(
+        self, tensor: torch.Tensor, *, what: str = "tensor", during: Callable[[], object] | None = None
+    ) -> None:
+        """Broadcast ``tensor`` from rank 0 (in place on the others), bounded by the group timeout.
+
+        ``during`` runs on this thread while the transfer is in flight (the collective progresses on the backend's
+        own thread), which is how digests and model loading overlap the wire. It must not touch ``tensor``'s memory
+        on a receiving rank. If it raises, the group is marked broken (the stream is out of step) and its exception
+        propagates.
+        """
+        if self.broken:
+            raise WeightSyncError(f"weight-sync group epoch {self.epoch} is broken; rejoin under a new epoch first")
+        timeout = timedelta(seconds=self.timeout_s)
+        try:
+            work = self._pg.broadcast(tensor, 0, timeout) if self.backend == "gloo" else self._pg.broadcast(tensor, 0)
+        except RuntimeError as exc:
+            raise self._failure(what, exc) from exc
+        if during is not None:
+            try:
+                during()
+            except BaseException:
+                self.broken = True
+                raise
+        try:
+            if self.backend == "gloo":
+                work.wait(timeout)
+            else:  # NCCL's wait() does not block the host; poll the completion event against our deadline
+                deadline = time.monotonic() + self.timeout_s
+                while not work.is_completed():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"Operation timed out after {self.timeout_s} s")
+                    time.sleep(0.0002)
+                work.wait()
+        except RuntimeError as exc:
+            raise self._failure(what, exc) from exc
+
+    def mark_broken(self, reason: str) -> None:
+        """Declare the group unusable (a member left the collective sequence); rejoin before the next update."""
+        if not self.broken:
+            logger.warning("weight-sync group epoch %d (rank %d) marked broken: %s", self.epoch, self.rank, reason)
+        self.broken = True
+
+    def _failure(self, what: str, exc: RuntimeError) -> WeightSyncError:
+        self.broken = True
+        text = str(exc)
+        where = f"(epoch {self.epoch}, rank {self.rank})"
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            return WeightSyncTimeout(f"broadcast of {what} timed out after {self.timeout_s:.1f} s {where}")
+        return WeightSyncError(f"broadcast of {what} failed {where}: {text}")
+
+    def rejoin(self, epoch: int | None = None) -> None:
+        """Replace the process group with a fresh one under ``epoch`` (default: the next one). Collective."""
+        new_epoch = self.epoch + 1 if epoch is None else epoch
+        if new_epoch <= self.epoch and not self.broken:
+            raise ValueError(f"epoch must increase (current {self.epoch}), got {new_epoch}")
+        self._retire()
+        self.epoch = new_epoch
+        self.broken = False
+        self._pg = self._connect()
+
+    def close(self) -> None:
+        """Release the process group (the store stays with its owner)."""
+        self._retire()
+        self.broken = True
+
+    def _retire(self) -> None:
+        pg = getattr(self, "_pg", None)
+        if pg is None:
+            return
+        # A group that timed out may still have an operation stuck on a socket: abort it rather than wait.
+        try:
+            if self.broken:
+                pg.abort()
+            else:
+                pg.shutdown()
+        except RuntimeError as exc:  # already torn down by a peer; nothing left to release
+            logger.debug("weight-sync group epoch %d teardown: %s", self.epoch, exc)
+        self._pg = None  # type: ignore[assignment]
+
+
+def open_group(
+    host: str,
+    port: int,
+    *,
+    rank: int,
+    world_size: int,
+    epoch: int = 0,
+    backend: str = "auto",
+    timeout_s: float = 120.0,
+    store: dist.TCPStore | None = None,
+) -> WeightSyncGroup:
+    """Join (collectively) the weight-sync group. Rank 0 hosts the TCPStore unless ``store`` is given.
+
+    Blocks until all ``world_size`` members have joined or ``timeout_s`` passes (-> WeightSyncTimeout).
+    """
+    if store is None:
+        store = create_store(host, port, is_master=rank == 0, timeout_s=timeout_s)
+    return WeightSyncGroup(store, rank=rank, world_size=world_size, epoch=epoch, backend=backend, timeout_s=timeout_s)

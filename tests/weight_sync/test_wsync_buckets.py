@@ -1,0 +1,130 @@
+"""Bucket packing and reassembly (pure: no process group, no vLLM)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from async_rl.weight_sync.buckets import ALIGN, TensorAssembler, iter_buckets
+from async_rl.weight_sync.errors import WeightSyncError
+from async_rl.weight_sync.protocol import ChunkMeta
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.uint8, torch.bool]
+
+
+def _make(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=gen).to(dtype)
+
+
+def _loopback(named: list[tuple[str, torch.Tensor]], cap: int, direct_min: int | None = None):
+    """Pack, 'transmit' by copying into the receiver's buffers, reassemble; return (tensors, bucket sizes)."""
+    assembler = TensorAssembler("cpu")
+    out: dict[str, torch.Tensor] = {}
+    sizes = []
+    for bucket in iter_buckets(named, cap, direct_min_bytes=direct_min):
+        sizes.append(bucket.data.numel())
+        buf = assembler.buffer_for(bucket.chunks, bucket.direct, bucket.data.numel())
+        buf.copy_(bucket.data)
+        assembler.commit(bucket.chunks, bucket.direct, buf)
+        out.update(dict(assembler.pop_complete()))
+    assembler.finish()
+    return out, sizes
+
+
+def test_hand_computed_layout() -> None:
+    # cap 256 B, only tensors of >= 256 B go direct.
+    named = [
+        ("a", torch.ones(10)),  # 40 B at offset 0
+        ("b", torch.ones(30, dtype=torch.int8)),  # 30 B at align(40) = 64 -> bucket holds 94 B
+        ("c", torch.ones(40)),  # 160 B: align(94) = 128, 128 + 160 > 256 -> new bucket of 160 B
+        ("d", torch.ones(100)),  # 400 B >= 256: direct, split into 256 + 144
+        ("e", torch.ones(3, dtype=torch.bfloat16)),  # 6 B in a fresh packed bucket
+    ]
+    buckets = list(iter_buckets(named, 256, direct_min_bytes=256))
+    assert [b.data.numel() for b in buckets] == [94, 160, 256, 144, 6]
+    assert [b.direct for b in buckets] == [False, False, True, True, False]
+    assert [(m.name, m.offset) for m in buckets[0].chunks] == [("a", 0), ("b", 64)]
+    assert [(m.start, m.nbytes, m.total) for b in buckets[2:4] for m in b.chunks] == [(0, 256, 400), (256, 144, 400)]
+
+
+def test_direct_bucket_is_a_view_of_the_source() -> None:
+    big = torch.arange(1000, dtype=torch.float32)  # 4000 B >= direct_min: sent from its own memory
+    (bucket,) = list(iter_buckets([("w", big)], 8192, direct_min_bytes=1024))
+    assert bucket.direct and bucket.data.data_ptr() == big.data_ptr()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    specs=st.lists(
+        st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 40), min_size=0, max_size=3)),
+        min_size=1,
+        max_size=12,
+    ),
+    cap=st.sampled_from([64, 100, 256, 1000, 4096]),
+    direct_frac=st.floats(0.05, 1.0),
+    seed=st.integers(0, 1000),
+)
+def test_round_trip_respects_cap(specs, cap: int, direct_frac: float, seed: int) -> None:
+    named = [(f"t{i}", _make(dtype, tuple(shape), seed + i)) for i, (dtype, shape) in enumerate(specs)]
+    direct_min = max(1, int(cap * direct_frac))
+    out, sizes = _loopback(named, cap, direct_min)
+    assert set(out) == {name for name, _ in named}
+    for name, tensor in named:
+        got = out[name]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape
+        assert torch.equal(got.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))
+    assert max(sizes) <= cap
+    total = sum(t.numel() * t.element_size() for _, t in named)
+    assert len(sizes) >= math.ceil(total / cap)  # the cap is never exceeded, so at least this many buckets
+
+
+def test_invalid_arguments_are_rejected() -> None:
+    with pytest.raises(ValueError, match="cap_bytes"):
+        list(iter_buckets([("a", torch.ones(1))], ALIGN - 1))
+    with pytest.raises(ValueError, match="direct_min_bytes"):
+        list(iter_buckets([("a", torch.ones(1))], 128, direct_min_bytes=129))
+    with pytest.raises(ValueError, match="appears twice"):
+        list(iter_buckets([("a", torch.ones(1)), ("a", torch.ones(1))], 128))
+    with pytest.raises(ValueError, match="cannot be sent"):
+        list(iter_buckets([("a", torch.ones(1, dtype=torch.complex64))], 128))
+    with pytest.raises(ValueError, match="torch.Tensor"):
+        list(iter_buckets([("a", [1.0])], 128))  # type: ignore[list-item]
+
+
+def _meta(name: str = "w", *, start: int = 0, nbytes: int = 8, total: int = 8, shape=(2,)) -> ChunkMeta:
+    return ChunkMeta(name, "float32", tuple(shape), 0, nbytes, start, total)
+
+
+def test_assembler_rejects_malformed_streams() -> None:
+    asm = TensorAssembler()
+    with pytest.raises(WeightSyncError, match="expected 0") as info:
+        asm.commit([_meta(start=4, nbytes=4)], False, torch.zeros(4, dtype=torch.uint8))
+    assert info.value.tensor == "w"
+    asm = TensorAssembler()
+    with pytest.raises(WeightSyncError, match="shape"):  # 3 floats are 12 bytes, not 8
+        asm.commit([_meta(shape=(3,))], False, torch.zeros(8, dtype=torch.uint8))
+    asm = TensorAssembler()
+    asm.commit([_meta()], False, torch.zeros(8, dtype=torch.uint8))
+    assert [name for name, _ in asm.pop_complete()] == ["w"]
+    with pytest.raises(WeightSyncError, match="twice"):
+        asm.commit([_meta()], False, torch.zeros(8, dtype=torch.uint8))
+    asm = TensorAssembler()
+    asm.commit([_meta(nbytes=4)], False, torch.zeros(4, dtype=torch.uint8))
+    assert asm.pop_complete() == []
+    with pytest.raises(WeightSyncError, match="incomplete"):
+        asm.finish()
+    with pytest.raises(WeightSyncError, match="outside"):
+        TensorAssembler().commit([_meta()], False, torch.zeros(4, dtype=torch.uint8))
+    with pytest.raises(WeightSyncError, match="unknown dtype"):
+        TensorAssembler().commit(
+            [ChunkMeta("w", "complex64", (1,), 0, 8, 0, 8)], False, torch.zeros(8, dtype=torch.uint8)
+        )

@@ -1,0 +1,124 @@
+"""Actor-side drivers against fake engines: call order, payloads, and how worker failures are re-raised."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from async_rl.weight_sync import WeightSyncError, WeightSyncTimeout
+from async_rl.weight_sync.client import AsyncEngineWeightSync, EngineWeightSync, init_info, vllm_engine_kwargs
+
+REPORT = {"version": 3, "tensors": 27}
+
+
+class _FakeLLM:
+    """Records calls like vllm.LLM; a failing update_weights raises the generic text exception vLLM raises."""
+
+    def __init__(self, error: dict[str, Any] | None = None) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.error = error
+
+    def init_weight_transfer_engine(self, request: dict[str, Any]) -> None:
+        self.calls.append(("init", request))
+
+    def start_weight_update(self) -> None:
+        self.calls.append(("start", None))
+
+    def update_weights(self, request: dict[str, Any]) -> None:
+        self.calls.append(("update", request))
+        if self.error:
+            raise Exception(f"Call to collective_rpc method failed: Worker failed with error '{self.error['message']}'")
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.calls.append(("finish", weight_version))
+
+    def collective_rpc(self, method: str) -> list[dict[str, Any]]:
+        assert method == "weight_sync_state"
+        return [{"last_report": None if self.error else REPORT, "last_error": self.error}]
+
+
+def test_engine_kwargs_select_the_registered_engine() -> None:
+    kwargs = vllm_engine_kwargs()
+    assert kwargs["worker_extension_cls"] == "async_rl.weight_sync.vllm_ext.WeightSyncWorkerExtension"
+    assert kwargs["weight_transfer_config"] == {"backend": "async_rl_broadcast"}
+
+
+def test_sync_update_call_order_and_payloads() -> None:
+    llm = _FakeLLM()
+    sync = EngineWeightSync(llm)
+    sync.join("10.0.0.1", 29600, world_size=3, rank_offset=2, epoch=1)
+    assert sync.update(3) == REPORT
+    assert [name for name, _ in llm.calls] == ["init", "start", "update", "finish"]
+    assert llm.calls[0][1]["init_info"] == {
+        "host": "10.0.0.1",
+        "port": 29600,
+        "world_size": 3,
+        "rank_offset": 2,
+        "epoch": 1,
+        "backend": "auto",
+        "timeout_s": 120.0,
+    }
+    assert llm.calls[2][1] == {"update_info": {"version": 3, "verify_load": True, "require_complete": True}}
+    assert llm.calls[3][1] == "3"
+
+
+@pytest.mark.parametrize(
+    ("error_type", "expected"), [("WeightSyncError", WeightSyncError), ("WeightSyncTimeout", WeightSyncTimeout)]
+)
+def test_worker_failure_is_re_raised_with_its_type_and_tensor(error_type: str, expected: type) -> None:
+    error = {"type": error_type, "message": "digest mismatch for tensor 'w'", "tensor": "w"}
+    llm = _FakeLLM(error)
+    with pytest.raises(expected, match="digest mismatch") as info:
+        EngineWeightSync(llm).update(4)
+    assert info.value.tensor == "w"
+    assert "finish" not in [name for name, _ in llm.calls]  # vLLM already ended the failed session
+
+
+def test_invalid_join_arguments() -> None:
+    with pytest.raises(ValueError, match="rank_offset"):
+        init_info("h", 1, world_size=2, rank_offset=2)
+    with pytest.raises(ValueError, match="world_size"):
+        init_info("h", 1, world_size=1)
+    with pytest.raises(ValueError, match="backend"):
+        init_info("h", 1, world_size=2, backend="mpi")
+
+
+class _FakeAsyncLLM:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
+        self.calls.append(f"pause:{mode}")
+
+    async def resume_generation(self) -> None:
+        self.calls.append("resume")
+
+    async def start_weight_update(self) -> None:
+        self.calls.append("start")
+
+    async def update_weights(self, request: Any) -> None:
+        self.calls.append("update")
+        if self.fail:
+            raise Exception("Worker failed with error 'broadcast of frame 0 timed out'")
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.calls.append("finish")
+
+    async def collective_rpc(self, method: str) -> list[dict[str, Any]]:
+        error = {"type": "WeightSyncTimeout", "message": "timed out", "tensor": None} if self.fail else None
+        return [{"last_report": None if self.fail else REPORT, "last_error": error}]
+
+
+def test_async_update_pauses_and_always_resumes() -> None:
+    vllm = pytest.importorskip("vllm")  # the request dataclasses come from vLLM
+    assert vllm is not None
+    engine = _FakeAsyncLLM()
+    assert asyncio.run(AsyncEngineWeightSync(engine).update(5)) == REPORT
+    assert engine.calls == ["pause:keep", "start", "update", "finish", "resume"]
+    failing = _FakeAsyncLLM(fail=True)
+    with pytest.raises(WeightSyncTimeout):
+        asyncio.run(AsyncEngineWeightSync(failing).update(6))
+    assert failing.calls == ["pause:keep", "start", "update", "resume"]

@@ -1,0 +1,192 @@
+"""Benchmark: a full weight update into a running vLLM engine versus a raw broadcast of the same bytes.
+
+One run, one backend (``auto``: NCCL with CUDA, gloo otherwise), two processes:
+
+* this process builds a Qwen2 model of the requested size, starts a vLLM engine with the weight-sync extension, and
+  re-runs itself as the *sender* (the learner stand-in, group rank 0);
+* raw phase (epoch 0): this process joins the group as rank 1 and receives ``--reps`` rounds of plain broadcasts, the
+  model's byte count cut into bucket-sized buffers: the best the link can do;
+* full phase (epoch 1): the vLLM worker joins as rank 1 and receives ``--reps`` complete updates through
+  ``EngineWeightSync.update`` (framing, digests, layer-wise reload into the model, load verification);
+* reference: vLLM's own ``reload_weights`` RPC of the same weights from the local file, i.e. the cost of the load
+  step alone (on CPU it dominates: every linear weight is repacked for oneDNN).
+
+Both phases are timed on the receiving side; the ratio full/raw of achieved bandwidth is printed (target >= 0.8) with
+the worker's own breakdown. Example (CPU)::
+
+    .venv/bin/python tools/bench_weight_sync.py --hidden 1024 --layers 4 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from async_rl.weight_sync import WeightSender, create_store, open_group  # noqa: E402
+
+logger = logging.getLogger("bench_weight_sync")
+GB = float(1 << 30)
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=["main", "sender"], default="main")
+    p.add_argument("--model", help="model dir (sender role)")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--bucket-mb", type=float, default=256.0)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--timeout", type=float, default=300.0)
+    return p.parse_args()
+
+
+def _raw_buffers(nbytes: int, bucket: int, device: torch.device) -> list[torch.Tensor]:
+    sizes = [bucket] * (nbytes // bucket) + ([nbytes % bucket] if nbytes % bucket else [])
+    return [torch.ones(n, dtype=torch.uint8, device=device) for n in sizes]
+
+
+def run_sender(args: argparse.Namespace) -> None:
+    from safetensors.torch import load_file
+
+    state = load_file(f"{args.model}/model.safetensors")
+    weights = [(name, state[name]) for name in sorted(state)]
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    store = create_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout)
+    print(f"PORT {store.port} {nbytes}", flush=True)
+    group = open_group(
+        "127.0.0.1", store.port, rank=0, world_size=2, backend=args.backend, timeout_s=args.timeout, store=store
+    )
+    bucket = int(args.bucket_mb * (1 << 20))
+    buffers = _raw_buffers(nbytes, bucket, group.device)
+    weights = [(n, t.to(group.device)) for n, t in weights]
+    for _ in range(args.reps + 1):  # one warm-up round, then the timed rounds
+        group.broadcast(torch.zeros(1, device=group.device), what="barrier")
+        for buf in buffers:
+            group.broadcast(buf, what="raw")
+    group.rejoin(1)  # the vLLM worker takes rank 1 from here on
+    sender = WeightSender(group, bucket_size_mb=args.bucket_mb)
+    for version in range(args.reps + 1):
+        report = sender.send(weights, version=version)
+        print(f"SENT {json.dumps(report.as_dict())}", flush=True)
+
+
+def run_main(args: argparse.Namespace) -> None:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import vllm
+
+    from async_rl.models import build_tiny_model
+    from async_rl.weight_sync import EngineWeightSync, vllm_engine_kwargs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        heads = max(1, args.hidden // 64)
+        model_dir = build_tiny_model(
+            Path(tmp) / "m",
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=heads,
+            kv_heads=max(1, heads // 4),
+            intermediate=4 * args.hidden,
+        )
+        llm = vllm.LLM(
+            model=str(model_dir), enforce_eager=True, dtype="float32", max_model_len=128, **vllm_engine_kwargs()
+        )
+        cmd = [
+            sys.executable,
+            __file__,
+            "--role",
+            "sender",
+            "--model",
+            str(model_dir),
+            "--reps",
+            str(args.reps),
+            "--bucket-mb",
+            str(args.bucket_mb),
+            "--backend",
+            args.backend,
+            "--timeout",
+            str(args.timeout),
+        ]
+        sender = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert sender.stdout is not None
+        _, port_s, nbytes_s = sender.stdout.readline().split()
+        port, nbytes = int(port_s), int(nbytes_s)
+
+        group = open_group("127.0.0.1", port, rank=1, world_size=2, backend=args.backend, timeout_s=args.timeout)
+        buffers = _raw_buffers(nbytes, int(args.bucket_mb * (1 << 20)), group.device)
+        raw_times = []
+        for rep in range(args.reps + 1):
+            group.broadcast(torch.zeros(1, device=group.device), what="barrier")
+            t0 = time.perf_counter()
+            for buf in buffers:
+                group.broadcast(buf, what="raw")
+            if rep:
+                raw_times.append(time.perf_counter() - t0)
+        group.close()
+
+        sync = EngineWeightSync(llm)
+        sync.join("127.0.0.1", port, world_size=2, epoch=1, backend=args.backend, timeout_s=args.timeout)
+        full_times, reports = [], []
+        for version in range(args.reps + 1):
+            t0 = time.perf_counter()
+            report = sync.update(version)
+            if version:
+                full_times.append(time.perf_counter() - t0)
+                reports.append(report)
+        sender.communicate(timeout=args.timeout)
+        # vLLM's own in-place reload of the same weights from the local file (page cache): the cost of loading alone.
+        reload_times = []
+        for rep in range(args.reps + 1):
+            t0 = time.perf_counter()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir), "is_checkpoint_format": True})
+            if rep:
+                reload_times.append(time.perf_counter() - t0)
+
+    raw_s, full_s = statistics.median(raw_times), statistics.median(full_times)
+    raw_bw, full_bw = nbytes / GB / raw_s, nbytes / GB / full_s
+    transfer_s = statistics.median(r["seconds"] - r["consume_seconds"] for r in reports)
+    result = {
+        "backend": group.backend,
+        "model_mib": round(nbytes / (1 << 20), 1),
+        "bucket_mb": args.bucket_mb,
+        "raw_broadcast_s": round(raw_s, 4),
+        "raw_gbps": round(raw_bw, 3),
+        "full_update_s": round(full_s, 4),
+        "full_gbps": round(full_bw, 3),
+        "ratio_full_over_raw": round(full_bw / raw_bw, 3),
+        "worker_receive_s": round(statistics.median(r["seconds"] for r in reports), 4),
+        "worker_load_s": round(statistics.median(r["consume_seconds"] for r in reports), 4),
+        "worker_transfer_excl_load_s": round(transfer_s, 4),
+        "ratio_transfer_only_over_raw": round(raw_s / transfer_s, 3),
+        "worker_total_s": round(statistics.median(r["total_seconds"] for r in reports), 4),
+        "vllm_local_reload_s": round(statistics.median(reload_times), 4),
+        "ratio_full_over_raw_plus_local_reload": round((raw_s + statistics.median(reload_times)) / full_s, 3),
+    }
+    print(json.dumps(result, indent=2))
+    print(
+        f"achieved-bandwidth ratio (full update / raw broadcast): {result['ratio_full_over_raw']:.2f} (target >= 0.8)"
+    )
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    args = _parse()
+    run_sender(args) if args.role == "sender" else run_main(args)
+
+
+if __name__ == "__main__":
+    main()

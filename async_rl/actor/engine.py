@@ -84,7 +84,8 @@ class EngineSettings:
     enable_prefix_caching: bool = True
     logprobs_mode: LogprobsMode = "processed"
     seed: int = 0
-    worker_extension_cls: str | None = None
+    # vLLM engine arguments that install the weight-sync worker extension (see async_rl.weight_sync.vllm_engine_kwargs)
+    extra_engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationEngine:
@@ -120,7 +121,7 @@ class GenerationEngine:
             enable_prefix_caching=s.enable_prefix_caching,
             logprobs_mode="processed_logprobs" if s.logprobs_mode == "processed" else "raw_logprobs",
             seed=s.seed,
-            worker_extension_cls=s.worker_extension_cls or "",
+            **s.extra_engine_kwargs,
         )
         self._engine = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._engine.tokenizer if hasattr(self._engine, "tokenizer") else None

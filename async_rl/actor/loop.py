@@ -1,0 +1,252 @@
+"""The actor process's main loop: ask for work, generate continuously, score, stream groups, take weight updates.
+
+One asyncio loop drives everything, so the rollout client (not thread-safe) is only touched from one thread:
+
+    hello -> (join the weight-sync group, receive weights when the learner publishes) -> loop:
+        poll the coordinator (acks, heartbeats, version updates)
+        if a weight update for this actor is announced: pause -> receive + verify -> resume   (engine.update_weights)
+        keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
+        each finished group: score its completions in the reward worker, send it (tracked until acked)
+
+A grant is started only on weights at least as new as its ``min_version`` (the staleness bound); otherwise it waits
+for the next update. A failed weight update leaves the engine's weights unusable: every running request is
+aborted (their leases expire and the coordinator grants the prompts again) and generation stays paused until an
+update succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from async_rl.actor.engine import Completion, GenerationEngine, SamplingSpec, UpdateMode
+from async_rl.rewards import RewardResult
+from async_rl.transport.protocol import PromptGrant, RolloutGroup, make_completion, unpack_array
+
+logger = logging.getLogger(__name__)
+
+
+class Scorer(Protocol):
+    def score(self, prompt: str, completion: str, ground_truth: str, extra: dict[str, Any] | None = None) -> Any: ...
+
+
+class WeightSync(Protocol):
+    """What the loop needs from the weight-sync driver (``AsyncEngineWeightSync``)."""
+
+    async def join(self, host: str, port: int, **kwargs: Any) -> None: ...
+
+    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]: ...
+
+
+@dataclass
+class ActorLoopStats:
+    groups_sent: int = 0
+    groups_aborted: int = 0
+    grants_received: int = 0
+    grants_waiting_for_weights: int = 0
+    update_failures: int = 0
+    idle_seconds: float = 0.0
+
+
+class ActorLoop:
+    """Runs one actor until the coordinator says shutdown (or ``max_groups`` groups were sent, for tests)."""
+
+    def __init__(
+        self,
+        *,
+        actor_id: str,
+        client: Any,
+        engine: GenerationEngine,
+        scorer: Scorer,
+        weight_sync: WeightSync | None,
+        max_concurrent_groups: int,
+        update_mode: UpdateMode = "inflight",
+        detokenize: Any = None,
+        poll_interval_s: float = 0.01,
+        max_groups: int | None = None,
+    ) -> None:
+        if max_concurrent_groups < 1:
+            raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
+        self.actor_id = actor_id
+        self.client = client
+        self.engine = engine
+        self.scorer = scorer
+        self.weight_sync = weight_sync
+        self.max_concurrent = max_concurrent_groups
+        self.update_mode = update_mode
+        self.detokenize = detokenize
+        self.poll_interval_s = poll_interval_s
+        self.max_groups = max_groups
+        self.stats = ActorLoopStats()
+        self._pending: deque[PromptGrant] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._finished: asyncio.Queue[RolloutGroup] = asyncio.Queue()
+        self._epoch: int | None = None
+        self._weights_valid = True
+        self._stop = False
+        self._score_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+
+    # ------------------------------------------------------------------ weights
+    async def _maybe_update_weights(self) -> None:
+        plan = getattr(self.client, "weight_sync", None) or {}
+        version = int(plan.get("version", -1))
+        ranks = plan.get("ranks") or {}
+        if self.weight_sync is None or version <= self.engine.version or self.actor_id not in ranks:
+            return
+        assert self.weight_sync is not None
+        sync = self.weight_sync
+        try:
+            if self._epoch != plan["epoch"]:
+                await sync.join(
+                    plan["host"],
+                    int(plan["port"]),
+                    world_size=int(plan["world_size"]),
+                    rank_offset=int(ranks[self.actor_id]),
+                    epoch=int(plan["epoch"]),
+                    backend=plan.get("backend", "auto"),
+                    timeout_s=float(plan.get("timeout_s", 120.0)),
+                )
+                self._epoch = int(plan["epoch"])
+
+            async def load() -> None:
+                await sync.update(version, pause=None)
+
+            if self._weights_valid:
+                await self.engine.update_weights(version, load, self.update_mode)
+            else:
+                await load()
+                self.engine.version = version
+                await self.engine.vllm.resume_generation()
+            self._weights_valid = True
+            logger.info("actor %s now on policy version %d", self.actor_id, version)
+        except Exception as exc:  # a broken transfer must not kill the actor: wait for the next (re-formed) update
+            self.stats.update_failures += 1
+            self._epoch = None
+            logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
+            if self._weights_valid:
+                self._weights_valid = False
+                await self.engine.vllm.pause_generation(mode="abort", clear_cache=True)
+
+    # ------------------------------------------------------------------ generation
+    def _can_start(self, grant: PromptGrant) -> bool:
+        return self._weights_valid and self.engine.version >= grant.min_version
+
+    async def _run_group(self, grant: PromptGrant) -> None:
+        started = time.time()
+        s = grant.sampling
+        spec = SamplingSpec(
+            n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed
+        )
+        prompt_ids = unpack_array(grant.prompt_token_ids)
+        completions = await self.engine.generate(prompt_ids.tolist(), spec)
+        if any(c.finish_reason == "abort" for c in completions):
+            self.stats.groups_aborted += 1
+            return
+        generated = time.time()
+        extras = dict(grant.extras)
+        prompt_text = str(extras.get("prompt", ""))
+        ground_truth = str(extras.get("ground_truth", ""))
+        texts = [
+            c.text if c.text or self.detokenize is None else self.detokenize(c.token_ids.tolist()) for c in completions
+        ]
+
+        def score_group() -> list[RewardResult]:
+            return [self.scorer.score(prompt_text, t, ground_truth, extras.get("extra")) for t in texts]
+
+        # One scoring thread: the reward worker is a single child process and is not thread-safe.
+        rewards = await asyncio.get_running_loop().run_in_executor(self._score_pool, score_group)
+        group = RolloutGroup(
+            prompt_id=grant.prompt_id,
+            lease_id=grant.lease_id,
+            actor_id=self.actor_id,
+            completions=[_wire_completion(c, r) for c, r in zip(completions, rewards, strict=True)],
+            timings={"generate_s": generated - started, "reward_s": time.time() - generated},
+        )
+        await self._finished.put(group)
+
+    def _launch(self, grant: PromptGrant) -> None:
+        task = asyncio.ensure_future(self._run_group(grant))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("actor %s: a group failed: %r", self.actor_id, task.exception())
+
+    # ------------------------------------------------------------------ main loop
+    async def run(self) -> ActorLoopStats:
+        self.client.hello(loaded_version=self.engine.version)
+        idle_since: float | None = None
+        while not self._stop and not self.client.shutdown_requested:
+            self.client.poll()
+            await self._maybe_update_weights()
+            while not self._finished.empty():
+                self.client.send_group(self._finished.get_nowait())
+                self.stats.groups_sent += 1
+                if self.max_groups is not None and self.stats.groups_sent >= self.max_groups:
+                    self._stop = True
+            # Start what may start now; keep the rest (staleness bound: weights must be at least min_version).
+            for _ in range(len(self._pending)):
+                grant = self._pending.popleft()
+                if self._can_start(grant) and len(self._tasks) < self.max_concurrent:
+                    self._launch(grant)
+                else:
+                    self._pending.append(grant)
+            free = self.max_concurrent - len(self._tasks) - len(self._pending)
+            if free > 0 and self._weights_valid:
+                grants = self.client.request_work(max_groups=free, loaded_version=self.engine.version)
+                self.stats.grants_received += len(grants)
+                for grant in grants:
+                    if self._can_start(grant):
+                        self._launch(grant)
+                    else:
+                        self.stats.grants_waiting_for_weights += 1
+                        self._pending.append(grant)
+            if self._tasks:
+                if idle_since is not None:
+                    self.stats.idle_seconds += time.monotonic() - idle_since
+                    idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            await asyncio.sleep(self.poll_interval_s)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._score_pool.shutdown(wait=True)
+        self.client.wait_acked(timeout_s=5.0)
+        return self.stats
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        out = {
+            "actor/groups_sent": float(s.groups_sent),
+            "actor/groups_aborted": float(s.groups_aborted),
+            "actor/update_failures": float(s.update_failures),
+            "actor/idle_seconds": s.idle_seconds,
+            "actor/generated_tokens": float(self.engine.stats.generated_tokens),
+            "actor/policy_version": float(self.engine.version),
+        }
+        scorer_metrics = getattr(self.scorer, "metrics", None)
+        if callable(scorer_metrics):
+            out.update(scorer_metrics())
+        return out
+
+
+def _wire_completion(comp: Completion, reward: RewardResult) -> Any:
+    return make_completion(
+        token_ids=comp.token_ids,
+        logprobs=comp.logprobs.astype(np.float32),
+        version_min=comp.min_version,
+        version_max=comp.max_version,
+        finish_reason=comp.finish_reason,
+        reward=reward.score,
+        reward_components=reward.components or None,
+    )

@@ -1,0 +1,47 @@
+"""Actor entry point: one vLLM engine that connects to the learner's coordinator and generates until told to stop.
+
+::
+
+    python -m async_rl.entrypoints.actor --config configs/demo_grpo.yaml \\
+        --coordinator tcp://127.0.0.1:5555 --actor-id actor-0 [dotted.key=value ...]
+
+The coordinator address is rank 0's ``async_training.transport.host:port``; a non-loopback address needs the CURVE
+key settings (``async_training.transport.curve_*``). ``--dry-run`` validates the config and the reward function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+
+from async_rl.config import parse_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--coordinator", default=None, help="tcp://HOST:PORT of the learner's coordinator")
+    parser.add_argument("--actor-id", default=None, help="unique actor name (default: HOSTNAME-PID)")
+    known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    cfg, flags = parse_cli(rest)
+    if flags.print_config and not flags.dry_run:
+        return 0
+    t = cfg.async_training.transport
+    coordinator = known.coordinator or f"tcp://{t.host}:{t.port}"
+    if not coordinator.startswith("tcp://") or coordinator.endswith(":0"):
+        parser.error(f"--coordinator must be tcp://HOST:PORT (got {coordinator!r}); port 0 cannot be dialled")
+    import os
+
+    actor_id = known.actor_id or f"{socket.gethostname()}-{os.getpid()}"
+    from async_rl.runtime.actor_main import run_actor
+
+    result = run_actor(cfg, coordinator=coordinator, actor_id=actor_id, dry_run=flags.dry_run)
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

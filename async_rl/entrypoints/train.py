@@ -1,0 +1,38 @@
+"""Learner entry point: run under torchrun; rank 0 also runs the coordinator that actors connect to.
+
+Single machine (2 learner ranks; start actors with ``async_rl.entrypoints.actor`` or use ``launchers/local.py``)::
+
+    torchrun --standalone --nproc_per_node 2 -m async_rl.entrypoints.train --config configs/demo_grpo.yaml
+
+Multi-node (every learner node)::
+
+    torchrun --nnodes 2 --node_rank $RANK --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint $HOST:29400 \\
+        -m async_rl.entrypoints.train --config configs/qwen2.5-0.5b_gsm8k_grpo.yaml trainer.nnodes=2
+
+``--dry-run`` validates the config and the wiring (model path, tokenizer, prompt data, coordinator bind) and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from async_rl.config import parse_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg, flags = parse_cli(argv)
+    if flags.print_config and not flags.dry_run:
+        return 0
+    from async_rl.runtime.learner_main import run_learner
+
+    summary = run_learner(cfg, dry_run=flags.dry_run)
+    if summary:
+        print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

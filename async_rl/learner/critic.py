@@ -1,0 +1,117 @@
+"""The value model for GAE: predictions before the actor update and its own clipped value-loss update.
+
+Only built when ``adv_estimator == "gae"``; every critic-free estimator never constructs one. The model is a causal
+LM backbone with a one-output linear head (``AutoModelForTokenClassification(num_labels=1)`` or a factory), sharded
+like the actor, with its own AdamW/schedule (``critic.optim``) and mini-batch geometry (``critic.ppo_*``). The value
+of response token ``t`` is read at the position that precedes it, the state the token was sampled from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from async_rl.algorithms import value_loss
+from async_rl.learner.batching import RolloutBatch
+from async_rl.learner.dist import DistContext
+from async_rl.learner.metrics import MetricAccumulator
+from async_rl.learner.model import ModelSource, build_model
+from async_rl.learner.optim import NonFiniteGuard, build_optimizer
+from async_rl.learner.partition import plan_updates
+from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_values
+from async_rl.learner.settings import CriticSettings
+from async_rl.learner.update import TrainedModel, run_updates
+
+__all__ = ["Critic"]
+
+
+class Critic:
+    """Value model + optimizer; ``values`` for GAE, ``update`` after advantages are known."""
+
+    def __init__(
+        self,
+        settings: CriticSettings,
+        ctx: DistContext,
+        source: ModelSource,
+        *,
+        packed: bool,
+        mixed_precision: bool,
+        gradient_checkpointing: bool,
+        max_consecutive_nonfinite: int,
+        rollout_n: int,
+        micro_forward: int,
+    ) -> None:
+        self.settings = settings
+        self.ctx = ctx
+        self.packed = packed
+        self.rollout_n = rollout_n
+        self.micro_forward = micro_forward
+        model = build_model(
+            source,
+            ctx,
+            role="critic",
+            mixed_precision=mixed_precision,
+            gradient_checkpointing=gradient_checkpointing,
+            value_head=True,
+        )
+        optimizer, scheduler = build_optimizer(model, settings.optim)
+        self.trained = TrainedModel(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            guard=NonFiniteGuard(max_consecutive_nonfinite),
+            max_norm=settings.grad_clip,
+            name="critic",
+        )
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trained.model
+
+    def values(self, batch: RolloutBatch) -> torch.Tensor:
+        """Current value predictions ``[B, T]`` for the whole batch (identical on every rank)."""
+        return forward_full_batch(
+            self.ctx,
+            batch,
+            lambda mi: response_values(self.model, mi),
+            micro_size=self.micro_forward,
+            packed=self.packed,
+        )
+
+    def update(self, batch: RolloutBatch, acc: MetricAccumulator, seed: int) -> int:
+        """Train on ``batch`` (which must hold ``values`` and ``returns``); returns the number of skipped steps."""
+        s = self.settings
+        lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
+        plan = plan_updates(
+            lengths,
+            mini_size=s.ppo_mini_batch_size * self.rollout_n,
+            micro_size=s.ppo_micro_batch_size_per_gpu,
+            epochs=s.ppo_epochs,
+            world_size=self.ctx.world_size,
+            rank=self.ctx.rank,
+            shuffle=False,
+            seed=seed,
+        )
+        device = self.ctx.device
+
+        def micro_loss(rows: list[int], tokens: float, seqs: float) -> torch.Tensor:
+            mi = build_micro_inputs(batch, rows, packed=self.packed, device=device)
+            idx = torch.as_tensor(rows, dtype=torch.long)
+            vpreds = response_values(self.model, mi)
+            old = batch["values"].index_select(0, idx).to(device)
+            returns = batch["returns"].index_select(0, idx).to(device)
+            loss, clipfrac = value_loss(
+                vpreds,
+                returns,
+                old,
+                mi.response_mask,
+                s.cliprange_value,
+                s.loss_agg_mode,
+                global_num_tokens=tokens,
+                global_num_seqs=seqs,
+            )
+            acc.mean("critic/vf_clipfrac", clipfrac)
+            mask = mi.response_mask.float()
+            acc.ratio("critic/vpred_mean", (vpreds.detach() * mask).sum(), mask.sum())
+            return loss
+
+        return run_updates(self.ctx, self.trained, plan, batch, micro_loss, acc)

@@ -1,0 +1,151 @@
+"""Process-group set-up for the learner: torchrun environment, device/backend choice, mesh, small collectives.
+
+The learner runs under ``torchrun`` (single- or multi-node through its rendezvous); every rank calls
+:func:`init_distributed`, which reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, picks NCCL on CUDA and gloo on CPU (the
+same code path either way; nothing calls ``.cuda()``), and builds the 1-D device mesh FSDP2 shards over. Without
+torchrun variables it returns a single-process context whose collectives are no-ops, so the learner and its tests
+also run in one plain process. Collectives here move only tensors: objects travel as msgpack bytes, never pickle.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = ["DistContext", "init_distributed", "local_context", "log_rank0", "pick_device", "teardown"]
+
+logger = logging.getLogger(__name__)
+
+
+def pick_device(local_rank: int = 0) -> torch.device:
+    """``cuda:<local_rank>`` when CUDA is available, else CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
+@dataclass
+class DistContext:
+    """Rank/world/device facts plus the handful of collectives the learner needs (no-ops when world_size == 1)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+    mesh: DeviceMesh | None
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce ``tensor`` over ranks (``sum``/``max``/``min``) and return the result on the tensor's own device."""
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        if op not in ops:
+            raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+        if not self.is_distributed:
+            return tensor
+        work = tensor.to(self.device).contiguous()
+        dist.all_reduce(work, op=ops[op])
+        return work.to(tensor.device)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate equally shaped tensors from all ranks along dim 0 (rank order)."""
+        if not self.is_distributed:
+            return tensor
+        work = tensor.to(self.device).contiguous()
+        out = torch.empty((self.world_size * work.shape[0], *work.shape[1:]), dtype=work.dtype, device=self.device)
+        dist.all_gather_single(out, work)
+        return out.to(tensor.device)
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        """Send ``data`` from rank ``src`` to every rank (others pass ``None``); returns the bytes on all ranks."""
+        if not self.is_distributed:
+            if data is None:
+                raise ValueError("data must be given on the source rank")
+            return data
+        if self.rank == src:
+            if data is None:
+                raise ValueError("data must be given on the source rank")
+            size = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        else:
+            size = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist.broadcast(size, src=src)
+        n = int(size.item())
+        if self.rank == src:
+            assert data is not None
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if n else torch.empty(0)
+        else:
+            buf = torch.empty(n, dtype=torch.uint8, device=self.device)
+        if n:
+            dist.broadcast(buf, src=src)
+            return bytes(buf.cpu().numpy().tobytes())
+        return b""
+
+
+def local_context(device: torch.device | None = None) -> DistContext:
+    """A single-process context: world size 1, no process group, collectives are identities."""
+    return DistContext(rank=0, world_size=1, local_rank=0, device=device or pick_device(0), backend=None, mesh=None)
+
+
+def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistContext:
+    """Join the torchrun process group (or return :func:`local_context` when not launched by torchrun).
+
+    ``backend``: ``auto`` (nccl with CUDA, else gloo), ``nccl`` or ``gloo``.
+    """
+    if backend not in ("auto", "nccl", "gloo"):
+        raise ValueError(f"backend must be 'auto', 'nccl' or 'gloo', got {backend!r}")
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        logger.info("no torchrun environment (RANK/WORLD_SIZE unset): running as a single process")
+        return local_context()
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(local_rank)
+    chosen = ("nccl" if device.type == "cuda" else "gloo") if backend == "auto" else backend
+    if chosen == "nccl" and device.type != "cuda":
+        raise ValueError("backend 'nccl' needs CUDA devices; use 'gloo' or 'auto' on CPU")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": chosen, "timeout": datetime.timedelta(seconds=timeout_s)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
+    ctx = DistContext(rank, world_size, local_rank, device, chosen, mesh)
+    log_rank0(ctx, logger, "learner group up: world_size=%d backend=%s device=%s", world_size, chosen, device.type)
+    return ctx
+
+
+def teardown(ctx: DistContext, *, failed: bool = False) -> None:
+    """Leave the process group: after a barrier so no rank exits while others still communicate, except when this
+    rank ``failed`` (the others are not at a barrier; waiting for them would hang instead of reporting the error)."""
+    if ctx.is_distributed and dist.is_initialized():
+        try:
+            if not failed:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+def log_rank0(ctx: DistContext, log: logging.Logger, msg: str, *args: Any, level: int = logging.INFO) -> None:
+    """Log only on rank 0 (every rank holds the same facts; N copies of each line help nobody)."""
+    if ctx.is_rank0:
+        log.log(level, msg, *args)

@@ -1,0 +1,162 @@
+"""Full (unsharded) weights out of the FSDP2 learner: a streaming iterator for weight sync, and HF safetensors export.
+
+:func:`iter_full_state` walks the model's state dict in order and all-gathers one parameter at a time
+(``DTensor.full_tensor()``), so the extra memory at any moment is about one full parameter (the consumer decides how
+many to hold: weight sync packs them into buckets). Every rank must drive the iterator, because each gather is a
+collective; by default only rank 0 receives the items. Names are the Hugging Face names (FSDP2 keeps FQNs; any
+wrapper prefixes are stripped) and a tied output embedding is yielded once, under its input-embedding name, which is
+what ``transformers`` and vLLM expect when ``tie_word_embeddings`` is set.
+
+:func:`export_hf` writes a ``save_pretrained``-compatible directory (``config.json``, safetensors shards and an index
+when there is more than one) shard by shard, into a temporary directory renamed into place at the end, so a reader
+never sees a half-written export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from async_rl.learner.dist import DistContext
+
+__all__ = ["clean_name", "export_hf", "iter_full_state"]
+
+logger = logging.getLogger(__name__)
+
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def clean_name(name: str) -> str:
+    """Strip activation-checkpoint / compile / FSDP1 wrapper segments from a parameter name."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _unique_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """State-dict entries in order, each underlying tensor once (tied weights keep their first name)."""
+    seen: set[int] = set()
+    entries: list[tuple[str, torch.Tensor]] = []
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        entries.append((clean_name(name), value))
+    return entries
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    value = value.detach()
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def iter_full_state(
+    model: nn.Module,
+    ctx: DistContext,
+    *,
+    dtype: torch.dtype | None = None,
+    to_cpu: bool = False,
+    all_ranks: bool = False,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, full tensor)`` for every parameter/buffer, gathering one at a time (see module docstring).
+
+    ``dtype`` casts floating tensors (e.g. ``torch.bfloat16`` for a bf16 vLLM); ``to_cpu`` moves them to host
+    memory; ``all_ranks`` yields on every rank instead of rank 0 only. All ranks must exhaust the iterator.
+    """
+    for name, value in _unique_entries(model):
+        full = _full(value)
+        if not (all_ranks or ctx.is_rank0):
+            del full
+            continue
+        if dtype is not None and full.is_floating_point():
+            full = full.to(dtype)
+        if to_cpu:
+            full = full.cpu()
+        yield name, full
+
+
+def _plan_shards(entries: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None, max_bytes: int) -> list[list[int]]:
+    shards: list[list[int]] = [[]]
+    size = 0
+    for i, (_, value) in enumerate(entries):
+        itemsize = (
+            torch.empty((), dtype=dtype).element_size()
+            if dtype is not None and value.is_floating_point()
+            else value.element_size()
+        )
+        nbytes = value.numel() * itemsize
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(i)
+        size += nbytes
+    return shards
+
+
+def export_hf(
+    model: nn.Module,
+    ctx: DistContext,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 2 * 1024**3,
+) -> Path:
+    """Write ``model`` (FSDP2-sharded or plain HF) as a Hugging Face directory loadable by ``from_pretrained``.
+
+    Call on every rank. Peak extra memory on rank 0 is about one shard (``max_shard_bytes``). Returns ``out_dir``.
+    """
+    if max_shard_bytes <= 0:
+        raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    entries = _unique_entries(model)
+    shards = _plan_shards(entries, dtype, max_shard_bytes)
+    if ctx.is_rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    n = len(shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k, shard in enumerate(shards):
+        fname = "model.safetensors" if n == 1 else f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        tensors: dict[str, torch.Tensor] = {}
+        for i in shard:
+            name, value = entries[i]
+            full = _full(value)
+            if ctx.is_rank0:
+                if dtype is not None and full.is_floating_point():
+                    full = full.to(dtype)
+                tensors[name] = full.cpu().contiguous()
+                weight_map[name] = fname
+                total += tensors[name].numel() * tensors[name].element_size()
+        if ctx.is_rank0:
+            save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        del tensors
+    if ctx.is_rank0:
+        if n > 1:
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+        config = getattr(model, "config", None)
+        if config is not None:
+            if dtype is not None:
+                config = type(config).from_dict(config.to_dict())
+                config.dtype = dtype
+            config.save_pretrained(str(tmp))
+        generation = getattr(model, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(str(tmp))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        logger.info("exported %d tensors (%.1f MB, %d shard(s)) to %s", len(weight_map), total / 1e6, n, out)
+    ctx.barrier()
+    return out

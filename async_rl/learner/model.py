@@ -1,0 +1,122 @@
+"""Build Hugging Face models for the learner and shard them with FSDP2 (``fully_shard``).
+
+One function per model role: the trained policy, the frozen reference policy (only for KL terms) and the critic
+(causal-LM backbone + one-output linear head via ``AutoModelForTokenClassification``, only for GAE). Each rank builds
+the full model on CPU (``from_pretrained`` memory-maps safetensors; tests pass a factory that builds a tiny model from
+a fixed seed), then every decoder layer (the classes in the model's ``_no_split_modules``) and finally the root
+become FSDP2 units over the 1-D mesh, which moves the shards to the rank's device. Tied input/output embeddings stay
+in the root unit, so the tie survives sharding.
+
+Precision: on GPU with ``mixed_precision``, parameters are all-gathered in bf16 for compute while the sharded master
+copy, gradients reduction and optimizer state stay fp32 (``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``); on CPU everything is fp32. Dropout is switched off (log-probs must be deterministic functions
+of the weights) and HF gradient checkpointing (non-reentrant) is the activation-checkpointing option; it keeps
+parameter names unchanged, which export and weight sync rely on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from async_rl.learner.dist import DistContext, log_rank0
+
+__all__ = ["ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
+
+logger = logging.getLogger(__name__)
+
+ModelSource = str | Path | Callable[[], nn.Module]
+"""A Hugging Face model directory, or a zero-argument factory returning a freshly built model."""
+
+
+def load_causal_lm(path: str | Path) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path)`` in fp32 with sdpa attention."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
+
+
+def load_value_model(path: str | Path) -> nn.Module:
+    """A critic from a causal-LM checkpoint: its backbone plus a fresh one-output head (``num_labels=1``)."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        str(path), num_labels=1, dtype=torch.float32, attn_implementation="sdpa"
+    )
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0 (RL log-probs must not depend on a dropout mask)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key in ("attention_dropout", "hidden_dropout", "classifier_dropout"):
+            if getattr(config, key, None):
+                setattr(config, key, 0.0)
+
+
+def _layer_classes(model: nn.Module) -> set[str]:
+    names = getattr(model, "_no_split_modules", None) or []
+    return {str(n) for n in names}
+
+
+def build_model(
+    source: ModelSource,
+    ctx: DistContext,
+    *,
+    role: str,
+    trainable: bool = True,
+    mixed_precision: bool = True,
+    gradient_checkpointing: bool = False,
+    value_head: bool = False,
+) -> nn.Module:
+    """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).
+
+    ``role`` is only used in log lines. ``trainable=False`` freezes the parameters (reference model).
+    ``value_head`` loads a directory as a critic (``load_value_model``); a factory is called as is.
+    """
+    if callable(source):
+        model = source()
+    elif value_head:
+        model = load_value_model(source)
+    else:
+        model = load_causal_lm(source)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model source for {role!r} did not produce an nn.Module (got {type(model).__name__})")
+    model = model.float()
+    disable_dropout(model)
+    enable_ckpt = getattr(model, "gradient_checkpointing_enable", None)
+    if gradient_checkpointing and trainable:
+        if enable_ckpt is None:
+            raise ValueError(f"{role}: enable_gradient_checkpointing is set but the model has no HF checkpointing")
+        enable_ckpt(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train(trainable)
+    if not trainable:
+        model.requires_grad_(False)
+    if ctx.is_distributed:
+        assert ctx.mesh is not None
+        mp = MixedPrecisionPolicy()
+        if mixed_precision and ctx.device.type == "cuda":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        classes = _layer_classes(model)
+        layers = [m for m in model.modules() if type(m).__name__ in classes]
+        if not layers:
+            logger.warning("%s: no decoder-layer classes found (_no_split_modules); sharding the root only", role)
+        for layer in layers:
+            fully_shard(layer, mesh=ctx.mesh, mp_policy=mp)
+        fully_shard(model, mesh=ctx.mesh, mp_policy=mp)
+        log_rank0(ctx, logger, "%s: %d FSDP2 units over %d ranks", role, len(layers) + 1, ctx.world_size)
+    else:
+        model = model.to(ctx.device)
+        if mixed_precision and ctx.device.type == "cuda" and not trainable:
+            model = model.to(torch.bfloat16)
+    n_params = sum(p.numel() for p in model.parameters())
+    log_rank0(ctx, logger, "%s: %.3fM parameters (trainable=%s)", role, n_params / 1e6, trainable)
+    return model

@@ -1,0 +1,125 @@
+"""AdamW, the learning-rate schedule, and the guarded optimizer step (grad clipping + non-finite skip).
+
+The schedule (linear warm-up, then constant or cosine decay to ``min_lr_ratio``) is a pure function of the
+optimizer-step count (:func:`lr_factor`), so it is tested by hand-computed values and restored from a checkpoint by
+the count alone (``LambdaLR`` keeps the count in ``last_epoch``).
+
+:func:`guarded_step` is the only place an optimizer steps: it computes the global gradient norm (FSDP2 gradients are
+DTensor shards; the norm is reduced over ranks, so every rank takes the same decision), and when the mini-batch loss
+or the norm is not finite it skips the step, leaving weights and optimizer state bit-for-bit unchanged, zeroes the
+gradients and counts it; too many skips in a row raise ``RuntimeError`` (the run is diverging or the data is broken).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from async_rl.learner.settings import OptimSettings
+
+__all__ = ["NonFiniteGuard", "build_optimizer", "guarded_step", "lr_factor"]
+
+logger = logging.getLogger(__name__)
+
+
+def lr_factor(step: int, settings: OptimSettings) -> float:
+    """Multiplier of ``settings.lr`` for optimizer step ``step`` (0-based).
+
+    Warm-up: ``(step + 1) / warmup`` for ``step < warmup``. Then ``constant`` gives 1; ``cosine`` gives
+    ``min + (1 - min) * 0.5 * (1 + cos(2 pi num_cycles progress))`` (clamped at ``min``) with
+    ``progress = (step - warmup) / (total - warmup)`` clipped to [0, 1]; ``num_cycles = 0.5`` decays once.
+    """
+    warmup = settings.lr_warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if settings.lr_scheduler_type == "constant":
+        return 1.0
+    span = max(1, settings.total_training_steps - warmup)
+    progress = min(1.0, max(0.0, (step - warmup) / span))
+    floor = settings.min_lr_ratio
+    cosine = 0.5 * (1.0 + math.cos(2.0 * math.pi * settings.num_cycles * progress))
+    return max(floor, floor + (1.0 - floor) * cosine)
+
+
+def build_optimizer(model: nn.Module, settings: OptimSettings) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW over the trainable parameters (fp32 master, decoupled weight decay) and its ``LambdaLR`` schedule."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model has no trainable parameters")
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=settings.lr,
+        betas=settings.betas,
+        eps=settings.eps,
+        weight_decay=settings.weight_decay,
+        foreach=None,
+    )
+    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, settings))
+    return optimizer, scheduler
+
+
+@dataclass
+class NonFiniteGuard:
+    """Counts skipped (non-finite) optimizer steps: in total and in a row."""
+
+    max_consecutive: int = 5
+    skipped_total: int = 0
+    consecutive: int = 0
+
+    def record(self, finite: bool, what: str) -> None:
+        if finite:
+            self.consecutive = 0
+            return
+        self.skipped_total += 1
+        self.consecutive += 1
+        logger.warning(
+            "%s: non-finite loss or gradient norm, optimizer step skipped (%d in a row)", what, self.consecutive
+        )
+        if self.consecutive >= self.max_consecutive:
+            raise RuntimeError(
+                f"{what}: {self.consecutive} consecutive optimizer steps skipped for a non-finite loss or gradient "
+                f"norm (max_consecutive_nonfinite={self.max_consecutive}); stopping"
+            )
+
+
+def grad_norm(model: nn.Module) -> torch.Tensor:
+    """Global L2 norm of all gradients (a plain 0-d tensor, reduced over FSDP shards)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False, foreach=None)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return norm
+
+
+def guarded_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LambdaLR,
+    *,
+    max_norm: float,
+    loss: torch.Tensor,
+    guard: NonFiniteGuard,
+    what: str,
+) -> tuple[bool, float]:
+    """Clip gradients to ``max_norm`` and step, unless ``loss`` (already reduced over ranks) or the norm is not finite.
+
+    Returns ``(stepped, grad_norm)``. Gradients are zeroed either way. Raises ``RuntimeError`` via ``guard``.
+    """
+    norm = grad_norm(model)
+    finite = bool(torch.isfinite(norm).item()) and bool(torch.isfinite(loss).all().item())
+    if finite:
+        params = [p for p in model.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=None)
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    guard.record(finite, what)
+    return finite, float(norm.item())

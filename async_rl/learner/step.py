@@ -1,0 +1,331 @@
+"""The learner: one ``train_step`` turns a batch of rollout groups into one new policy version.
+
+Per step, on every rank with the same groups (rank 0 pulls them and :func:`share_groups` broadcasts them):
+
+1. collate to padded tensors; every rank holds the whole batch;
+2. no-grad passes, each rank on its balanced share, all-gathered to ``[B, T]`` everywhere: the *proximal*
+   ``old_log_probs`` under the current weights, reference log-probs (only for a KL term), critic values (GAE only);
+3. rewards (minus the KL penalty when ``use_kl_in_reward``) and advantages from the *whole* batch, identically on
+   every rank (group statistics need whole groups);
+4. critic update (GAE only), then the actor update: ``ppo_epochs`` x mini-batches, each one optimizer step from
+   accumulated micro-batch gradients (see ``update.py`` for the scaling), guarded against non-finite values;
+5. metrics reduced over ranks, namespaced ``learner/...``; ``version`` increments.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from async_rl.algorithms import (
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    agg_loss,
+    apply_kl_in_reward,
+    compute_advantages,
+    kl_penalty,
+    policy_loss,
+)
+from async_rl.learner.batching import (
+    GroupLike,
+    RolloutBatch,
+    RolloutGroup,
+    collate_groups,
+    decode_groups,
+    encode_groups,
+    to_rollout_groups,
+)
+from async_rl.learner.checkpoint import load_learner, save_learner
+from async_rl.learner.critic import Critic
+from async_rl.learner.dist import DistContext, log_rank0
+from async_rl.learner.export import iter_full_state
+from async_rl.learner.metrics import MetricAccumulator
+from async_rl.learner.model import ModelSource, build_model
+from async_rl.learner.optim import NonFiniteGuard, build_optimizer
+from async_rl.learner.partition import padding_waste, plan_updates
+from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs
+from async_rl.learner.settings import LearnerSettings
+from async_rl.learner.update import TrainedModel, run_updates
+
+__all__ = ["Learner", "share_groups"]
+
+logger = logging.getLogger(__name__)
+
+_EXTREME_SUFFIXES = {"_max": "max", "_min": "min"}
+
+
+def share_groups(ctx: DistContext, groups: Sequence[GroupLike] | None) -> list[RolloutGroup]:
+    """Broadcast rank 0's groups to every rank (msgpack bytes, not pickle); other ranks pass ``None``."""
+    data = encode_groups(to_rollout_groups(groups)) if ctx.is_rank0 and groups is not None else None
+    return decode_groups(ctx.broadcast_bytes(data, src=0))
+
+
+class Learner:
+    """Actor (+ optional reference and critic) on an FSDP2 group; see the module docstring for the step."""
+
+    def __init__(
+        self,
+        settings: LearnerSettings,
+        ctx: DistContext,
+        policy: ModelSource,
+        *,
+        ref: ModelSource | None = None,
+        critic: ModelSource | None = None,
+    ) -> None:
+        self.settings = settings
+        self.ctx = ctx
+        s = settings
+        actor = build_model(
+            policy,
+            ctx,
+            role="actor",
+            mixed_precision=s.mixed_precision,
+            gradient_checkpointing=s.enable_gradient_checkpointing,
+        )
+        optimizer, scheduler = build_optimizer(actor, s.optim)
+        self.actor = TrainedModel(
+            actor, optimizer, scheduler, NonFiniteGuard(s.max_consecutive_nonfinite), s.grad_clip, "actor"
+        )
+        self.ref = None
+        if s.needs_ref:
+            self.ref = build_model(ref if ref is not None else policy, ctx, role="ref", trainable=False)
+        self.critic: Critic | None = None
+        if s.needs_critic:
+            assert s.critic is not None
+            source = critic if critic is not None else (s.critic.model_path or None)
+            if source is None:
+                raise ValueError("adv_estimator 'gae' needs a critic model: pass critic= or set critic.model_path")
+            self.critic = Critic(
+                s.critic,
+                ctx,
+                source,
+                packed=s.use_remove_padding,
+                mixed_precision=s.mixed_precision,
+                gradient_checkpointing=s.enable_gradient_checkpointing,
+                max_consecutive_nonfinite=s.max_consecutive_nonfinite,
+                rollout_n=s.rollout_n,
+                micro_forward=s.log_prob_micro_batch_size_per_gpu,
+            )
+        self.kl_ctrl: KLController | None = None
+        if s.use_kl_in_reward:
+            if s.kl_ctrl_type == "adaptive":
+                self.kl_ctrl = AdaptiveKLController(s.kl_coef, s.kl_target, s.kl_horizon)
+            else:
+                self.kl_ctrl = FixedKLController(s.kl_coef)
+        self.version = 0
+        self.loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # tests: corrupt the loss on purpose
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.actor.model
+
+    def iter_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full actor weights one tensor at a time, on rank 0 (every rank must exhaust it): weight-sync input."""
+        return iter_full_state(self.model, self.ctx, dtype=dtype)
+
+    def save_checkpoint(
+        self, root: str | Path, *, extra: bytes | dict[str, Any] | None = None, keep_last: int = 3
+    ) -> Path:
+        """See :func:`async_rl.learner.checkpoint.save_learner` (every rank calls it)."""
+        return save_learner(self, root, extra=extra, keep_last=keep_last)
+
+    def load_checkpoint(self, path: str | Path) -> bytes | dict[str, Any] | None:
+        """See :func:`async_rl.learner.checkpoint.load_learner`; returns the saved ``extra`` state."""
+        return load_learner(self, path)
+
+    # ------------------------------------------------------------------ passes
+    def _log_probs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+        s = self.settings
+        return forward_full_batch(
+            self.ctx,
+            batch,
+            lambda mi: response_log_probs(model, mi, temperature=s.temperature)[0],
+            micro_size=s.log_prob_micro_batch_size_per_gpu,
+            packed=s.use_remove_padding,
+        )
+
+    def _rewards_and_advantages(self, batch: RolloutBatch, acc: dict[str, float]) -> None:
+        s = self.settings
+        mask = batch["response_mask"]
+        rewards = batch["token_level_scores"]
+        if self.kl_ctrl is not None:
+            rewards, kl_metrics = apply_kl_in_reward(
+                rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl, s.kl_penalty
+            )
+            acc.update({f"learner/{k}": float(v) for k, v in kl_metrics.items()})
+        batch["token_level_rewards"] = rewards
+        advantages, returns = compute_advantages(
+            s.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=batch["index"],
+            values=batch["values"] if "values" in batch else None,
+            gamma=s.gamma,
+            lam=s.lam,
+            norm_adv_by_std_in_grpo=s.norm_adv_by_std_in_grpo,
+        )
+        batch["advantages"] = advantages
+        batch["returns"] = returns
+
+    # ------------------------------------------------------------------ actor update
+    def _actor_micro_loss(self, batch: RolloutBatch, acc: MetricAccumulator) -> Callable[..., torch.Tensor]:
+        s = self.settings
+        device = self.ctx.device
+
+        def micro_loss(rows: list[int], tokens: float, seqs: float) -> torch.Tensor:
+            mi = build_micro_inputs(batch, rows, packed=s.use_remove_padding, device=device)
+            idx = torch.as_tensor(rows, dtype=torch.long)
+
+            def sel(key: str) -> torch.Tensor:
+                return batch[key].index_select(0, idx).to(device)
+
+            mode = "grad" if s.entropy_coeff != 0 else "detached"
+            log_prob, entropy = response_log_probs(self.model, mi, temperature=s.temperature, entropy=mode)
+            assert entropy is not None
+            mask = mi.response_mask
+            pg_loss, pg_metrics = policy_loss(
+                sel("old_log_probs"),
+                log_prob,
+                sel("advantages"),
+                mask,
+                clip_ratio=s.clip_ratio,
+                clip_ratio_low=s.clip_ratio_low,
+                clip_ratio_high=s.clip_ratio_high,
+                clip_ratio_c=s.clip_ratio_c,
+                loss_agg_mode=s.loss_agg_mode,
+                rollout_log_prob=sel("rollout_log_probs"),
+                tis_cap=s.tis_cap,
+                loss_mode=s.loss_mode,
+                is_level=s.is_level,
+                is_mode=s.is_mode,
+                is_threshold_lower=s.is_threshold_lower,
+                global_num_tokens=tokens,
+                global_num_seqs=seqs,
+            )
+            loss = pg_loss
+            counts = {"global_num_tokens": tokens, "global_num_seqs": seqs}
+            if s.entropy_coeff != 0:
+                loss = loss - s.entropy_coeff * agg_loss(entropy, mask, s.loss_agg_mode, **counts)
+            if s.use_kl_loss:
+                kl = kl_penalty(log_prob, sel("ref_log_probs"), s.kl_loss_type)
+                kl_loss = agg_loss(kl, mask, s.loss_agg_mode, **counts)
+                loss = loss + s.kl_loss_coef * kl_loss
+                acc.total("actor/kl_loss_sum", kl_loss.detach())
+            if self.loss_hook is not None:
+                loss = self.loss_hook(loss)
+            fmask = mask.float()
+            acc.ratio("actor/entropy", (entropy.detach() * fmask).sum(), fmask.sum())
+            acc.total("actor/pg_loss_sum", pg_loss.detach())
+            for key, value in pg_metrics.items():
+                kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
+                getattr(acc, kind)(f"actor/{key}", value)
+            return loss
+
+        return micro_loss
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self, groups: Sequence[GroupLike]) -> dict[str, float]:
+        """One policy version from ``groups`` (the same list on every rank). Returns ``learner/...`` metrics."""
+        s, ctx = self.settings, self.ctx
+        t_start = time.perf_counter()
+        batch = collate_groups(
+            groups,
+            pad_token_id=s.pad_token_id,
+            max_prompt_length=s.max_prompt_length,
+            max_response_length=s.max_response_length,
+        )
+        out: dict[str, float] = {}
+        acc = MetricAccumulator()
+        self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
+        batch["old_log_probs"] = self._log_probs(self.model, batch)
+        if self.ref is not None:
+            batch["ref_log_probs"] = self._log_probs(self.ref, batch)
+        if self.critic is not None:
+            batch["values"] = self.critic.values(batch)
+        self.model.train()
+        self._rewards_and_advantages(batch, out)
+        t_update = time.perf_counter()
+        seed = s.seed * 1_000_003 + self.version
+        skipped_critic = 0
+        if self.critic is not None:
+            skipped_critic = self.critic.update(batch, acc, seed)
+        lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
+        plan = plan_updates(
+            lengths,
+            mini_size=s.ppo_mini_batch_size * s.rollout_n,
+            micro_size=s.ppo_micro_batch_size_per_gpu,
+            epochs=s.ppo_epochs,
+            world_size=ctx.world_size,
+            rank=ctx.rank,
+            shuffle=s.shuffle,
+            seed=seed,
+        )
+        skipped = run_updates(ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc), acc)
+        micro_batches = [mb for epoch in plan.epochs for mini in epoch for mb in mini]
+        real, slots = padding_waste(
+            batch["prompt_lengths"].tolist(), batch["response_lengths"].tolist(), micro_batches, s.use_remove_padding
+        )
+        acc.total("batch/real_tokens_computed", real)
+        acc.total("batch/slots_computed", slots)
+        n_updates = plan.num_updates
+        reduced = acc.reduce(ctx, prefix="learner/")
+        for name in ("pg_loss", "kl_loss"):
+            key = f"learner/actor/{name}_sum"
+            if key in reduced:
+                reduced[f"learner/actor/{name}"] = reduced.pop(key) / n_updates
+        computed = reduced.pop("learner/batch/real_tokens_computed")
+        total_slots = reduced.pop("learner/batch/slots_computed")
+        out.update(reduced)
+        t_end = time.perf_counter()
+        out.update(self._batch_metrics(batch))
+        self.version += 1
+        out.update(
+            {
+                "learner/batch/padding_waste": 1.0 - computed / total_slots if total_slots else 0.0,
+                "learner/batch/token_imbalance": plan.imbalance,
+                "learner/actor/skipped_updates": float(skipped),
+                "learner/actor/skipped_total": float(self.actor.guard.skipped_total),
+                "learner/perf/step_time_s": t_end - t_start,
+                "learner/perf/update_time_s": t_end - t_update,
+                "learner/perf/tokens_per_s": float(batch["attention_mask"].sum()) / max(t_end - t_start, 1e-9),
+                "learner/perf/update_tokens_per_s": computed / max(t_end - t_update, 1e-9),
+                "learner/version": float(self.version),
+            }
+        )
+        if self.critic is not None:
+            out["learner/critic/skipped_updates"] = float(skipped_critic)
+        log_rank0(ctx, logger, "step -> version %d: %s", self.version, _brief(out))
+        return out
+
+    def _batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        """Whole-batch statistics (identical on every rank, so no reduction)."""
+        mask = batch["response_mask"].bool()
+        adv = batch["advantages"][mask]
+        stale = (self.version - batch["versions"]).float()  # weights trained on vs weights that sampled
+        # Off-policy gap between the behaviour policy (vLLM) and the proximal policy (learner, current weights).
+        log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[mask].double()
+        w = log_ratio.clamp(-20, 20).exp()
+        ess = float(w.sum() ** 2 / (w.numel() * (w**2).sum())) if w.numel() else 1.0
+        return {
+            "learner/batch/size": float(len(batch)),
+            "learner/batch/response_length_mean": float(batch["response_lengths"].float().mean()),
+            "learner/batch/reward_mean": float(batch["token_level_scores"].sum(-1).mean()),
+            "learner/batch/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
+            "learner/batch/advantages_max": float(adv.max()) if adv.numel() else 0.0,
+            "learner/batch/advantages_min": float(adv.min()) if adv.numel() else 0.0,
+            "learner/staleness/mean": float(stale.mean()),
+            "learner/staleness/max": float(stale.max()),
+            "learner/offpolicy/ess": ess,
+            "learner/offpolicy/abs_log_ratio_mean": float(log_ratio.abs().mean()) if log_ratio.numel() else 0.0,
+        }
+
+
+def _brief(metrics: dict[str, float]) -> str:
+    keys = ("learner/actor/pg_loss", "learner/actor/entropy", "learner/actor/grad_norm", "learner/perf/tokens_per_s")
+    return " ".join(f"{k.rsplit('/', 1)[-1]}={metrics[k]:.4g}" for k in keys if k in metrics)

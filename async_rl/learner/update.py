@@ -1,0 +1,102 @@
+"""The mini-batch / micro-batch gradient-accumulation loop shared by the actor and the critic.
+
+Gradient scaling, the part that is easy to get wrong: for each mini-batch the valid-token count and the non-empty
+sequence count are all-reduced first, and every micro-batch loss is normalised by those *global* counts
+(``agg_loss(global_num_tokens=..., global_num_seqs=...)``), so summing micro-batch losses over micro-steps and ranks
+gives exactly the loss of the whole mini-batch taken as one batch. FSDP2 *averages* gradients over ranks, so each
+micro-batch loss is multiplied by ``world_size`` before ``backward``; the reduced gradient is then the gradient of
+the whole mini-batch loss, whatever the micro-batch size and the world size (tests check both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from async_rl.learner.batching import RolloutBatch
+from async_rl.learner.dist import DistContext
+from async_rl.learner.metrics import MetricAccumulator
+from async_rl.learner.optim import NonFiniteGuard, guarded_step
+from async_rl.learner.partition import UpdatePlan
+
+__all__ = ["MicroLossFn", "TrainedModel", "run_updates"]
+
+MicroLossFn = Callable[[list[int], float, float], torch.Tensor]
+"""``(rows, global_num_tokens, global_num_seqs) -> loss``: a micro-batch's share of the mini-batch loss."""
+
+
+@dataclass
+class TrainedModel:
+    """A model with its optimizer, schedule and non-finite guard (the actor or the critic)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+    guard: NonFiniteGuard
+    max_norm: float
+    name: str
+    # Called with the model after a mini-batch's gradients are accumulated, before clipping (tests, monitoring).
+    # Under FSDP2 the gradients are DTensor shards; calling ``full_tensor()`` in the hook is a collective.
+    grad_hook: Callable[[nn.Module], None] | None = None
+
+    @property
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+
+def mini_batch_counts(ctx: DistContext, batch: RolloutBatch, rows: list[int]) -> tuple[float, float]:
+    """``(valid response tokens, sequences with >= 1 valid token)`` of a mini-batch, summed over all ranks."""
+    mask = batch["response_mask"].index_select(0, torch.as_tensor(rows, dtype=torch.long))
+    per_row = mask.sum(dim=-1)
+    local = torch.tensor([float(per_row.sum()), float((per_row > 0).sum())], dtype=torch.float64)
+    tokens, seqs = ctx.all_reduce(local, "sum").tolist()
+    return tokens, seqs
+
+
+def run_updates(
+    ctx: DistContext,
+    trained: TrainedModel,
+    plan: UpdatePlan,
+    batch: RolloutBatch,
+    micro_loss: MicroLossFn,
+    acc: MetricAccumulator,
+) -> int:
+    """Run every optimizer step of ``plan``; returns the number of skipped (non-finite) steps.
+
+    Records ``<name>/loss`` (the whole mini-batch loss) and ``<name>/grad_norm``, both averaged over the steps taken,
+    and ``<name>/lr``.
+    """
+    skipped = 0
+    for epoch in plan.epochs:
+        for mini in epoch:
+            rows = [i for micro in mini for i in micro]
+            tokens, seqs = mini_batch_counts(ctx, batch, rows)
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            for micro in mini:
+                loss = micro_loss(micro, max(tokens, 1.0), max(seqs, 1.0))
+                (loss * ctx.world_size).backward()
+                loss_sum += loss.detach().double().cpu()
+            total = ctx.all_reduce(loss_sum, "sum")
+            if trained.grad_hook is not None:
+                trained.grad_hook(trained.model)
+            stepped, norm = guarded_step(
+                trained.model,
+                trained.optimizer,
+                trained.scheduler,
+                max_norm=trained.max_norm,
+                loss=total,
+                guard=trained.guard,
+                what=trained.name,
+            )
+            if stepped:
+                # identical on every rank (the total is all-reduced), so the mean over ranks is the value itself
+                acc.mean(f"{trained.name}/grad_norm", norm)
+                acc.mean(f"{trained.name}/loss", float(total))
+            else:
+                skipped += 1
+    acc.mean(f"{trained.name}/lr", trained.lr)
+    return skipped

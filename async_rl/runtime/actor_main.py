@@ -1,0 +1,99 @@
+"""An actor process: one vLLM engine (one GPU, a tensor-parallel group, or the CPU) serving the rollout plane.
+
+Builds, in order: the reward worker (fails fast on a bad ``module:function``), the rollout client, the vLLM engine
+with the weight-sync worker extension, then runs :class:`async_rl.actor.loop.ActorLoop` until the coordinator says
+shutdown. The model path must name the same initial weights the learner starts from (version 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from async_rl.config import Config
+from async_rl.runtime import resources
+
+logger = logging.getLogger(__name__)
+
+
+def reward_worker(cfg: Config) -> Any:
+    from async_rl.rewards import RewardWorker
+
+    custom = cfg.custom_reward_function
+    if custom.path:
+        return RewardWorker(f"{custom.path}:{custom.name}", timeout_s=cfg.reward.timeout_s, verl_style=True)
+    return RewardWorker(cfg.reward.function, timeout_s=cfg.reward.timeout_s)
+
+
+def engine_settings(cfg: Config, model_path: str) -> Any:
+    from async_rl.actor.engine import EngineSettings
+    from async_rl.weight_sync import vllm_engine_kwargs
+
+    r = cfg.actor_rollout_ref.rollout
+    return EngineSettings(
+        model_path=model_path,
+        tensor_parallel_size=r.tensor_model_parallel_size,
+        dtype=r.dtype,
+        max_model_len=int(r.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)),
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        max_num_seqs=r.max_num_seqs,
+        enforce_eager=r.enforce_eager,
+        logprobs_mode=cfg.async_training.actor.logprobs_mode,
+        seed=cfg.trainer.seed,
+        extra_engine_kwargs=vllm_engine_kwargs(),
+    )
+
+
+async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> dict[str, float]:
+    from async_rl.actor.engine import GenerationEngine
+    from async_rl.actor.loop import ActorLoop
+    from async_rl.transport import RolloutClient
+    from async_rl.weight_sync import AsyncEngineWeightSync
+
+    model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
+    scorer = reward_worker(cfg)
+    client = RolloutClient(coordinator, actor_id, resources.plane_settings(cfg))
+    engine = GenerationEngine(engine_settings(cfg, model_path))
+    try:
+        await engine.start()
+        loop = ActorLoop(
+            actor_id=actor_id,
+            client=client,
+            engine=engine,
+            scorer=scorer,
+            weight_sync=AsyncEngineWeightSync(engine.vllm),
+            max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
+            update_mode=cfg.async_training.update_mode,
+        )
+        await loop.run()
+        return loop.metrics()
+    finally:
+        client.close()
+        scorer.close()
+        await engine.shutdown()
+
+
+def run_actor(cfg: Config, *, coordinator: str, actor_id: str, dry_run: bool = False) -> dict[str, Any]:
+    """Run one actor until the coordinator says shutdown. Needs ``if __name__ == "__main__":`` (vLLM spawns)."""
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not _has_cuda():
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache on CPU; the default reserves far more
+    workdir = resources.run_dir(cfg)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if dry_run:
+        scorer = reward_worker(cfg)
+        scorer.close()
+        settings = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
+        return {"dry_run": True, "coordinator": coordinator, "actor_id": actor_id, "model": settings.model_path}
+    return asyncio.run(_run(cfg, coordinator, actor_id, workdir))
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False

@@ -1,0 +1,239 @@
+"""The learner process: every torchrun rank runs :func:`run_learner`; rank 0 also runs the coordinator.
+
+One training step, in order (rank 0 drives, the other ranks follow through collectives):
+
+1. rank 0 takes ``data.train_batch_size`` prompt groups from the coordinator (blocking; only groups within the
+   staleness bound are handed out) and shares them with every rank (msgpack bytes over the learner group);
+2. every rank runs :meth:`Learner.train_step` (proximal log-probs, advantages over the whole batch, the update);
+3. rank 0 marks the groups trained in the ledger; the policy version is now ``step + 1``;
+4. every ``sync_every_n_steps`` the :class:`WeightPublisher` announces the version and streams the new weights to the
+   live actors (all ranks take part in the gather); otherwise the coordinator only learns the new version;
+5. every ``save_every_n_steps`` a checkpoint holds the model, optimizer, scheduler, RNG states and the coordinator's
+   ledger, so a resumed run neither repeats nor skips prompt groups;
+6. rank 0 logs the step's metrics (learner, transport, sync, rewards) to the configured sinks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from async_rl.config import Config
+from async_rl.runtime import resources
+
+logger = logging.getLogger(__name__)
+
+
+def _learner_groups(groups: list[Any], coordinator: Any) -> list[Any]:
+    """Transport groups -> the learner's groups (prompt ids from the ledger's records; version = oldest)."""
+    from async_rl.learner.batching import Response, RolloutGroup
+    from async_rl.transport import unpack_array
+
+    out = []
+    for g in groups:
+        prompt = coordinator.source.record(g.prompt_id).token_ids
+        responses = [
+            Response(
+                token_ids=unpack_array(c.token_ids).tolist(),
+                logprobs=unpack_array(c.logprobs).tolist(),
+                reward=float(c.reward),
+                version=int(c.version_min),
+            )
+            for c in g.completions
+        ]
+        out.append(RolloutGroup(group_id=int(g.prompt_id), prompt_ids=[int(t) for t in prompt], responses=responses))
+    return out
+
+
+def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
+    """Reward (mean and by component), response length, staleness and version span of the groups trained now."""
+    from async_rl.transport import unpack_array
+
+    rewards: list[float] = []
+    lengths: list[int] = []
+    components: dict[str, list[float]] = {}
+    staleness: Counter[int] = Counter()
+    spans: Counter[int] = Counter()
+    gen_s: list[float] = []
+    for g in groups:
+        oldest = min(c.version_min for c in g.completions)
+        staleness[version - oldest] += 1
+        gen_s.append(float(g.timings.get("generate_s", 0.0)))
+        for c in g.completions:
+            rewards.append(float(c.reward))
+            lengths.append(len(unpack_array(c.token_ids)))
+            spans[c.version_max - c.version_min] += 1
+            for name, value in (c.reward_components or {}).items():
+                components.setdefault(name, []).append(float(value))
+    n = max(len(rewards), 1)
+    out = {
+        "rollout/reward_mean": sum(rewards) / n,
+        "rollout/response_length_mean": sum(lengths) / n,
+        "rollout/generated_tokens": float(sum(lengths)),
+        "rollout/group_generate_s_mean": sum(gen_s) / max(len(gen_s), 1),
+    }
+    for name, values in components.items():
+        out[f"rollout/reward/{name}"] = sum(values) / len(values)
+    total = sum(staleness.values())
+    out["rollout/staleness_mean"] = sum(k * v for k, v in staleness.items()) / max(total, 1)
+    out["rollout/staleness_max"] = float(max(staleness, default=0))
+    for lag, count in staleness.items():
+        out[f"rollout/staleness_hist/{lag}"] = count / max(total, 1)
+    out["rollout/version_span_max"] = float(max(spans, default=0))
+    out["rollout/version_span_mean"] = sum(k * v for k, v in spans.items()) / max(sum(spans.values()), 1)
+    return out
+
+
+def run_learner(cfg: Config, *, dry_run: bool = False) -> dict[str, Any]:
+    """Train until ``trainer.total_training_steps``; returns a summary on rank 0 (empty dict elsewhere)."""
+    from async_rl.learner.dist import init_distributed, teardown
+
+    ctx = init_distributed(backend="auto")
+    try:
+        result = _train(cfg, ctx, dry_run)
+    except BaseException:
+        logger.exception("learner rank %d failed", ctx.rank)
+        teardown(ctx, failed=True)
+        raise
+    teardown(ctx)
+    return result
+
+
+def _train(cfg: Config, ctx: Any, dry_run: bool) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from async_rl.learner.settings import LearnerSettings
+    from async_rl.learner.step import Learner, share_groups
+    from async_rl.transport import Coordinator
+    from async_rl.weight_sync.publisher import WeightPublisher
+
+    out_dir = resources.run_dir(cfg)
+    if ctx.rank == 0:  # rank 0 builds builtin models once; the others then find them on disk
+        out_dir.mkdir(parents=True, exist_ok=True)
+        resources.resolve_model_path(cfg.actor_rollout_ref.model.path, out_dir)
+    ctx.barrier()
+    policy_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(policy_path)
+    settings = LearnerSettings.from_config(cfg)
+    settings = settings.replace(pad_token_id=int(tokenizer.pad_token_id or 0))
+    if settings.critic is not None:
+        critic_path = resources.resolve_model_path(cfg.critic.model.path or policy_path, out_dir)
+        settings = settings.replace(critic=dataclasses.replace(settings.critic, model_path=critic_path))
+    total_steps = cfg.trainer.total_training_steps
+    assert total_steps is not None, "validated config bounds the run by steps"
+
+    coordinator = None
+    if ctx.rank == 0:
+        records = resources.prompt_records(cfg, tokenizer)
+        coordinator = Coordinator(
+            records,
+            resources.plane_settings(cfg),
+            sampling=resources.sampling_params(cfg, seed=cfg.trainer.seed),
+            seed=cfg.trainer.seed,
+            shuffle_seed=cfg.data.seed if cfg.data.shuffle else None,
+            max_epochs=cfg.trainer.total_epochs,
+            autostart=False,
+        )
+        logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
+    if dry_run:
+        if coordinator is not None:
+            coordinator.close(notify_actors=False)
+        return {"dry_run": True, "policy_path": policy_path}
+
+    learner = Learner(settings, ctx, policy_path)
+    ws = cfg.async_training.weight_sync
+    publisher = WeightPublisher(
+        ctx,
+        coordinator,
+        host=ws.master_addr,
+        port=ws.master_port,
+        backend=ws.backend,
+        bucket_size_mb=ws.bucket_size_mb,
+        timeout_s=ws.timeout_s,
+    )
+    ckpt = cfg.async_training.checkpoint
+    ckpt_dir = out_dir / "checkpoints"
+    start_step = _maybe_resume(cfg, learner, coordinator, ckpt_dir)
+    if coordinator is not None:
+        if start_step:
+            coordinator.set_policy_version(learner.version)
+        coordinator.start()
+    sink = _open_sink(cfg, out_dir, total_steps) if ctx.rank == 0 else None
+    sync_every = cfg.async_training.sync_every_n_steps
+    started = time.monotonic()
+    summary: dict[str, Any] = {}
+    for step in range(start_step, total_steps):
+        step_started = time.monotonic()
+        groups = None
+        raw: list[Any] = []
+        if coordinator is not None:
+            raw = coordinator.get_groups(cfg.data.train_batch_size, timeout_s=cfg.async_training.timeouts.step_s)
+            groups = _learner_groups(raw, coordinator)
+        wait_s = time.monotonic() - step_started
+        shared = share_groups(ctx, groups)
+        if not shared:
+            logger.info("no more prompt groups (data exhausted) at step %d", step)
+            break
+        metrics = learner.train_step(shared)
+        version = learner.version
+        if coordinator is not None:
+            metrics.update(rollout_metrics(raw, version - 1))
+            coordinator.mark_trained([g.prompt_id for g in raw])
+        if version % sync_every == 0:
+            metrics.update(publisher.publish(version, learner.iter_weights))
+        elif coordinator is not None:
+            coordinator.set_policy_version(version)
+        save_every = ckpt.save_every_n_steps
+        if save_every and (version % save_every == 0 or step + 1 == total_steps):
+            extra = {"coordinator": coordinator.state_dict() if coordinator is not None else None, "step": step + 1}
+            learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=ckpt.keep_last or 1_000_000)
+        if sink is not None and coordinator is not None:
+            metrics.update(coordinator.metrics())
+            metrics["learner/idle_fraction"] = wait_s / max(time.monotonic() - step_started, 1e-9)
+            metrics["time/wall_s"] = time.monotonic() - started
+            sink.log(step + 1, metrics)
+        summary = metrics
+    if coordinator is not None:
+        coordinator.close(notify_actors=True)
+    publisher.close()
+    if sink is not None:
+        sink.close()
+    return {"steps": learner.version, "last": summary, "run_dir": str(out_dir)} if ctx.rank == 0 else {}
+
+
+def _maybe_resume(cfg: Config, learner: Any, coordinator: Any, ckpt_dir: Path) -> int:
+    """Load the checkpoint that ``trainer.resume_mode`` asks for; returns the step to continue from."""
+    from async_rl.learner.checkpoint import latest
+
+    mode = cfg.trainer.resume_mode
+    if mode == "disable":
+        return 0
+    path = Path(cfg.trainer.resume_from_path) if mode == "resume_path" and cfg.trainer.resume_from_path else None
+    if path is None:
+        path = latest(ckpt_dir)
+    if path is None:
+        return 0
+    extra = learner.load_checkpoint(path)
+    state = extra if isinstance(extra, dict) else {}
+    if coordinator is not None and state.get("coordinator") is not None:
+        coordinator.load_state_dict(state["coordinator"])
+    logger.info("resumed from %s at policy version %d", path, learner.version)
+    return int(state.get("step", learner.version))
+
+
+def _open_sink(cfg: Config, out_dir: Path, total_steps: int) -> Any:
+    from async_rl.config import config_to_dict
+    from async_rl.runtime.metrics import MetricsLogger
+
+    return MetricsLogger(
+        out_dir,
+        list(cfg.trainer.logger),
+        project=cfg.trainer.project_name,
+        experiment=cfg.trainer.experiment_name,
+        total_steps=total_steps,
+        config=config_to_dict(cfg),
+    )

@@ -1,0 +1,349 @@
+"""Per-step metrics sinks for the learner's rank 0: JSON lines, TensorBoard, Weights & Biases and a console display.
+
+The learner produces one flat ``{key: float}`` dict per training step (keys namespaced with ``/``). ``MetricsLogger``
+fans it out to the backends named in ``trainer.logger``:
+
+``jsonl``        ``<run_dir>/metrics.jsonl``, one JSON object per step, flushed per line; the source of truth that
+                 ``plot.py`` reads back. Non-finite floats become ``null`` so the file is always strict JSON.
+``tensorboard``  ``torch.utils.tensorboard.SummaryWriter`` into ``<run_dir>/tensorboard``.
+``wandb``        a wandb run (project / experiment name / config), one ``wandb.log`` per step.
+``console``      a tqdm progress bar on a terminal; without a terminal (CI logs) only a compact line via ``logging``
+                 about every 10% of the run, so logs stay short.
+
+Optional backends whose package is missing (tensorboard, wandb) are skipped with one warning instead of failing the
+run, and an error inside one of them later disables that backend only: metrics must never stop training. Errors of
+the jsonl and console sinks propagate (a full disk should be noticed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, TextIO
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ALLOWED_BACKENDS",
+    "ConsoleSink",
+    "JsonlSink",
+    "MetricsLogger",
+    "format_line",
+    "read_metrics",
+]
+
+ALLOWED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
+METRICS_FILE = "metrics.jsonl"
+WALL_KEY = "time/wall_s"
+
+# (label, candidate keys in order of preference, format) for the console line; missing keys are left out.
+_CONSOLE_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("reward", ("learner/batch/reward_mean", "reward/mean"), "{:.3f}"),
+    ("gen tok/s", ("actor/tokens_per_s", "actor/gen_tokens_per_s"), "{:.4g}"),
+    ("learn tok/s", ("learner/perf/tokens_per_s",), "{:.4g}"),
+    ("stale", ("learner/staleness/mean", "transport/staleness_mean"), "{:.2f}"),
+    ("ess", ("learner/offpolicy/ess",), "{:.3f}"),
+    ("sync", ("sync/seconds",), "{:.2f}s"),
+    ("pg_loss", ("learner/actor/pg_loss",), "{:.4g}"),
+)
+
+
+class Sink(Protocol):
+    """One metrics backend."""
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _to_number(key: str, value: Any) -> float | int:
+    """A JSON-friendly number for ``value`` (ints stay ints); ValueError naming ``key`` for anything else."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    try:
+        return float(value)  # floats, numpy scalars, 0-d tensors
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}") from exc
+
+
+def _finite_or_none(value: float | int) -> float | int | None:
+    return value if isinstance(value, int) or math.isfinite(value) else None
+
+
+def _pick(metrics: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = metrics.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def format_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
+    """The compact one-line summary of a step, e.g. ``step 10/100 (10%) | reward 0.512 | stale 0.80``."""
+    parts = [f"step {step}/{total_steps} ({100.0 * step / total_steps:.0f}%)"]
+    for label, keys, fmt in _CONSOLE_FIELDS:
+        value = _pick(metrics, keys)
+        if value is not None:
+            parts.append(f"{label} {fmt.format(value)}")
+    return " | ".join(parts)
+
+
+class JsonlSink:
+    """Appends one JSON object per step to a file; each line is flushed, so a crash loses at most the line in flight."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO | None = path.open("a", encoding="utf-8")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        assert self._file is not None, "JsonlSink used after close()"
+        record: dict[str, float | int | None] = {"step": step}
+        record.update({k: _finite_or_none(v) for k, v in metrics.items() if k != "step"})
+        self._file.write(json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(path: Path | str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file in file order (``null`` values come back as ``None``).
+
+    A malformed LAST line is a write cut short by a crash: it is skipped with a warning. A malformed line anywhere
+    else is a ValueError naming the file and line number.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records: list[dict[str, Any]] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):
+                logger.warning("%s: skipping truncated last line %d (%s)", path, lineno, exc)
+                break
+            raise ValueError(f"{path}: line {lineno} is not valid JSON: {exc}") from exc
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {lineno} is a JSON {type(record).__name__}, expected an object")
+        records.append(record)
+    return records
+
+
+class TensorBoardSink:
+    """Scalars into a TensorBoard event file (one tag per metric key)."""
+
+    def __init__(self, log_dir: Path, writer_cls: Any) -> None:
+        self._writer = writer_cls(log_dir=str(log_dir))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            if key != "step":
+                self._writer.add_scalar(key, value, global_step=step)
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
+
+
+class WandbSink:
+    """A Weights & Biases run: ``wandb.init(project, name, config)`` then one ``wandb.log`` per step."""
+
+    def __init__(self, wandb_module: Any, run_dir: Path, project: str, experiment: str, config: dict | None) -> None:
+        self._run = wandb_module.init(project=project, name=experiment, config=config or {}, dir=str(run_dir))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._run.log({k: v for k, v in metrics.items() if k != "step"}, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class ConsoleSink:
+    """Progress display. On a terminal: a tqdm bar (step/total plus reward, throughput, staleness, sync time) and a
+    logged line every ``log_every`` steps. Otherwise no bar, only a logged line about every 10% of the run (and at the
+    first and last step), so a 100-step run writes about a dozen lines to CI logs.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        stream: TextIO | None = None,
+        is_tty: bool | None = None,
+        log_every: int | None = None,
+    ) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1 for the console display, got {total_steps}")
+        if log_every is not None and log_every < 1:
+            raise ValueError(f"log_every must be >= 1, got {log_every}")
+        self.total_steps = total_steps
+        self.stream = stream if stream is not None else sys.stderr
+        if is_tty is None:
+            isatty = getattr(self.stream, "isatty", None)
+            is_tty = bool(isatty()) if callable(isatty) else False
+        self.is_tty = is_tty
+        self.log_every = log_every if log_every is not None else max(1, math.ceil(total_steps / 10))
+        self._last_logged: int | None = None
+        self._started = time.monotonic()
+        self._bar: Any = None
+        if is_tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, file=self.stream, unit="step", dynamic_ncols=True, leave=True)
+
+    def _due(self, step: int) -> bool:
+        last = self._last_logged
+        return last is None or step >= self.total_steps or step // self.log_every > last // self.log_every
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self._bar is not None:
+            postfix: dict[str, str] = {}
+            for label, keys, fmt in _CONSOLE_FIELDS[:-1]:  # all but the loss: keep the bar narrow
+                value = _pick(metrics, keys)
+                if value is not None:
+                    postfix[label] = fmt.format(value)
+            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(max(0, min(step, self.total_steps) - self._bar.n))
+        if not self._due(step):
+            return
+        self._last_logged = step
+        elapsed = time.monotonic() - self._started
+        line = f"{format_line(step, self.total_steps, metrics)} | elapsed {elapsed:.0f}s"
+        if self._bar is not None:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            with logging_redirect_tqdm():  # print above the bar instead of through it
+                logger.info("%s", line)
+        else:
+            logger.info("%s", line)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class MetricsLogger:
+    """Fans each step's metrics out to the configured backends (see the module docstring); a context manager.
+
+    ``time/wall_s`` (seconds since this logger was created) is added to a step's metrics when the caller did not
+    provide it, so the wall-clock plot always has an axis.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        backends: list[str],
+        *,
+        project: str,
+        experiment: str,
+        total_steps: int,
+        config: dict | None = None,
+        console_stream: TextIO | None = None,
+    ) -> None:
+        if isinstance(backends, str):
+            raise ValueError(f"backends must be a list of names, got the string {backends!r}")
+        unknown = [b for b in backends if b not in ALLOWED_BACKENDS]
+        if unknown:
+            raise ValueError(
+                f"trainer.logger: unknown backend(s) {', '.join(map(repr, unknown))}; "
+                f"allowed: {', '.join(ALLOWED_BACKENDS)}"
+            )
+        self.run_dir = Path(run_dir)
+        self.backends = list(dict.fromkeys(backends))  # de-duplicated, order kept
+        self._started = time.monotonic()
+        self._closed = False
+        self._sinks: dict[str, Sink] = {}
+        for name in self.backends:
+            sink = self._make_sink(name, project, experiment, total_steps, config, console_stream)
+            if sink is not None:
+                self._sinks[name] = sink
+
+    @property
+    def active_backends(self) -> list[str]:
+        """The backends actually writing (missing optional packages and failed backends are left out)."""
+        return list(self._sinks)
+
+    def _make_sink(
+        self,
+        name: str,
+        project: str,
+        experiment: str,
+        total_steps: int,
+        config: dict | None,
+        console_stream: TextIO | None,
+    ) -> Sink | None:
+        if name == "jsonl":
+            return JsonlSink(self.run_dir / METRICS_FILE)
+        if name == "console":
+            return ConsoleSink(total_steps, stream=console_stream)
+        if name == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                logger.warning("metrics: tensorboard backend disabled, cannot import it (%s)", exc)
+                return None
+            return TensorBoardSink(self.run_dir / "tensorboard", SummaryWriter)
+        assert name == "wandb", name
+        try:
+            import wandb
+        except ImportError:
+            logger.warning("metrics: wandb backend disabled, the 'wandb' package is not installed (pip install wandb)")
+            return None
+        try:
+            return WandbSink(wandb, self.run_dir, project, experiment, config)
+        except Exception:
+            logger.exception("metrics: wandb backend disabled, wandb.init failed")
+            return None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record one training step's metrics in every active backend."""
+        if self._closed:
+            raise RuntimeError("MetricsLogger.log() called after close()")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        clean: dict[str, float] = {str(k): _to_number(str(k), v) for k, v in metrics.items()}
+        clean.setdefault(WALL_KEY, time.monotonic() - self._started)
+        for name, sink in list(self._sinks.items()):
+            if name in ("jsonl", "console"):
+                sink.log(step, clean)
+                continue
+            try:
+                sink.log(step, clean)
+            except Exception:
+                logger.exception("metrics: %s backend failed at step %d; disabling it", name, step)
+                del self._sinks[name]
+
+    def close(self) -> None:
+        """Flush and close every backend; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for name, sink in self._sinks.items():
+            try:
+                sink.close()
+            except Exception:
+                logger.exception("metrics: closing the %s backend failed", name)
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,295 @@
+"""End-of-run plot and summary from ``metrics.jsonl``: did reward go up, how fast was it, how stale was the data.
+
+``plot_run`` draws one PNG with six panels: reward vs step and vs wall-clock time (mean plus any per-component
+reward keys), generation and learner throughput, staleness and effective sample size of the off-policy weights,
+weight-sync time, and the rollout queue. Keys a run did not log are skipped; a panel with nothing to show says "no
+data". ``summarize_run`` gives the numbers the demo prints (first-10% vs last-10% mean reward, steps, wall time, mean
+throughput).
+
+Drawing uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot, so importing or calling this
+does not change the process-wide matplotlib backend and needs no display.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from async_rl.runtime.metrics import WALL_KEY, read_metrics
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["format_summary", "plot_run", "summarize_run"]
+
+REWARD_KEYS = ("learner/batch/reward_mean", "reward/mean")
+COMPONENT_PREFIXES = ("reward/components/", "learner/batch/reward_")
+GEN_RATE_KEYS = ("actor/tokens_per_s", "actor/gen_tokens_per_s")
+GEN_COUNTER_KEY = "actor/generated_tokens"  # cumulative; a rate is derived from it when no rate key was logged
+LEARNER_RATE_KEY = "learner/perf/tokens_per_s"
+STALENESS_KEYS = ("learner/staleness/mean", "transport/staleness_mean")
+STALENESS_MAX_KEY = "learner/staleness/max"
+ESS_KEY = "learner/offpolicy/ess"
+MAX_COMPONENTS = 8
+
+Series = tuple[list[float], list[float]]
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, ordered by step; a step logged twice (a resumed run re-doing it) keeps its last record."""
+    latest: dict[int, dict[str, Any]] = {}
+    for record in records:
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            latest[step] = record
+    return [latest[s] for s in sorted(latest)]
+
+
+def _series(records: Sequence[dict[str, Any]], key: str, x_key: str = "step") -> Series:
+    xs: list[float] = []
+    ys: list[float] = []
+    for record in records:
+        x, y = _num(record.get(x_key)), _num(record.get(key))
+        if x is not None and y is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+def _first_key(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> str | None:
+    for key in keys:
+        if any(_num(r.get(key)) is not None for r in records):
+            return key
+    return None
+
+
+def _component_keys(records: Sequence[dict[str, Any]]) -> list[str]:
+    found = {
+        k
+        for r in records
+        for k in r
+        if k.startswith(COMPONENT_PREFIXES) and k not in REWARD_KEYS and _num(r.get(k)) is not None
+    }
+    keys = sorted(found)
+    if len(keys) > MAX_COMPONENTS:
+        logger.info("plot: %d reward components, drawing the first %d", len(keys), MAX_COMPONENTS)
+    return keys[:MAX_COMPONENTS]
+
+
+def _derived_rate(records: Sequence[dict[str, Any]], counter_key: str) -> Series:
+    """Per-interval rate of a cumulative counter against wall time (skips counter resets and zero intervals)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    prev: tuple[float, float] | None = None
+    for record in records:
+        step, t, c = _num(record.get("step")), _num(record.get(WALL_KEY)), _num(record.get(counter_key))
+        if step is None or t is None or c is None:
+            continue
+        if prev is not None and t > prev[0] and c >= prev[1]:
+            xs.append(step)
+            ys.append((c - prev[1]) / (t - prev[0]))
+        prev = (t, c)
+    return xs, ys
+
+
+def _generation_rate(records: Sequence[dict[str, Any]]) -> tuple[str, Series] | None:
+    key = _first_key(records, GEN_RATE_KEYS)
+    if key is not None:
+        return "generation", _series(records, key)
+    derived = _derived_rate(records, GEN_COUNTER_KEY)
+    return ("generation (from token count)", derived) if derived[0] else None
+
+
+def _rolling_mean(ys: Sequence[float], window: int) -> list[float]:
+    out: list[float] = []
+    total = 0.0
+    for i, y in enumerate(ys):
+        total += y
+        if i >= window:
+            total -= ys[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _no_data(ax: Any, title: str) -> None:
+    ax.set_title(title)
+    ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _reward_panel(
+    ax: Any, records: Sequence[dict[str, Any]], x_key: str, title: str, x_label: str, x_scale: float = 1.0
+) -> None:
+    main = _first_key(records, REWARD_KEYS)
+    main_series = _series(records, main, x_key) if main else ([], [])
+    components = [(k.split("/")[-1], _series(records, k, x_key)) for k in _component_keys(records)]
+    components = [(label, s) for label, s in components if s[0]]
+    if not main_series[0] and not components:
+        _no_data(ax, title)
+        return
+    if main_series[0]:
+        xs, ys = [x / x_scale for x in main_series[0]], main_series[1]
+        window = max(1, len(ys) // 20)
+        if window > 1:  # raw values faint, rolling mean bold
+            ax.plot(xs, ys, color="tab:blue", alpha=0.3, linewidth=1)
+            ax.plot(xs, _rolling_mean(ys, window), color="tab:blue", linewidth=2, label=f"{main} (mean of {window})")
+        else:
+            ax.plot(xs, ys, color="tab:blue", linewidth=2, label=main)
+    for label, (xs, ys) in components:
+        ax.plot([x / x_scale for x in xs], ys, linewidth=1, label=label)
+    ax.set_title(title)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("reward")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+
+
+def _lines_panel(ax: Any, title: str, ylabel: str, series: Sequence[tuple[str, Series]]) -> None:
+    drawn = [(label, s) for label, s in series if s[0]]
+    if not drawn:
+        _no_data(ax, title)
+        return
+    for label, (xs, ys) in drawn:
+        ax.plot(xs, ys, linewidth=1.2, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+
+
+def _staleness_panel(ax: Any, records: Sequence[dict[str, Any]]) -> None:
+    title = "staleness and off-policy ESS"
+    stale_key = _first_key(records, STALENESS_KEYS)
+    stale = [(f"staleness mean ({stale_key})", _series(records, stale_key))] if stale_key else []
+    stale.append(("staleness max", _series(records, STALENESS_MAX_KEY)))
+    ess = _series(records, ESS_KEY)
+    if not any(s[0] for _, s in stale):
+        _lines_panel(ax, title, "ESS fraction", [("ESS", ess)])  # "no data" when ESS is missing too
+        return
+    _lines_panel(ax, title, "policy versions behind", stale)
+    if ess[0]:
+        twin = ax.twinx()
+        twin.plot(ess[0], ess[1], color="tab:green", linewidth=1.2, linestyle="--", label="ESS (right)")
+        twin.set_ylim(0.0, 1.05)
+        twin.set_ylabel("ESS fraction")
+        twin.legend(fontsize=7, loc="lower right")
+
+
+def _wall_scale(records: Sequence[dict[str, Any]]) -> tuple[float, str]:
+    longest = max((t for r in records if (t := _num(r.get(WALL_KEY))) is not None), default=0.0)
+    if longest > 3 * 3600:
+        return 3600.0, "hours"
+    if longest > 300:
+        return 60.0, "minutes"
+    return 1.0, "seconds"
+
+
+def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
+    """Draw the run's curves from ``metrics_jsonl`` into ``out_png`` (parents created) and return ``out_png``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = _by_step(read_metrics(metrics_jsonl))
+    fig = Figure(figsize=(14, 12), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(3, 2)
+
+    _reward_panel(axes[0][0], records, "step", "reward vs step", "step")
+    scale, unit = _wall_scale(records)
+    _reward_panel(axes[0][1], records, WALL_KEY, "reward vs wall-clock time", f"wall-clock time ({unit})", scale)
+
+    throughput: list[tuple[str, Series]] = []
+    gen = _generation_rate(records)
+    if gen is not None:
+        throughput.append(gen)
+    throughput.append(("learner", _series(records, LEARNER_RATE_KEY)))
+    _lines_panel(axes[1][0], "throughput", "tokens / s", throughput)
+    _staleness_panel(axes[1][1], records)
+    _lines_panel(
+        axes[2][0],
+        "weight sync",
+        "seconds",
+        [("sync time", _series(records, "sync/seconds"))],
+    )
+    _lines_panel(
+        axes[2][1],
+        "rollout transport",
+        "groups",
+        [
+            ("queue depth", _series(records, "transport/queue_depth")),
+            ("dropped as stale (cumulative)", _series(records, "transport/drops/stale")),
+        ],
+    )
+    last = records[-1]["step"] if records else 0
+    fig.suptitle(f"{Path(metrics_jsonl).parent.name or 'run'}: {len(records)} steps logged (last step {last})")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, format="png")
+    logger.info("plot: wrote %s", out_png)
+    return out_png
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize_run(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Headline numbers of a run (``None`` where the run did not log the key).
+
+    ``reward_first_mean`` / ``reward_last_mean`` average the first / last ``ceil(10%)`` of the steps that logged a
+    reward (at least one step each); ``reward_delta`` is last minus first. ``wall_time_s`` is the largest
+    ``time/wall_s`` logged. A step logged twice counts once (its last record).
+    """
+    rows = _by_step(records)
+    key = _first_key(rows, REWARD_KEYS)
+    rewards = _series(rows, key)[1] if key else []
+    window = max(1, math.ceil(0.1 * len(rewards))) if rewards else 0
+    first = _mean(rewards[:window])
+    last = _mean(rewards[-window:]) if rewards else None
+    gen = _generation_rate(rows)
+    stale_key = _first_key(rows, STALENESS_KEYS)
+    walls = [t for r in rows if (t := _num(r.get(WALL_KEY))) is not None]
+    return {
+        "steps": len(rows),
+        "last_step": rows[-1]["step"] if rows else None,
+        "wall_time_s": max(walls) if walls else None,
+        "reward_key": key,
+        "reward_window": window,
+        "reward_first_mean": first,
+        "reward_last_mean": last,
+        "reward_delta": last - first if first is not None and last is not None else None,
+        "learner_tokens_per_s_mean": _mean(_series(rows, LEARNER_RATE_KEY)[1]),
+        "gen_tokens_per_s_mean": _mean(gen[1][1]) if gen is not None else None,
+        "staleness_mean": _mean(_series(rows, stale_key)[1]) if stale_key else None,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A few human-readable lines of :func:`summarize_run` output, for the demo to print."""
+
+    def f(value: Any, fmt: str) -> str:
+        return "n/a" if value is None else fmt.format(value)
+
+    window = summary.get("reward_window") or 0
+    return "\n".join(
+        [
+            f"steps logged: {summary.get('steps', 0)} (last step {f(summary.get('last_step'), '{}')}), "
+            f"wall time {f(summary.get('wall_time_s'), '{:.1f}')} s",
+            f"reward: first {window} steps {f(summary.get('reward_first_mean'), '{:.4f}')} -> last {window} steps "
+            f"{f(summary.get('reward_last_mean'), '{:.4f}')} (delta {f(summary.get('reward_delta'), '{:+.4f}')})",
+            f"throughput: generation {f(summary.get('gen_tokens_per_s_mean'), '{:.1f}')} tok/s, "
+            f"learner {f(summary.get('learner_tokens_per_s_mean'), '{:.1f}')} tok/s; "
+            f"mean staleness {f(summary.get('staleness_mean'), '{:.2f}')}",
+        ]
+    )

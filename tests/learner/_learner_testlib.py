@@ -1,0 +1,79 @@
+"""Shared fixtures for the learner tests: a tiny seeded Qwen2, a scripted rollout source, default settings.
+
+Plain functions (not pytest fixtures) because the multi-rank tests call them from ``torchrun`` worker processes too;
+the module has a unique name because test directories are not packages (pytest prepend import mode).
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import nn
+
+from async_rl.learner.batching import Response, RolloutGroup
+from async_rl.learner.settings import LearnerSettings, OptimSettings
+
+VOCAB = 64
+
+
+def tiny_config(tie: bool = False) -> object:
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+    )
+
+
+def tiny_policy(seed: int = 0, tie: bool = False) -> nn.Module:
+    """A 2-layer Qwen2ForCausalLM with weights fixed by ``seed`` (same on every rank and process)."""
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(tiny_config(tie)).float()
+
+
+def tiny_critic(seed: int = 1) -> nn.Module:
+    from transformers import Qwen2ForTokenClassification
+
+    torch.manual_seed(seed)
+    cfg = tiny_config()
+    cfg.num_labels = 1
+    return Qwen2ForTokenClassification(cfg).float()
+
+
+def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) -> list[RolloutGroup]:
+    """Deterministic groups: random prompts (3..9 tokens), responses (1..12 tokens); reward = share of even tokens."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(num_groups):
+        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 9))]
+        responses = []
+        for _ in range(n):
+            tokens = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 12))]
+            logprobs = [-4.2 + rng.uniform(-0.3, 0.3) for _ in tokens]
+            reward = sum(1 for t in tokens if t % 2 == 0) / len(tokens)
+            responses.append(Response(token_ids=tokens, logprobs=logprobs, reward=reward, version=version))
+        groups.append(RolloutGroup(group_id=f"g{seed}-{g}", prompt_ids=prompt, responses=responses))
+    return groups
+
+
+def settings(**overrides: object) -> LearnerSettings:
+    """Small-batch defaults: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches of 2, lr 1e-3."""
+    base = LearnerSettings(
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=2,
+        log_prob_micro_batch_size_per_gpu=4,
+        rollout_n=4,
+        grad_clip=1.0,
+        optim=OptimSettings(lr=1e-3, weight_decay=0.0),
+        max_consecutive_nonfinite=3,
+    )
+    return base.replace(**overrides)  # type: ignore[arg-type]

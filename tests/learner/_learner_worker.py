@@ -1,0 +1,225 @@
+"""torchrun worker for the multi-rank learner tests: ``torchrun --nproc_per_node=2 _learner_worker.py SCENARIO OUT``.
+
+Each scenario builds FSDP2 learners on the gloo group and, in the same processes, single-process reference learners
+(``local_context``: plain model, world size 1), runs the same work on both and writes what the test asserts on to
+``OUT/<scenario>.json`` (rank 0). Comparisons happen here because the FSDP state only exists inside these processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+from _learner_testlib import scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+from async_rl.learner import (  # noqa: E402
+    CriticSettings,
+    Learner,
+    export_hf,
+    init_distributed,
+    iter_full_state,
+    latest,
+    local_context,
+    share_groups,
+    teardown,
+)
+from async_rl.learner.model import build_model  # noqa: E402
+
+
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            out[name] = g.detach().clone()
+    return out
+
+
+def capture(learner: Learner) -> list[dict[str, torch.Tensor]]:
+    store: list[dict[str, torch.Tensor]] = []
+    learner.actor.grad_hook = lambda m: store.append(full_grads(m))
+    return store
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def digest(learner: Learner) -> str:
+    h = hashlib.sha256()
+    for name, t in iter_full_state(learner.model, learner.ctx, all_ranks=True):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def scenario_grads(ctx: Any) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
+    ref = tiny_policy()
+    sharded = build_model(tiny_policy, ctx, role="raw")
+    ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
+    ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
+    half = ids[ctx.rank * 2 : ctx.rank * 2 + 2].to(ctx.device)
+    sharded(input_ids=half).logits.logsumexp(-1).mean().backward()
+    res["raw_fsdp_vs_single"] = max_diff(full_grads(sharded), full_grads(ref))
+    # 2. learner gradient: 2 ranks x small micro-batches vs 1 process x one micro-batch, per loss_agg_mode
+    groups = scripted_groups(4, 4, seed=11)
+    cases = {
+        "token-mean": ((2, False), (3, False), (1, True)),
+        "seq-mean-token-mean": ((3, False), (1, True)),
+        "seq-mean-token-sum": ((2, False),),
+    }
+    for mode, variants in cases.items():
+        for micro, packed in variants:
+            common = dict(ppo_mini_batch_size=4, loss_agg_mode=mode, entropy_coeff=0.01)
+            dist_l = Learner(
+                settings(ppo_micro_batch_size_per_gpu=micro, use_remove_padding=packed, **common), ctx, tiny_policy
+            )
+            local_l = Learner(settings(ppo_micro_batch_size_per_gpu=16, **common), local_context(), tiny_policy)
+            g_dist, g_local = capture(dist_l), capture(local_l)
+            dist_l.train_step(groups)
+            local_l.train_step(groups)
+            res[f"{mode}/micro{micro}/packed{int(packed)}"] = max_diff(g_dist[0], g_local[0])
+    res["grad_scale"] = float(max(v.abs().max() for v in g_local[0].values()))
+    return res
+
+
+def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    s = settings(ppo_epochs=2, shuffle=True, use_remove_padding=True, max_consecutive_nonfinite=5)
+    dist_l = Learner(s, ctx, tiny_policy)
+    local_l = Learner(s.replace(use_remove_padding=False), local_context(), tiny_policy)
+    losses = []
+    for step in range(3):
+        groups = scripted_groups(4, 4, seed=100 + step, version=step)
+        md, ml = dist_l.train_step(groups), local_l.train_step(groups)
+        losses.append((md["learner/actor/pg_loss"], ml["learner/actor/pg_loss"]))
+    res["losses"] = losses
+    exported = dict(iter_full_state(dist_l.model, ctx, to_cpu=True))
+    if ctx.is_rank0:
+        reference = {k: v.detach() for k, v in local_l.model.state_dict().items()}
+        res["export_names_match"] = sorted(exported) == sorted(reference)
+        res["export_max_diff"] = max(float((exported[k] - reference[k]).abs().max()) for k in reference)
+        res["weights_moved"] = max(float((v - tiny_policy().state_dict()[k]).abs().max()) for k, v in reference.items())
+    else:
+        res["nonzero_rank_items"] = len(exported)
+    hf_dir = export_hf(dist_l.model, ctx, out / "hf", max_shard_bytes=100_000)
+    if ctx.is_rank0:
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+        res["hf_reload_max_diff"] = max(float((loaded.state_dict()[k] - v).abs().max()) for k, v in exported.items())
+        res["hf_shards"] = len(list(hf_dir.glob("*.safetensors")))
+    # groups travel from rank 0 to every rank as msgpack bytes
+    shared = share_groups(ctx, scripted_groups(2, 2, seed=5) if ctx.is_rank0 else None)
+    res[f"share_groups_rank{ctx.rank}"] = shared == scripted_groups(2, 2, seed=5)
+    # a tied output embedding survives sharding and is exported once, under the input-embedding name
+    tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied")
+    tied_full = dict(iter_full_state(tied, ctx, all_ranks=True))
+    tied_ref = tiny_policy(seed=2, tie=True).state_dict()
+    res[f"tied_export_ok_rank{ctx.rank}"] = "lm_head.weight" not in tied_full and all(
+        torch.equal(v, tied_ref[k]) for k, v in tied_full.items()
+    )
+    # a NaN loss on rank 1 only: every rank must skip the same step and keep its weights
+    before = digest(dist_l)
+    dist_l.loss_hook = (lambda loss: loss * float("nan")) if ctx.rank == 1 else None
+    m = dist_l.train_step(scripted_groups(4, 4, seed=200, version=3))
+    res[f"nan_skipped_rank{ctx.rank}"] = m["learner/actor/skipped_updates"]
+    res[f"nan_unchanged_rank{ctx.rank}"] = digest(dist_l) == before
+    return res
+
+
+def resume_settings() -> Any:
+    return settings(
+        adv_estimator="gae",
+        critic=CriticSettings(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+        use_kl_in_reward=True,
+        kl_ctrl_type="adaptive",
+        use_kl_loss=True,
+        shuffle=True,
+    )
+
+
+def scenario_resume(ctx: Any, out: Path, phase: str) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    learner = Learner(resume_settings(), ctx, tiny_policy, critic=tiny_critic)
+    root = out / "ckpt"
+    k = 2
+    if phase == "a":
+        for step in range(k):
+            learner.train_step(scripted_groups(4, 4, seed=300 + step, version=step))
+        learner.save_checkpoint(root, extra={"cursor": 7, "ledger": b"\x00\x01"}, keep_last=2)
+    else:
+        # a save of the next version that was killed before it committed
+        if ctx.is_rank0:
+            (root / f"step_{k + 1}.tmp" / "dcp").mkdir(parents=True)
+        ctx.barrier()
+        path = latest(root)
+        res["resumed_from"] = None if path is None else path.name
+        assert path is not None
+        extra = learner.load_checkpoint(path)
+        res["extra"] = {"cursor": extra["cursor"], "ledger": list(extra["ledger"])} if isinstance(extra, dict) else None
+        res["version"] = learner.version
+    # the same RNG consumers as training code might have: python/numpy/torch draws must continue identically
+    res["rng_draw"] = float(torch.rand(()).item())
+    for step in range(k, k + 2):
+        m = learner.train_step(scripted_groups(4, 4, seed=300 + step, version=step))
+        res[f"step{step}"] = {
+            key: m[key] for key in ("learner/actor/pg_loss", "learner/critic/loss", "learner/reward_kl_penalty_coeff")
+        }
+        res[f"digest{step}"] = digest(learner)
+    return res
+
+
+def scenario_gpu(ctx: Any) -> dict[str, Any]:
+    """CUDA: bf16 compute with fp32 master weights (MixedPrecisionPolicy), NCCL collectives, bf16 export."""
+    res: dict[str, Any] = {"device": ctx.device.type, "backend": ctx.backend}
+    learner = Learner(settings(entropy_coeff=0.01), ctx, tiny_policy)
+    metrics = [learner.train_step(scripted_groups(4, 4, seed=400 + i)) for i in range(2)]
+    res["finite"] = all(math.isfinite(v) for m in metrics for v in m.values())
+    res["master_fp32"] = all(p.dtype == torch.float32 for p in learner.model.parameters())
+    exported = list(iter_full_state(learner.model, ctx, dtype=torch.bfloat16))
+    res["export_bf16"] = (not ctx.is_rank0) or all(t.dtype == torch.bfloat16 for _, t in exported)
+    return res
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    if scenario == "grads":
+        res = scenario_grads(ctx)
+    elif scenario == "train":
+        res = scenario_train(ctx, out)
+    elif scenario == "gpu":
+        res = scenario_gpu(ctx)
+    elif scenario.startswith("resume_"):
+        res = scenario_resume(ctx, out, scenario[-1])
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    # merge per-rank results on rank 0 through files (keeps the worker free of object collectives)
+    (out / f"{scenario}.rank{ctx.rank}.json").write_text(json.dumps(res, default=lambda x: None))
+    ctx.barrier()
+    if ctx.is_rank0:
+        merged: dict[str, Any] = {}
+        for r in range(ctx.world_size):
+            merged.update(json.loads((out / f"{scenario}.rank{r}.json").read_text()))
+        (out / f"{scenario}.json").write_text(json.dumps(merged, indent=1))
+    teardown(ctx)
+    assert not any(isinstance(v, float) and math.isnan(v) for v in res.values())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Collation of rollout groups into the learner's padded layout, and the msgpack round trip of groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from async_rl.learner.batching import (
+    Response,
+    RolloutGroup,
+    collate_groups,
+    decode_groups,
+    encode_groups,
+    to_rollout_groups,
+)
+
+
+def two_groups() -> list[RolloutGroup]:
+    return [
+        RolloutGroup(
+            group_id="a",
+            prompt_ids=[5, 6, 7],
+            responses=[
+                Response(token_ids=[8, 9], logprobs=[-1.0, -2.0], reward=1.0, version=3),
+                Response(token_ids=[10], logprobs=[-0.5], reward=0.0, version=4),
+            ],
+        ),
+        RolloutGroup(
+            group_id="b",
+            prompt_ids=[11],
+            responses=[Response(token_ids=[12, 13, 14], logprobs=[-1.0, -1.0, -1.0], reward=0.5, version=5)],
+        ),
+    ]
+
+
+def test_collate_layout_by_hand() -> None:
+    batch = collate_groups(two_groups(), pad_token_id=0)
+    # P = longest prompt = 3 (left-padded), T = longest response = 3 (right-padded)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0], [5, 6, 7, 10, 0, 0], [0, 0, 11, 12, 13, 14]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
+    # positions count real tokens from 0 (cumsum - 1, clamped at 0 on the left padding)
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4], [0, 1, 2, 3, 3, 3], [0, 0, 0, 1, 2, 3]]
+    assert batch["responses"].tolist() == [[8, 9, 0], [10, 0, 0], [12, 13, 14]]
+    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
+    assert batch["rollout_log_probs"].tolist() == [[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0], [-1.0, -1.0, -1.0]]
+    # the reward sits on the last valid response token
+    assert batch["token_level_scores"].tolist() == [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.5]]
+    assert batch["index"].tolist() == [0, 0, 1]
+    assert batch["versions"].tolist() == [3, 4, 5]
+    assert batch["prompt_lengths"].tolist() == [3, 3, 1]
+    assert batch["response_lengths"].tolist() == [2, 1, 3]
+    assert batch.prompt_width == 3 and len(batch) == 3
+
+
+def test_collate_fixed_widths_and_select() -> None:
+    batch = collate_groups(two_groups(), max_prompt_length=4, max_response_length=5)
+    assert batch["input_ids"].shape == (3, 9)
+    assert batch["responses"].shape == (3, 5)
+    sub = batch.select([2, 0])
+    assert sub["index"].tolist() == [1, 0]
+    assert sub["input_ids"][0].tolist() == [0, 0, 0, 11, 12, 13, 14, 0, 0]
+
+
+@pytest.mark.parametrize(
+    ("groups", "kwargs", "match"),
+    [
+        ([], {}, "groups"),
+        ([RolloutGroup("x", [], [Response([1], [0.0], 1.0)])], {}, "prompt_ids"),
+        ([RolloutGroup("x", [1], [])], {}, "no responses"),
+        ([RolloutGroup("x", [1], [Response([], [], 1.0)])], {}, "empty response"),
+        ([RolloutGroup("x", [1], [Response([1, 2], [0.0], 1.0)])], {}, "logprobs"),
+        ([RolloutGroup("x", [1, 2], [Response([1], [0.0], 1.0)])], {"max_prompt_length": 1}, "max_prompt_length"),
+        ([RolloutGroup("x", [1], [Response([1, 2], [0.0, 0.0], 1.0)])], {"max_response_length": 1}, "max_response"),
+    ],
+)
+def test_collate_rejects_bad_input(groups: list[RolloutGroup], kwargs: dict[str, int], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        collate_groups(groups, **kwargs)
+
+
+def test_msgpack_round_trip() -> None:
+    groups = two_groups()
+    data = encode_groups(groups)
+    assert isinstance(data, bytes)
+    assert decode_groups(data) == groups
+
+
+@dataclass
+class OtherResponse:
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+    version: int = 0
+
+
+@dataclass
+class OtherGroup:
+    group_id: int
+    prompt_ids: tuple[int, ...]
+    responses: list[OtherResponse] = field(default_factory=list)
+
+
+def test_duck_typed_groups_convert_and_collate_identically() -> None:
+    other = [OtherGroup(7, (1, 2), [OtherResponse((3, 4), (-0.1, -0.2), 0.25, 2)])]
+    converted = to_rollout_groups(other)
+    assert converted == [RolloutGroup(7, [1, 2], [Response([3, 4], [-0.1, -0.2], 0.25, 2)])]
+    a, b = collate_groups(other), collate_groups(converted)
+    for key in a.tensors:
+        assert torch.equal(a[key], b[key]), key

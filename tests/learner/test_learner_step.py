@@ -1,0 +1,128 @@
+"""The single-process learner step: micro-batch invariance, non-finite skips, model roles, metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _learner_testlib import scripted_groups, settings, tiny_critic, tiny_policy
+
+from async_rl.learner import CriticSettings, Learner, local_context
+
+
+def _grads_of_first_update(**overrides: object) -> dict[str, torch.Tensor]:
+    learner = Learner(settings(**overrides), local_context(), tiny_policy)
+    store: list[dict[str, torch.Tensor]] = []
+    learner.actor.grad_hook = lambda m: store.append(
+        {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
+    )
+    learner.train_step(scripted_groups(4, 4, seed=21))
+    return store[0]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_gradient_is_invariant_to_micro_batch_size(mode: str) -> None:
+    # one mini-batch of all 16 sequences; micro-batches of 16 (one big batch) vs 1 vs 5 (5+5+5+1), packed or not
+    common = {"ppo_mini_batch_size": 4, "loss_agg_mode": mode, "max_response_length": 12}
+    big = _grads_of_first_update(ppo_micro_batch_size_per_gpu=16, **common)
+    assert max(float(g.abs().max()) for g in big.values()) > 1e-2  # gradients are far from zero
+    for micro, packed in ((1, False), (5, True)):
+        small = _grads_of_first_update(ppo_micro_batch_size_per_gpu=micro, use_remove_padding=packed, **common)
+        assert small.keys() == big.keys()
+        for name in big:
+            torch.testing.assert_close(small[name], big[name], atol=1e-6, rtol=0, msg=f"{mode} {micro} {name}")
+
+
+def test_activation_checkpointing_leaves_gradients_unchanged() -> None:
+    common = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 8}
+    plain = _grads_of_first_update(**common)
+    ckpt = _grads_of_first_update(enable_gradient_checkpointing=True, **common)
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=0, msg=name)
+
+
+def _snapshot(learner: Learner) -> dict[str, torch.Tensor]:
+    state = {f"w.{k}": v.detach().clone() for k, v in learner.model.state_dict().items()}
+    for i, st in enumerate(learner.actor.optimizer.state.values()):
+        state.update({f"o{i}.{k}": v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)})
+    return state
+
+
+def _nan_reward_groups(seed: int) -> list:  # type: ignore[type-arg]
+    groups = scripted_groups(4, 4, seed=seed)
+    bad = groups[1].responses[0]
+    groups[1].responses[0] = type(bad)(bad.token_ids, bad.logprobs, float("nan"), bad.version)
+    return groups
+
+
+def test_nan_advantage_skips_the_update_bit_for_bit_and_the_limit_raises() -> None:
+    # one mini-batch per step (4 prompts x 4), so one optimizer update per step
+    learner = Learner(settings(ppo_mini_batch_size=4, max_consecutive_nonfinite=3), local_context(), tiny_policy)
+    learner.train_step(scripted_groups(4, 4, seed=1))  # a normal step: optimizer state exists
+    before = _snapshot(learner)
+    metrics = learner.train_step(_nan_reward_groups(2))  # a NaN reward makes its group's GRPO advantages NaN
+    assert metrics["learner/actor/skipped_updates"] == 1.0
+    assert metrics["learner/actor/skipped_total"] == 1.0
+    after = _snapshot(learner)
+    assert before.keys() == after.keys()
+    for key in before:
+        assert torch.equal(before[key], after[key]), key  # weights and Adam moments bit-for-bit unchanged
+    assert all(p.grad is None for p in learner.model.parameters())  # gradients zeroed
+    assert learner.version == 2  # the step still consumed its batch
+    learner.train_step(_nan_reward_groups(3))  # 2 in a row
+    # the 3rd non-finite update in a row raises, naming the limit
+    with pytest.raises(RuntimeError, match="3 consecutive optimizer steps skipped"):
+        learner.train_step(_nan_reward_groups(4))
+
+
+def test_loss_hook_nan_then_recovery_resets_the_consecutive_count() -> None:
+    learner = Learner(settings(max_consecutive_nonfinite=3), local_context(), tiny_policy)
+    learner.loss_hook = lambda loss: loss + float("nan")  # finite gradients, non-finite loss: still skipped
+    m = learner.train_step(scripted_groups(4, 4, seed=1))
+    assert m["learner/actor/skipped_updates"] == 2.0
+    learner.loss_hook = None
+    m = learner.train_step(scripted_groups(4, 4, seed=2))
+    assert m["learner/actor/skipped_updates"] == 0.0
+    assert learner.actor.guard.consecutive == 0 and learner.actor.guard.skipped_total == 2
+
+
+def test_models_are_built_only_for_their_roles() -> None:
+    plain = Learner(settings(), local_context(), tiny_policy)
+    assert plain.ref is None and plain.critic is None and plain.kl_ctrl is None
+    full = Learner(
+        settings(
+            adv_estimator="gae",
+            critic=CriticSettings(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+            use_kl_loss=True,
+        ),
+        local_context(),
+        tiny_policy,
+        critic=tiny_critic,
+    )
+    assert full.ref is not None and full.critic is not None
+    assert not any(p.requires_grad for p in full.ref.parameters())
+    metrics = full.train_step(scripted_groups(4, 4, seed=5))
+    assert all(k.startswith("learner/") for k in metrics)
+    assert all(math.isfinite(v) for v in metrics.values())
+    for key in ("learner/critic/loss", "learner/critic/vf_clipfrac", "learner/actor/kl_loss", "learner/actor/entropy"):
+        assert key in metrics
+    with pytest.raises(ValueError, match="critic"):
+        Learner(settings(adv_estimator="gae", critic=CriticSettings()), local_context(), tiny_policy)
+
+
+def test_step_metrics_and_version() -> None:
+    learner = Learner(settings(tis_cap=2.0), local_context(), tiny_policy)
+    groups = scripted_groups(4, 4, seed=8, version=0)
+    m0 = learner.train_step(groups)
+    m1 = learner.train_step(groups)  # same samples, now one version stale
+    assert (m0["learner/version"], m1["learner/version"]) == (1.0, 2.0)
+    assert (m0["learner/staleness/mean"], m1["learner/staleness/max"]) == (0.0, 1.0)
+    assert m0["learner/batch/size"] == 16.0
+    assert 0.0 < m0["learner/batch/padding_waste"] < 1.0
+    assert 0.0 < m0["learner/offpolicy/ess"] <= 1.0
+    for key in ("learner/actor/is_ess", "learner/actor/is_weight_max", "learner/perf/tokens_per_s"):
+        assert key in m0
+    assert m0["learner/actor/is_weight_max"] <= 2.0 + 1e-6  # truncated at tis_cap
+    packed = Learner(settings(use_remove_padding=True), local_context(), tiny_policy).train_step(groups)
+    assert packed["learner/batch/padding_waste"] < m0["learner/batch/padding_waste"]

@@ -1,0 +1,143 @@
+"""Tests for the end-of-run plot (valid PNG with full and sparse metrics) and the run summary numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import async_rl.runtime.plot as plot_mod
+from async_rl.runtime.plot import format_summary, plot_run, summarize_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def _full_record(step: int) -> dict[str, Any]:
+    return {
+        "step": step,
+        "time/wall_s": 2.5 * step,
+        "learner/batch/reward_mean": 1.0 - math.exp(-step / 30),
+        "reward/components/format": 0.5 + 0.1 * math.sin(step / 5),
+        "reward/components/correct": 0.3 + step / 400,
+        "learner/perf/tokens_per_s": 2000.0 + 50 * math.cos(step),
+        "actor/generated_tokens": 1500.0 * step,
+        "learner/staleness/mean": 0.5 + 0.3 * math.sin(step),
+        "learner/staleness/max": 2.0,
+        "learner/offpolicy/ess": 0.9 + 0.05 * math.cos(step / 3),
+        "sync/seconds": 0.4,
+        "transport/queue_depth": float(step % 7),
+        "transport/drops/stale": float(step // 10),
+        "learner/actor/pg_loss": None,  # a NaN written as null
+    }
+
+
+def test_plot_run_full_metrics_writes_png(tmp_path: Path) -> None:
+    src = _write(tmp_path / "metrics.jsonl", [_full_record(s) for s in range(1, 121)])
+    out = plot_run(src, tmp_path / "plots" / "run.png")
+    assert out == tmp_path / "plots" / "run.png"
+    assert _png_size(out) == (1400, 1200)  # figsize 14 x 12 inches at 100 dpi
+    assert out.stat().st_size > 10_000
+
+
+def test_plot_run_with_most_keys_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = [{"step": s, "learner/batch/reward_mean": s / 10} for s in range(1, 11)]
+    src = _write(tmp_path / "metrics.jsonl", records)
+    empty_panels: list[str] = []
+    real_no_data = plot_mod._no_data
+    monkeypatch.setattr(plot_mod, "_no_data", lambda ax, title: (empty_panels.append(title), real_no_data(ax, title)))
+    out = plot_run(src, tmp_path / "run.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+    # Only reward vs step has data; no time/wall_s, so the wall-clock panel is empty too.
+    assert sorted(empty_panels) == sorted(
+        ["reward vs wall-clock time", "throughput", "staleness and off-policy ESS", "weight sync", "rollout transport"]
+    )
+
+
+def test_plot_run_with_no_records(tmp_path: Path) -> None:
+    src = tmp_path / "metrics.jsonl"
+    src.write_text("")
+    out = plot_run(src, tmp_path / "run.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_summarize_run_hand_checked() -> None:
+    records = [{"step": 5, "learner/batch/reward_mean": 999.0}]  # superseded by the re-run of step 5 below
+    for i in range(1, 21):
+        records.append(
+            {
+                "step": i,
+                "time/wall_s": 3.0 * i,
+                "learner/batch/reward_mean": 0.5 * i,
+                "learner/perf/tokens_per_s": 100.0 if i % 2 else 200.0,
+                "actor/generated_tokens": 1000.0 * i,
+                "learner/staleness/mean": 1.0 if i <= 10 else 0.0,
+            }
+        )
+    s = summarize_run(records)
+    assert s["steps"] == 20 and s["last_step"] == 20
+    assert s["wall_time_s"] == 60.0  # 3 s * step 20
+    assert s["reward_key"] == "learner/batch/reward_mean"
+    assert s["reward_window"] == 2  # ceil(10% of 20)
+    assert s["reward_first_mean"] == pytest.approx(0.75)  # (0.5 + 1.0) / 2
+    assert s["reward_last_mean"] == pytest.approx(9.75)  # (9.5 + 10.0) / 2
+    assert s["reward_delta"] == pytest.approx(9.0)  # 9.75 - 0.75
+    assert s["learner_tokens_per_s_mean"] == pytest.approx(150.0)  # ten 100s and ten 200s
+    assert s["gen_tokens_per_s_mean"] == pytest.approx(1000.0 / 3.0)  # +1000 tokens every 3 s
+    assert s["staleness_mean"] == pytest.approx(0.5)  # ten 1.0s and ten 0.0s
+
+
+def test_summarize_run_small_and_missing() -> None:
+    # 5 rewards: window ceil(0.5) = 1 -> first 2.0, last 4.0 (nulls are ignored)
+    rows = [{"step": i, "reward/mean": r} for i, r in enumerate([2.0, None, 3.0, 5.0, 4.0, 3.5], start=1)]
+    s = summarize_run(rows)
+    assert (s["reward_window"], s["reward_first_mean"], s["reward_last_mean"]) == (1, 2.0, 3.5)
+    assert s["reward_delta"] == pytest.approx(1.5)  # 3.5 - 2.0
+    assert s["wall_time_s"] is None and s["gen_tokens_per_s_mean"] is None
+
+    empty = summarize_run([])
+    assert empty["steps"] == 0 and empty["reward_delta"] is None
+    text = format_summary(empty)
+    assert "n/a" in text and len(text.splitlines()) == 3
+
+
+def test_explicit_generation_rate_wins_over_derived() -> None:
+    rows = [
+        {"step": i, "time/wall_s": float(i), "actor/tokens_per_s": 50.0, "actor/generated_tokens": 10.0 * i}
+        for i in range(1, 4)
+    ]
+    assert summarize_run(rows)["gen_tokens_per_s_mean"] == 50.0
+
+
+def test_format_summary_shows_the_numbers() -> None:
+    summary = {
+        "steps": 20,
+        "last_step": 20,
+        "wall_time_s": 60.0,
+        "reward_window": 2,
+        "reward_first_mean": 0.75,
+        "reward_last_mean": 9.75,
+        "reward_delta": 9.0,
+        "gen_tokens_per_s_mean": None,
+        "learner_tokens_per_s_mean": 150.0,
+        "staleness_mean": 0.5,
+    }
+    text = format_summary(summary)
+    assert "0.7500 -> last 2 steps 9.7500 (delta +9.0000)" in text
+    assert "learner 150.0 tok/s" in text and "generation n/a" in text

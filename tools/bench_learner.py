@@ -1,0 +1,183 @@
+"""Benchmark the learner step: sequence packing vs padding, and FSDP2 over 2 ranks vs 1 rank on the same work.
+
+Usage: ``python tools/bench_learner.py [--groups 16] [--n 4] [--steps 3] [--hidden 256] [--layers 4]``
+
+Part 1 (one process) trains the same batch of rollout groups, whose response lengths have a long tail like real
+rollouts, with padded micro-batches and with packed ones, and prints update tokens/s, padding waste and the ratio.
+Part 2 launches ``torchrun`` with 1 and then 2 ranks (gloo on CPU, NCCL when GPUs are present; one thread per rank)
+on the same global batch and prints step time and tokens/s of each and the speed-up. The tiny Qwen2 is built in code;
+nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from async_rl.learner import (  # noqa: E402
+    Learner,
+    LearnerSettings,
+    OptimSettings,
+    init_distributed,
+    local_context,
+    teardown,
+)
+from async_rl.learner.batching import Response, RolloutGroup  # noqa: E402
+
+
+def build_model(hidden: int, layers: int, vocab: int) -> nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=2048,
+    )
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[RolloutGroup]:
+    """Prompts of 16..96 tokens; responses mostly short with a long tail (exponential, capped at 512)."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(num_groups):
+        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(16, 96))]
+        responses = []
+        for _ in range(n):
+            length = min(512, 8 + int(rng.expovariate(1 / 80)))
+            tokens = [rng.randrange(1, vocab) for _ in range(length)]
+            responses.append(Response(tokens, [-3.0] * length, float(rng.random()), 0))
+        groups.append(RolloutGroup(g, prompt, responses))
+    return groups
+
+
+def make_settings(args: argparse.Namespace, packed: bool) -> LearnerSettings:
+    return LearnerSettings(
+        ppo_mini_batch_size=args.groups // 2,
+        ppo_micro_batch_size_per_gpu=args.micro,
+        log_prob_micro_batch_size_per_gpu=args.micro,
+        rollout_n=args.n,
+        use_remove_padding=packed,
+        optim=OptimSettings(lr=1e-5),
+    )
+
+
+def timed_step(learner: Learner, groups: list[RolloutGroup]) -> dict[str, float]:
+    t0 = time.perf_counter()
+    metrics = learner.train_step(groups)
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
+    return {
+        "step_s": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "padding_waste": metrics["learner/batch/padding_waste"],
+        "imbalance": metrics["learner/batch/token_imbalance"],
+    }
+
+
+def best(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The fastest run: the machine is shared, so the minimum is the least disturbed measurement."""
+    return min(runs, key=lambda r: r["step_s"])
+
+
+def bench_packing(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)  # like the FSDP workers; extra threads only add noise on a shared machine
+    groups = make_groups(args.groups, args.n, args.vocab)
+    learners = {
+        packed: Learner(
+            make_settings(args, packed), local_context(), lambda: build_model(args.hidden, args.layers, args.vocab)
+        )
+        for packed in (False, True)
+    }
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    for learner in learners.values():
+        timed_step(learner, groups)  # warm-up
+    for _ in range(args.steps):  # interleaved, so both modes see the same background load
+        for packed, learner in learners.items():
+            runs[packed].append(timed_step(learner, groups))
+    pad, pack = best(runs[False]), best(runs[True])
+    print(f"== packing vs padding (1 process, 1 thread, same batch, best of {args.steps}) ==")
+    for name, r in (("padded", pad), ("packed", pack)):
+        print(f"{name:7s} step {r['step_s']:.3f}s  tokens/s {r['tokens_per_s']:.0f}  waste {r['padding_waste']:.3f}")
+    print(f"packed/padded tokens/s ratio: {pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x")
+
+
+def worker(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    ctx = init_distributed()
+    groups = make_groups(args.groups, args.n, args.vocab)
+    learner = Learner(make_settings(args, True), ctx, lambda: build_model(args.hidden, args.layers, args.vocab))
+    timed_step(learner, groups)  # warm-up
+    result = best([timed_step(learner, groups) for _ in range(args.steps)])
+    if ctx.is_rank0:
+        Path(args.out).write_text(json.dumps(result))
+    teardown(ctx)
+
+
+def bench_fsdp(args: argparse.Namespace) -> None:
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        print("== FSDP 2 ranks vs 1: skipped (needs 2 GPUs) ==")
+        return
+    results: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in (1, 2):
+            out = Path(tmp) / f"r{ranks}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+            cmd += [__file__]
+            # worker options travel in the environment: torchrun's own parser would claim options like --n
+            params = {k: getattr(args, k) for k in ("groups", "n", "steps", "hidden", "layers", "vocab", "micro")}
+            params["out"] = str(out)
+            env = dict(
+                os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", BENCH_LEARNER_WORKER=json.dumps(params)
+            )
+            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            results[ranks] = json.loads(out.read_text())
+    print(f"== FSDP2: 2 ranks vs 1 rank (same global batch, packed, 1 thread per rank, best of {args.steps}) ==")
+    for ranks, r in results.items():
+        line = f"{ranks} rank(s): step {r['step_s']:.3f}s  tokens/s {r['tokens_per_s']:.0f}"
+        print(f"{line}  imbalance {r['imbalance']:.3f}")
+    print(f"2-rank/1-rank tokens/s ratio: {results[2]['tokens_per_s'] / results[1]['tokens_per_s']:.2f}x (ideal 2.00x)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (the best one counts)")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--micro", type=int, default=4)
+    p.add_argument("--skip-fsdp", action="store_true")
+    args = p.parse_args()
+    worker_params = os.environ.get("BENCH_LEARNER_WORKER")
+    if worker_params:
+        worker(argparse.Namespace(**json.loads(worker_params)))
+        return
+    if args.groups % 2 or args.groups < 2:
+        raise ValueError(f"--groups must be an even number >= 2, got {args.groups}")
+    bench_packing(args)
+    if not args.skip_fsdp:
+        bench_fsdp(args)
+
+
+if __name__ == "__main__":
+    main()

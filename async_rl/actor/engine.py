@@ -232,8 +232,8 @@ class GenerationEngine:
         """
         if mode not in ("inflight", "drain"):
             raise ValueError(f"update mode must be 'inflight' or 'drain', got {mode!r}")
-        if new_version <= self.version:
-            raise ValueError(f"new_version {new_version} is not newer than the loaded version {self.version}")
+        if new_version < self.version:
+            raise ValueError(f"new_version {new_version} is older than the loaded version {self.version}")
         engine = self.vllm
         started = time.monotonic()
         await engine.pause_generation(mode="keep" if mode == "inflight" else "wait", clear_cache=False)

@@ -89,6 +89,7 @@ class ActorLoop:
         self._tasks: set[asyncio.Task[None]] = set()
         self._finished: asyncio.Queue[RolloutGroup] = asyncio.Queue()
         self._epoch: int | None = None
+        self._failed_epoch: int | None = None  # a group that broke under us is never rejoined; wait for a new epoch
         self._weights_valid = True
         self._stop = False
         self._score_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
@@ -97,8 +98,12 @@ class ActorLoop:
     async def _maybe_update_weights(self) -> None:
         plan = getattr(self.client, "weight_sync", None) or {}
         version = int(plan.get("version", -1))
+        epoch = plan.get("epoch")
         ranks = plan.get("ranks") or {}
-        if self.weight_sync is None or version <= self.engine.version or self.actor_id not in ranks:
+        if self.weight_sync is None or self.actor_id not in ranks or epoch == self._failed_epoch:
+            return
+        # A newer version, or the same version re-sent to a re-formed group (a member joined or left): receive it.
+        if version < self.engine.version or (version == self.engine.version and epoch == self._epoch):
             return
         assert self.weight_sync is not None
         sync = self.weight_sync
@@ -129,6 +134,7 @@ class ActorLoop:
         except Exception as exc:  # a broken transfer must not kill the actor: wait for the next (re-formed) update
             self.stats.update_failures += 1
             self._epoch = None
+            self._failed_epoch = epoch
             logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
             if self._weights_valid:
                 self._weights_valid = False

@@ -6,7 +6,7 @@
         --coordinator tcp://127.0.0.1:5555 --actor-id actor-0 [dotted.key=value ...]
 
 The coordinator address is rank 0's ``async_training.transport.host:port``; a non-loopback address needs the CURVE
-key settings (``async_training.transport.curve_*``). ``--dry-run`` validates the config and the reward function.
+key settings (``async_training.transport.curve_*``). ``--dry-run`` validates the config and the wiring.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actor-id", default=None, help="unique actor name (default: HOSTNAME-PID)")
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     cfg, flags = parse_cli(rest)
-    if flags.print_config and not flags.dry_run:
+    if flags.dry_run:
+        from async_rl.runtime.dry_run import dry_run_report
+
+        print(json.dumps(dry_run_report(cfg), indent=2))
+        return 0
+    if flags.print_config:
         return 0
     t = cfg.async_training.transport
     coordinator = known.coordinator or f"tcp://{t.host}:{t.port}"
@@ -38,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     actor_id = known.actor_id or f"{socket.gethostname()}-{os.getpid()}"
     from async_rl.runtime.actor_main import run_actor
 
-    result = run_actor(cfg, coordinator=coordinator, actor_id=actor_id, dry_run=flags.dry_run)
+    result = run_actor(cfg, coordinator=coordinator, actor_id=actor_id)
     print(json.dumps(result, default=str))
     return 0
 

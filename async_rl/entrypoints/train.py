@@ -9,7 +9,7 @@ Multi-node (every learner node)::
     torchrun --nnodes 2 --node_rank $RANK --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint $HOST:29400 \\
         -m async_rl.entrypoints.train --config configs/qwen2.5-0.5b_gsm8k_grpo.yaml trainer.nnodes=2
 
-``--dry-run`` validates the config and the wiring (model path, tokenizer, prompt data, coordinator bind) and exits.
+``--dry-run`` validates the config and the wiring built from it (no model load, no generation) and prints it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,16 @@ from async_rl.config import parse_cli
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, flags = parse_cli(argv)
-    if flags.print_config and not flags.dry_run:
+    if flags.dry_run:
+        from async_rl.runtime.dry_run import dry_run_report
+
+        print(json.dumps(dry_run_report(cfg), indent=2))
+        return 0
+    if flags.print_config:
         return 0
     from async_rl.runtime.learner_main import run_learner
 
-    summary = run_learner(cfg, dry_run=flags.dry_run)
+    summary = run_learner(cfg)
     if summary:
         print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=str))
     return 0

@@ -76,17 +76,12 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
         await engine.shutdown()
 
 
-def run_actor(cfg: Config, *, coordinator: str, actor_id: str, dry_run: bool = False) -> dict[str, Any]:
+def run_actor(cfg: Config, *, coordinator: str, actor_id: str) -> dict[str, Any]:
     """Run one actor until the coordinator says shutdown. Needs ``if __name__ == "__main__":`` (vLLM spawns)."""
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not _has_cuda():
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache on CPU; the default reserves far more
     workdir = resources.run_dir(cfg)
     workdir.mkdir(parents=True, exist_ok=True)
-    if dry_run:
-        scorer = reward_worker(cfg)
-        scorer.close()
-        settings = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
-        return {"dry_run": True, "coordinator": coordinator, "actor_id": actor_id, "model": settings.model_path}
     return asyncio.run(_run(cfg, coordinator, actor_id, workdir))
 
 

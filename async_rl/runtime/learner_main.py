@@ -16,6 +16,7 @@ One training step, in order (rank 0 drives, the other ranks follow through colle
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections import Counter
@@ -47,6 +48,42 @@ def _learner_groups(groups: list[Any], coordinator: Any) -> list[Any]:
         ]
         out.append(RolloutGroup(group_id=int(g.prompt_id), prompt_ids=[int(t) for t in prompt], responses=responses))
     return out
+
+
+_WAIT, _GROUPS, _REPUBLISH, _GIVE_UP = b"W", b"G", b"R", b"X"
+
+
+def _wait_for_groups(
+    ctx: Any, coordinator: Any, publisher: Any, learner: Any, num_groups: int, timeout_s: float, poll_s: float = 2.0
+) -> list[Any]:
+    """Rank 0 waits for ``num_groups`` groups; every rank follows its decisions, broadcast every ``poll_s``.
+
+    While waiting, rank 0 re-publishes the current weights when an actor joined (or the last transfer broke), so a
+    new or restarted actor can start work the staleness bound allows; the other ranks join that publish (the weight
+    gather is collective). Returns the groups on rank 0 and ``[]`` elsewhere; raises TimeoutError on every rank.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        raw: list[Any] = []
+        decision = None
+        if ctx.rank == 0:
+            try:
+                raw = coordinator.get_groups(num_groups, timeout_s=max(0.0, min(poll_s, deadline - time.monotonic())))
+                decision = _GROUPS
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    decision = _GIVE_UP
+                elif publisher.needs_refresh():
+                    decision = _REPUBLISH
+                else:
+                    decision = _WAIT
+        decision = ctx.broadcast_bytes(decision)
+        if decision == _GROUPS:
+            return raw
+        if decision == _GIVE_UP:
+            raise TimeoutError(f"no {num_groups} rollout groups within {timeout_s:.0f} s: are the actors running?")
+        if decision == _REPUBLISH:
+            publisher.publish(learner.version, learner.iter_weights)
 
 
 def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
@@ -88,13 +125,13 @@ def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
     return out
 
 
-def run_learner(cfg: Config, *, dry_run: bool = False) -> dict[str, Any]:
+def run_learner(cfg: Config) -> dict[str, Any]:
     """Train until ``trainer.total_training_steps``; returns a summary on rank 0 (empty dict elsewhere)."""
     from async_rl.learner.dist import init_distributed, teardown
 
     ctx = init_distributed(backend="auto")
     try:
-        result = _train(cfg, ctx, dry_run)
+        result = _train(cfg, ctx)
     except BaseException:
         logger.exception("learner rank %d failed", ctx.rank)
         teardown(ctx, failed=True)
@@ -103,9 +140,10 @@ def run_learner(cfg: Config, *, dry_run: bool = False) -> dict[str, Any]:
     return result
 
 
-def _train(cfg: Config, ctx: Any, dry_run: bool) -> dict[str, Any]:
+def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from async_rl.learner.export import export_hf
     from async_rl.learner.settings import LearnerSettings
     from async_rl.learner.step import Learner, share_groups
     from async_rl.transport import Coordinator
@@ -139,11 +177,6 @@ def _train(cfg: Config, ctx: Any, dry_run: bool) -> dict[str, Any]:
             autostart=False,
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
-    if dry_run:
-        if coordinator is not None:
-            coordinator.close(notify_actors=False)
-        return {"dry_run": True, "policy_path": policy_path}
-
     learner = Learner(settings, ctx, policy_path)
     ws = cfg.async_training.weight_sync
     publisher = WeightPublisher(
@@ -168,11 +201,11 @@ def _train(cfg: Config, ctx: Any, dry_run: bool) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for step in range(start_step, total_steps):
         step_started = time.monotonic()
-        groups = None
-        raw: list[Any] = []
-        if coordinator is not None:
-            raw = coordinator.get_groups(cfg.data.train_batch_size, timeout_s=cfg.async_training.timeouts.step_s)
-            groups = _learner_groups(raw, coordinator)
+        t = cfg.async_training.timeouts
+        # The first step also waits for the actors to start (engine start-up, model load).
+        timeout_s = t.step_s + (t.actor_start_s if step == start_step else 0.0)
+        raw = _wait_for_groups(ctx, coordinator, publisher, learner, cfg.data.train_batch_size, timeout_s)
+        groups = _learner_groups(raw, coordinator) if coordinator is not None else None
         wait_s = time.monotonic() - step_started
         shared = share_groups(ctx, groups)
         if not shared:
@@ -183,6 +216,7 @@ def _train(cfg: Config, ctx: Any, dry_run: bool) -> dict[str, Any]:
         if coordinator is not None:
             metrics.update(rollout_metrics(raw, version - 1))
             coordinator.mark_trained([g.prompt_id for g in raw])
+            _audit(out_dir, step + 1, raw)
         if version % sync_every == 0:
             metrics.update(publisher.publish(version, learner.iter_weights))
         elif coordinator is not None:
@@ -202,7 +236,26 @@ def _train(cfg: Config, ctx: Any, dry_run: bool) -> dict[str, Any]:
     publisher.close()
     if sink is not None:
         sink.close()
-    return {"steps": learner.version, "last": summary, "run_dir": str(out_dir)} if ctx.rank == 0 else {}
+    final_dir = out_dir / "final_hf"
+    export_hf(learner.model, ctx, final_dir)  # collective; rank 0 writes
+    if ctx.rank == 0:
+        tokenizer.save_pretrained(final_dir)
+        return {"steps": learner.version, "last": summary, "run_dir": str(out_dir), "final_model": str(final_dir)}
+    return {}
+
+
+def _audit(out_dir: Path, step: int, groups: list[Any]) -> None:
+    """Append the prompt ids trained at ``step`` (and the version each group started under) to an audit log.
+
+    ``trained_groups.jsonl`` lets anyone check exactly-once training across actor deaths and resumes.
+    """
+    record = {
+        "step": step,
+        "prompt_ids": [int(g.prompt_id) for g in groups],
+        "start_versions": [int(min(c.version_min for c in g.completions)) for g in groups],
+    }
+    with open(out_dir / "trained_groups.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _maybe_resume(cfg: Config, learner: Any, coordinator: Any, ckpt_dir: Path) -> int:

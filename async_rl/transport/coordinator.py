@@ -145,7 +145,7 @@ class Coordinator:
         """The learner finished a step and its weights are ``version``; stale buffered groups are dropped/re-granted.
 
         ``weight_sync`` (the publisher's plan for this version) rides on the VersionUpdate sent to every live actor
-        and on later Welcomes.
+        and on later Welcomes; passing it with the current version re-announces the plan (new actors, new epoch).
         """
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"version must be an int, got {version!r}")
@@ -154,7 +154,7 @@ class Coordinator:
         with self._cv:
             if version < self._version:
                 raise ValueError(f"version must not decrease: {version} < current {self._version}")
-            if version == self._version:
+            if version == self._version and weight_sync is None:
                 return
             if weight_sync is not None:
                 self._weight_sync = dict(weight_sync)

@@ -140,6 +140,18 @@ class WeightPublisher:
         self.last = metrics
         return metrics
 
+    def needs_refresh(self) -> bool:
+        """Rank 0: should the current version be re-published now (an actor joined, or the last transfer broke)?
+
+        The learner asks this while it waits for rollouts: a new or restarted actor holds only the initial weights
+        and cannot start work the staleness bound forbids until it receives the current ones.
+        """
+        if self.coordinator is None or self.ctx.rank != 0:
+            return False
+        live = self.coordinator.live_actor_ids()
+        broken = self.group is not None and self.group.broken
+        return any(actor not in self.members for actor in live) or (broken and bool(live))
+
     def _close_group(self) -> None:
         if self.group is not None:
             self.group.close()

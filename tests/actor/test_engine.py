@@ -95,7 +95,7 @@ def test_inflight_update_keeps_running_requests_and_records_span(engine, loop):
     for c in comps:
         assert len(c.token_ids) == len(c.logprobs) and np.all(np.isfinite(c.logprobs))
 
-    with pytest.raises(ValueError, match="not newer"):
-        loop.run_until_complete(eng.update_weights(1, fake_load, mode="inflight"))
+    with pytest.raises(ValueError, match="older than"):
+        loop.run_until_complete(eng.update_weights(0, fake_load, mode="inflight"))
     with pytest.raises(ValueError, match="update mode"):
         loop.run_until_complete(eng.update_weights(2, fake_load, mode="later"))  # type: ignore[arg-type]

@@ -1,0 +1,501 @@
+"""Run a whole async_rl job on this machine: the torchrun learner group plus N vLLM actor processes.
+
+    python launchers/local.py --config configs/demo_grpo.yaml [--nproc-per-node 2] [--actors 1] [key=value ...]
+
+A run is several process trees that only make sense together, so this is a small supervisor rather than
+``cmd1 & cmd2 &``:
+
+* every part (the learner group, each actor) runs in its own session / process group, so one signal reaches torchrun
+  *and* its worker ranks, or an actor *and* vLLM's helper processes;
+* every part logs to its own file (``<run dir>/logs/{learner,actor-i}.log``); the learner is also echoed here;
+* if any part fails, every other part is stopped (SIGTERM to its process group, SIGKILL after ``--grace-s``) and the
+  launcher exits non-zero naming the part, its exit code and its log;
+* Ctrl-C / SIGTERM are forwarded to every part (a second one kills at once);
+* when the learner exits 0 (it has told the actors to shut down) the actors get ``--actor-exit-s`` to leave by
+  themselves, then are stopped.
+
+Free ports for the coordinator and the weight-sync store are picked here and passed to every process as overrides
+(unless the config or command line already fixes them). Stdlib only, plus the package's config loader when importable,
+which validates the config and supplies num_actors / n_gpus_per_node / device / tensor-parallel size. On a CUDA
+machine the learner gets the first ``nproc`` GPUs and each actor the next ``tensor_model_parallel_size`` ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PORT_KEY = "async_training.transport.port"
+WS_PORT_KEY = "async_training.weight_sync.master_port"
+NUM_ACTORS_KEY = "async_training.num_actors"
+_WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]", "")
+
+logger = logging.getLogger(__name__)
+
+
+class LaunchError(RuntimeError):
+    """A part could not be started."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One supervised process tree: its command, its log file and extra environment variables."""
+
+    name: str
+    argv: tuple[str, ...]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    echo: bool = False  # also copy its output to the terminal
+
+    def describe(self) -> str:
+        """The command as a shell line (environment assignments first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the config tells the launcher (defaults when the package's config loader is not importable)."""
+
+    num_actors: int = 1
+    nproc_per_node: int = 1
+    device: str = "cpu"
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0
+    ws_port: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Building the commands
+
+
+def _override_value(overrides: Sequence[str], key: str) -> str | None:
+    """The last ``key=value`` given for ``key`` (Hydra's ``+``/``++`` prefixes accepted), or None."""
+    found = None
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if sep and name.lstrip("+") == key:
+            found = value
+    return found
+
+
+def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobSettings:
+    """Load and validate the config with the package's loader; fall back to defaults plus overrides without it."""
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from async_rl.config.errors import ConfigError
+        from async_rl.config.loader import load_config_with_warnings
+    except ImportError as exc:
+        logger.warning("async_rl's config loader is not importable (%s); the config is not validated here", exc)
+        for path in config_paths:
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"--config {path!r}: no such file") from None
+        ints = {key: _override_value(overrides, key) for key in (NUM_ACTORS_KEY, PORT_KEY, WS_PORT_KEY)}
+        try:
+            return JobSettings(
+                num_actors=int(ints[NUM_ACTORS_KEY] or 1),
+                port=int(ints[PORT_KEY] or 0),
+                ws_port=int(ints[WS_PORT_KEY] or 0),
+            )
+        except ValueError as bad:
+            raise ValueError(f"override must be an integer: {bad}") from None
+    try:
+        cfg, _warnings = load_config_with_warnings(list(config_paths), list(overrides))
+    except ConfigError as exc:
+        raise ValueError(f"config error: {exc}") from None
+    at = cfg.async_training
+    return JobSettings(
+        num_actors=at.num_actors,
+        nproc_per_node=cfg.trainer.n_gpus_per_node,
+        device=cfg.trainer.device,
+        tp_size=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size,
+        host=at.transport.host,
+        port=at.transport.port,
+        ws_port=at.weight_sync.master_port,
+    )
+
+
+def pick_free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on this machine right now (all held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids usable here: CUDA_VISIBLE_DEVICES when set, else what ``nvidia-smi -L`` lists, else none."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(ln for ln in out.splitlines() if ln.startswith("GPU "))]
+
+
+def torchrun_command() -> list[str]:
+    """torchrun next to this interpreter, else on PATH, else ``python -m torch.distributed.run``."""
+    beside = Path(sys.executable).parent / "torchrun"
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which("torchrun")
+    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _gpu_envs(settings: JobSettings, nproc: int, actors: int, gpus: list[str]) -> list[dict[str, str]]:
+    """CUDA_VISIBLE_DEVICES for the learner then each actor (empty dicts when not pinning)."""
+    if settings.device != "cuda" or not gpus:
+        return [{} for _ in range(actors + 1)]
+    need = nproc + actors * settings.tp_size
+    if need > len(gpus):
+        logger.warning(
+            "%d learner ranks + %d actors x %d GPUs need %d GPUs but %d are visible; not pinning GPUs (they share)",
+            nproc,
+            actors,
+            settings.tp_size,
+            need,
+            len(gpus),
+        )
+        return [{} for _ in range(actors + 1)]
+    envs = [{"CUDA_VISIBLE_DEVICES": ",".join(gpus[:nproc])}]
+    for i in range(actors):
+        start = nproc + i * settings.tp_size
+        envs.append({"CUDA_VISIBLE_DEVICES": ",".join(gpus[start : start + settings.tp_size])})
+    return envs
+
+
+def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]) -> list[Part]:
+    """The learner part and one part per actor, with ports picked and every override passed through."""
+    nproc = args.nproc_per_node or settings.nproc_per_node
+    actors = args.actors or settings.num_actors
+    fresh = iter(pick_free_ports(2))
+    port = settings.port or next(fresh)
+    ws_port = settings.ws_port or next(fresh)
+    connect = "127.0.0.1" if settings.host in _WILDCARD_HOSTS else settings.host
+    configs = [a for path in args.config for a in ("--config", path)]
+    wiring = [
+        f"{PORT_KEY}={port}",
+        f"{WS_PORT_KEY}={ws_port}",
+        f"{NUM_ACTORS_KEY}={actors}",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={nproc}",
+    ]
+    log_dir = Path(args.log_dir) if args.log_dir else Path(args.run_dir) / "logs"
+    envs = _gpu_envs(settings, nproc, actors, gpus)
+    if args.learner_cmd:
+        learner = shlex.split(args.learner_cmd)
+    else:
+        learner = [*torchrun_command(), "--standalone", "--nproc_per_node", str(nproc)]
+        learner += ["-m", "async_rl.entrypoints.train", *configs, *args.overrides, *wiring]
+    parts = [Part("learner", tuple(learner), log_dir / "learner.log", envs[0], echo=True)]
+    for i in range(actors):
+        name = f"actor-{i}"
+        if args.actor_cmd:
+            argv = shlex.split(args.actor_cmd.replace("{i}", str(i)))
+        else:
+            argv = [sys.executable, "-m", "async_rl.entrypoints.actor", *configs]
+            argv += ["--coordinator", f"tcp://{connect}:{port}", "--actor-id", name, *args.overrides, *wiring]
+        parts.append(Part(name, tuple(argv), log_dir / f"{name}.log", envs[i + 1]))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Supervising them
+
+
+def live_groups(pgids: Sequence[int]) -> set[int]:
+    """Those of ``pgids`` that still have a member that is not a zombie (zombies cannot be signalled away).
+
+    One pass over /proc; without /proc (not Linux), a group counts as live while signal 0 reaches it.
+    """
+    wanted, found = set(pgids), set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        for pgid in wanted:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            found.add(pgid)
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) in wanted:
+            found.add(int(fields[2]))
+    return found
+
+
+@dataclass
+class _Running:
+    part: Part
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    pump: threading.Thread | None = None
+    seen_exit: bool = False
+
+
+class _Signals:
+    """SIGINT/SIGTERM handlers that only record the signal; the supervisor loop acts on it."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _pump(proc: subprocess.Popen[bytes], log: IO[bytes], sink: IO[bytes]) -> None:
+    stream = proc.stdout
+    assert isinstance(stream, io.BufferedReader)
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        log.write(chunk)
+        log.flush()
+        try:
+            sink.write(chunk)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # terminal gone: keep logging
+
+
+def _start(part: Part, sink: IO[bytes]) -> _Running:
+    part.log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = part.log_path.open("wb")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **part.env}
+    try:
+        proc = subprocess.Popen(
+            part.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if part.echo else log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        log.close()
+        raise LaunchError(f"could not start {part.name} ({shlex.join(part.argv)}): {exc}") from exc
+    running = _Running(part, proc, log)
+    if part.echo:
+        running.pump = threading.Thread(target=_pump, args=(proc, log, sink), name=f"pump-{part.name}", daemon=True)
+        running.pump.start()
+    logger.info("started %s (pid %d); log: %s", part.name, proc.pid, part.log_path)
+    return running
+
+
+def _signal_group(r: _Running, sig: int) -> None:
+    """Signal the part's whole process group; also the leader itself, should it have left its group."""
+    try:
+        os.killpg(r.proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if r.proc.poll() is None:
+        try:
+            r.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+
+def _stop_all(running: list[_Running], sig: int, grace_s: float, signals: _Signals) -> None:
+    """Send ``sig`` to every part's process group, wait up to ``grace_s``, then SIGKILL whatever is left."""
+    already = len(signals.received)
+    for r in running:
+        _signal_group(r, sig)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and len(signals.received) == already:
+        for r in running:
+            r.proc.poll()
+        if not live_groups([r.proc.pid for r in running]):
+            break
+        time.sleep(0.05)
+    live = live_groups([r.proc.pid for r in running])
+    for r in running:
+        if r.proc.poll() is None or r.proc.pid in live:
+            logger.warning("%s did not stop within %.1f s; killing it", r.part.name, grace_s)
+            _signal_group(r, signal.SIGKILL)
+    for r in running:
+        try:
+            r.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.error("%s (pid %d) survived SIGKILL", r.part.name, r.proc.pid)
+
+
+def exit_status(code: int) -> int:
+    """A process return code as a shell exit status (killed by signal N -> 128 + N)."""
+    return 128 - code if code < 0 else code
+
+
+def _supervise(
+    running: list[_Running], primary: _Running, grace_s: float, actor_exit_s: float, signals: _Signals
+) -> int:
+    while True:
+        if signals.received:
+            sig = signals.received[0]
+            logger.warning("received %s; stopping every part", signal.Signals(sig).name)
+            _stop_all(running, sig, grace_s, signals)
+            return 128 + sig
+        for r in running:
+            code = r.proc.poll()
+            if code is None or r.seen_exit:
+                continue
+            r.seen_exit = True
+            if code != 0:
+                logger.error(
+                    "%s failed with exit code %d; log: %s; stopping every other part",
+                    r.part.name,
+                    code,
+                    r.part.log_path,
+                )
+                _stop_all(running, signal.SIGTERM, grace_s, signals)
+                return exit_status(code) or 1
+            logger.info("%s exited 0", r.part.name)
+        if primary.seen_exit:
+            logger.info("%s finished; giving the others %.1f s to exit", primary.part.name, actor_exit_s)
+            deadline = time.monotonic() + actor_exit_s
+            while time.monotonic() < deadline and not signals.received:
+                if all(r.proc.poll() is not None for r in running):
+                    break
+                time.sleep(0.05)
+            for r in running:
+                code = r.proc.poll()
+                if code not in (None, 0):
+                    logger.warning("%s exited with code %d after %s finished", r.part.name, code, primary.part.name)
+            _stop_all(running, signal.SIGTERM, grace_s, signals)
+            return 0
+        time.sleep(0.05)
+
+
+def run_parts(
+    parts: Sequence[Part], *, grace_s: float = 15.0, actor_exit_s: float = 10.0, sink: IO[bytes] | None = None
+) -> int:
+    """Start every part, supervise them, and return the launcher's exit status (0 when the first part succeeds).
+
+    The first part is the primary (the learner): its exit 0 ends the run. Any part's non-zero exit stops all and
+    returns that exit status; a SIGINT/SIGTERM to this process is forwarded and returns 128 + signal.
+    """
+    if not parts:
+        raise ValueError("parts must name at least one process")
+    names = [p.name for p in parts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"part names must be unique, got {names}")
+    if grace_s < 0 or actor_exit_s < 0:
+        raise ValueError(f"grace_s ({grace_s}) and actor_exit_s ({actor_exit_s}) must be >= 0")
+    out = sink if sink is not None else sys.stdout.buffer
+    signals = _Signals()
+    running: list[_Running] = []
+    try:
+        for part in parts:
+            if signals.received:
+                break
+            running.append(_start(part, out))
+        return _supervise(running, running[0], grace_s, actor_exit_s, signals)
+    except LaunchError as exc:
+        logger.error("%s; stopping every part", exc)
+        _stop_all(running, signal.SIGTERM, grace_s, signals)
+        return 1
+    finally:
+        _stop_all([r for r in running if r.proc.poll() is None], signal.SIGKILL, 0.0, signals)
+        for r in running:
+            if r.pump is not None:
+                r.pump.join(timeout=5)
+            r.log.close()
+        signals.restore()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    p = argparse.ArgumentParser(
+        prog="python launchers/local.py",
+        description="Start the learner group (torchrun) and the vLLM actors on this machine and supervise them.",
+        epilog="Every dotted.key=value override goes to the learner and to every actor.",
+    )
+    p.add_argument("--config", action="append", default=[], metavar="FILE", help="config file (repeatable, merged)")
+    p.add_argument("--nproc-per-node", type=int, default=None, help="learner ranks [trainer.n_gpus_per_node]")
+    p.add_argument("--actors", type=int, default=None, help="actor processes [async_training.num_actors]")
+    p.add_argument("--run-dir", default=f"runs/local-{stamp}", help="run directory for logs [runs/local-<time>]")
+    p.add_argument("--log-dir", default=None, help="log directory [<run dir>/logs]")
+    p.add_argument("--grace-s", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL [15]")
+    p.add_argument("--actor-exit-s", type=float, default=10.0, help="seconds actors get after the learner is done")
+    p.add_argument("--dry-run", action="store_true", help="print the commands it would run and exit")
+    p.add_argument("--learner-cmd", default=None, help=argparse.SUPPRESS)  # tests: replace the learner command
+    p.add_argument("--actor-cmd", default=None, help=argparse.SUPPRESS)  # tests: actor command, {i} = index
+    p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="config overrides")
+    args = p.parse_intermixed_args(argv)
+    for name in ("nproc_per_node", "actors"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    for name in ("grace_s", "actor_exit_s"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        p.error(f"overrides must look like dotted.key=value, got {bad}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="launch: %(message)s", stream=sys.stderr)
+    args = parse_args(argv)
+    try:
+        settings = read_settings(args.config, args.overrides)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 2
+    parts = build_parts(args, settings, visible_gpus())
+    if args.dry_run:
+        for part in parts:
+            print(f"# {part.name} (log: {part.log_path})")
+            print(part.describe())
+        return 0
+    return run_parts(parts, grace_s=args.grace_s, actor_exit_s=args.actor_exit_s)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,325 @@
+"""The multi-node shell launchers and the SLURM heterogeneous-job script.
+
+SLURM and GPUs are not available here, so: every script must parse (`bash -n`); the node scripts' DRY_RUN output is
+checked argument by argument; actor_node.sh's supervision runs for real with a stand-in `python`; and the sbatch file
+runs end to end in DRY_RUN mode with a stand-in `srun` that executes its command once on this machine, which checks
+that the learner and the actors are wired to the same coordinator, ports, actor count and CURVE keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHERS = REPO / "launchers"
+TS = "async_training.transport"
+
+FAKE_ACTOR = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+from typing import Any
+
+run = Path(os.environ["FAKE_RUN"])
+name = sys.argv[sys.argv.index("--actor-id") + 1]
+plan = json.loads((run / "plan.json").read_text())[name]
+(run / f"{name}.pid").write_text(str(os.getpid()))
+
+
+def on_term(signum, frame):
+    (run / f"{name}.term").write_text("TERM")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+deadline = time.monotonic() + 20
+while any(not (run / f).exists() for f in plan.get("wait_for", [])) and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(f"{name} running", flush=True)
+if plan["mode"] == "exit":
+    sys.exit(plan["code"])
+while True:
+    time.sleep(0.1)
+"""
+
+FAKE_SRUN = """#!/usr/bin/env bash
+# stand-in srun: one task on this machine; a node script's output goes to $SRUN_OUT/het<group>.out
+group=x
+while [[ "$1" == -* ]]; do
+  [[ "$1" == --het-group=* ]] && group=${1#--het-group=}
+  shift
+done
+if [[ "$1" == bash ]]; then
+  exec "$@" >>"$SRUN_OUT/het$group.out"
+fi
+exec "$@"
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """A clean environment (no SLURM_* or CUDA_* from the caller) plus ``extra``."""
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    return {**base, **extra}
+
+
+def _run(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = ["bash", str(LAUNCHERS / script), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+def _value(argv: list[str], key: str) -> str:
+    return [a.split("=", 1)[1] for a in argv if a.startswith(key + "=")][-1]
+
+
+def test_every_script_parses() -> None:
+    scripts = sorted([*LAUNCHERS.glob("*.sh"), *LAUNCHERS.glob("*.sbatch")])
+    assert {p.name for p in scripts} >= {"learner_node.sh", "actor_node.sh", "slurm_hetjob.sbatch"}
+    for script in scripts:
+        res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, f"{script.name}: {res.stderr}"
+
+
+def test_sbatch_is_a_hetjob_using_both_node_scripts() -> None:
+    text = (LAUNCHERS / "slurm_hetjob.sbatch").read_text()
+    assert "#SBATCH hetjob" in text
+    srun_lines = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    assert any("--het-group=0" in ln and "launchers/learner_node.sh" in ln for ln in srun_lines)
+    assert any("--het-group=1" in ln and "launchers/actor_node.sh" in ln for ln in srun_lines)
+
+
+def test_learner_node_dry_run_multi_node_with_curve(tmp_path: Path) -> None:
+    env = _env(
+        DRY_RUN="1", NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.5", NPROC_PER_NODE="4", NUM_ACTORS="8",
+        CURVE_DIR="/keys", CONFIGS="a.yaml b.yaml", TORCHRUN="python -m torch.distributed.run", RDZV_ID="job7",
+    )  # fmt: skip
+    res = _run("learner_node.sh", env, "trainer.experiment_name=x")
+    assert res.returncode == 0, res.stderr
+    argv = shlex.split(res.stdout)
+    head = "python -m torch.distributed.run --nnodes 2 --node_rank 1 --nproc_per_node 4 --rdzv_backend c10d"
+    head += " --rdzv_endpoint 10.0.0.5:29400 --rdzv_id job7 -m async_rl.entrypoints.train"
+    head += " --config a.yaml --config b.yaml trainer.experiment_name=x"
+    assert shlex.join(argv).startswith(head)
+    # off loopback: bind every interface on rank 0, and all five CURVE keys point into CURVE_DIR's layout
+    assert _value(argv, f"{TS}.host") == "0.0.0.0" and _value(argv, f"{TS}.port") == "29410"
+    assert _value(argv, "async_training.weight_sync.master_addr") == "10.0.0.5"
+    assert _value(argv, "async_training.weight_sync.master_port") == "29420"
+    assert _value(argv, "async_training.num_actors") == "8"
+    assert _value(argv, "trainer.nnodes") == "2" and _value(argv, "trainer.n_gpus_per_node") == "4"
+    assert _value(argv, f"{TS}.curve_server_secret_key") == "/keys/server.key_secret"
+    assert _value(argv, f"{TS}.curve_server_public_key") == "/keys/server.key"
+    assert _value(argv, f"{TS}.curve_client_keys_dir") == "/keys/authorized"
+    assert _value(argv, f"{TS}.curve_client_secret_key").startswith("/keys/clients/")
+    assert _value(argv, f"{TS}.curve_client_public_key").startswith("/keys/authorized/")
+
+
+def test_learner_node_single_node_loopback_needs_no_keys() -> None:
+    res = _run("learner_node.sh", _env(DRY_RUN="1", NPROC_PER_NODE="2"))
+    assert res.returncode == 0, res.stderr
+    argv = shlex.split(res.stdout)
+    assert (
+        argv[0] == "torchrun"
+        and "--rdzv_endpoint" in argv
+        and argv[argv.index("--rdzv_endpoint") + 1] == ("127.0.0.1:29400")
+    )
+    assert _value(argv, f"{TS}.host") == "127.0.0.1"
+    assert not any("curve" in a for a in argv)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MASTER_ADDR": "10.0.0.5"}, "python -m async_rl.transport.keys DIR"),  # off loopback without keys
+        ({"NNODES": "2"}, "MASTER_ADDR=127.0.0.1 is loopback"),
+        ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h", "CURVE_DIR": "/k"}, "NODE_RANK (2) must be < NNODES"),
+        ({"NPROC_PER_NODE": "two"}, "NPROC_PER_NODE must be a non-negative integer"),
+        ({"RDZV_BACKEND": "etcd"}, "RDZV_BACKEND must be c10d or static"),
+    ],
+)
+def test_learner_node_rejects_bad_settings(env: dict[str, str], message: str) -> None:
+    res = _run("learner_node.sh", _env(**{"DRY_RUN": "1", "NPROC_PER_NODE": "1", **env}))
+    assert res.returncode == 2
+    assert message in res.stderr
+
+
+def test_learner_node_refuses_missing_key_files(tmp_path: Path) -> None:
+    res = _run("learner_node.sh", _env(NPROC_PER_NODE="1", MASTER_ADDR="10.0.0.5", CURVE_DIR=str(tmp_path)))
+    assert res.returncode == 2
+    assert f"CURVE key file {tmp_path}/server.key is missing" in res.stderr
+
+
+def _actor_lines(stdout: str) -> list[list[str]]:
+    return [shlex.split(line) for line in stdout.strip().splitlines()]
+
+
+def test_actor_node_dry_run_one_actor_per_gpu_slice_with_global_ids() -> None:
+    env = _env(
+        DRY_RUN="1", CUDA_VISIBLE_DEVICES="4,5,6,7", GPUS_PER_ACTOR="2", NODE_INDEX="1", COORD_ADDR="10.0.0.5",
+        CURVE_DIR="/keys", CONFIGS="a.yaml", NUM_ACTORS="4",
+    )  # fmt: skip
+    res = _run("actor_node.sh", env, "trainer.experiment_name=x")
+    assert res.returncode == 0, res.stderr
+    lines = _actor_lines(res.stdout)
+    # 4 GPUs / 2 per actor = 2 actors; node 1 x 2 actors per node -> ids start at actor-2
+    assert [ln[1] for ln in lines] == ["CUDA_VISIBLE_DEVICES=4,5", "CUDA_VISIBLE_DEVICES=6,7"]
+    for argv, name in zip(lines, ["actor-2", "actor-3"], strict=True):
+        assert argv[2:8] == ["python", "-m", "async_rl.entrypoints.actor", "--config", "a.yaml", "--coordinator"]
+        assert argv[argv.index("--coordinator") + 1] == "tcp://10.0.0.5:29410"
+        assert argv[argv.index("--actor-id") + 1] == name
+        assert "trainer.experiment_name=x" in argv and _value(argv, "async_training.num_actors") == "4"
+        assert _value(argv, "async_training.weight_sync.master_addr") == "10.0.0.5"
+        assert _value(argv, f"{TS}.curve_client_secret_key") == f"/keys/clients/{name}.key_secret"
+        assert _value(argv, f"{TS}.curve_client_public_key") == f"/keys/authorized/{name}.key"
+        assert _value(argv, f"{TS}.curve_server_public_key") == "/keys/server.key"
+
+
+def test_actor_node_without_gpus_runs_one_cpu_actor() -> None:
+    res = _run("actor_node.sh", _env(DRY_RUN="1", CUDA_VISIBLE_DEVICES="", COORD_ADDR="127.0.0.1"))
+    assert res.returncode == 0, res.stderr
+    (argv,) = _actor_lines(res.stdout)
+    assert argv[:4] == ["env", "python", "-m", "async_rl.entrypoints.actor"]
+    assert argv[argv.index("--actor-id") + 1] == "actor-0"
+    assert not any("curve" in a for a in argv)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"COORD_ADDR": "10.0.0.5"}, "python -m async_rl.transport.keys DIR"),
+        ({"COORD_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": "0", "GPUS_PER_ACTOR": "2"}, "ACTORS_PER_NODE must be"),
+        ({"COORD_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": "0", "ACTORS_PER_NODE": "2"}, "needs more than the 1"),
+        ({}, "COORD_ADDR must name"),
+    ],
+)
+def test_actor_node_rejects_bad_settings(env: dict[str, str], message: str) -> None:
+    res = _run("actor_node.sh", _env(DRY_RUN="1", **env))
+    assert res.returncode == 2
+    assert message in res.stderr
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> Iterator[Path]:
+    """An executable standing in for `python -m async_rl.entrypoints.actor`; kills leftovers of a failed test."""
+    exe = tmp_path / "fake-python"
+    exe.write_text(f"#!{sys.executable}\n{FAKE_ACTOR}")
+    exe.chmod(0o755)
+    yield exe
+    for pidfile in tmp_path.glob("*.pid"):
+        pid = int(pidfile.read_text())
+        try:
+            if str(exe).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _start_actor_node(tmp_path: Path, exe: Path, plan: Mapping[str, Any]) -> subprocess.Popen[str]:
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = _env(
+        PYTHON=str(exe), FAKE_RUN=str(tmp_path), COORD_ADDR="127.0.0.1", CUDA_VISIBLE_DEVICES="",
+        ACTORS_PER_NODE=str(len(plan)), LOG_DIR=str(tmp_path / "logs"), STOP_GRACE_S="5",
+    )  # fmt: skip
+    cmd = ["bash", str(LAUNCHERS / "actor_node.sh")]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def _assert_all_gone(tmp_path: Path, names: list[str]) -> None:
+    for name in names:
+        pid = int((tmp_path / f"{name}.pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_actor_node_failure_stops_the_other_actors(tmp_path: Path, fake_python: Path) -> None:
+    plan = {
+        "actor-0": {"mode": "sleep"},
+        "actor-1": {"mode": "exit", "code": 3, "wait_for": ["actor-0.pid", "actor-2.pid"]},
+        "actor-2": {"mode": "sleep"},
+    }
+    proc = _start_actor_node(tmp_path, fake_python, plan)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert f"actor-1 failed with exit code 3; log: {tmp_path}/logs/actor-1.log" in err
+    assert (tmp_path / "logs" / "actor-1.log").read_text() == "actor-1 running\n"
+    assert (tmp_path / "actor-0.term").exists() and (tmp_path / "actor-2.term").exists()
+    _assert_all_gone(tmp_path, list(plan))
+
+
+def test_actor_node_exits_0_when_every_actor_is_shut_down(tmp_path: Path, fake_python: Path) -> None:
+    plan = {"actor-0": {"mode": "exit", "code": 0}, "actor-1": {"mode": "exit", "code": 0}}
+    proc = _start_actor_node(tmp_path, fake_python, plan)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "actor-0 exited 0" in err and "actor-1 exited 0" in err
+
+
+def test_actor_node_forwards_sigterm(tmp_path: Path, fake_python: Path) -> None:
+    plan = {"actor-0": {"mode": "sleep"}, "actor-1": {"mode": "sleep"}}
+    proc = _start_actor_node(tmp_path, fake_python, plan)
+    try:
+        deadline = time.monotonic() + 15
+        while not all((tmp_path / f"{n}.pid").exists() for n in plan):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.2)  # let the script reach its supervision loop (traps installed)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert all((tmp_path / f"{n}.term").exists() for n in plan)
+    _assert_all_gone(tmp_path, list(plan))
+
+
+def test_sbatch_dry_run_wires_learner_and_actors_together(tmp_path: Path) -> None:
+    bin_dir, out_dir = tmp_path / "bin", tmp_path / "srun"
+    bin_dir.mkdir()
+    out_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    env = _env(
+        DRY_RUN="1", SRUN_OUT=str(out_dir), SLURM_JOB_ID="42", SLURM_SUBMIT_DIR=str(REPO), PYTHON=sys.executable,
+        SLURM_JOB_NUM_NODES_HET_GROUP_0="1", SLURM_JOB_NUM_NODES_HET_GROUP_1="1", RUN_DIR=str(tmp_path / "run"),
+        SLURM_GPUS_PER_NODE_HET_GROUP_0="h100:4", SLURM_GPUS_PER_NODE_HET_GROUP_1="8", GPUS_PER_ACTOR="2",
+        CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7",
+    )  # fmt: skip
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    res = subprocess.run(
+        ["bash", str(LAUNCHERS / "slurm_hetjob.sbatch"), "trainer.experiment_name=e"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    curve = tmp_path / "run" / "curve"
+    # keys are only announced in a dry run: 1 actor node x 8 GPUs / 2 per actor = 4 client key pairs
+    assert f"-m async_rl.transport.keys {curve} --clients 4" in res.stdout
+    learner = shlex.split((out_dir / "het0.out").read_text())
+    actors = _actor_lines((out_dir / "het1.out").read_text())
+    host = learner[learner.index("--rdzv_endpoint") + 1].rsplit(":", 1)[0]
+    assert learner[learner.index("--nproc_per_node") + 1] == "4"  # "h100:4" -> 4
+    assert learner[learner.index("--rdzv_id") + 1] == "42"
+    assert "trainer.experiment_name=e" in learner
+    assert _value(learner, f"{TS}.curve_server_secret_key") == f"{curve}/server.key_secret"
+    assert [a[a.index("--actor-id") + 1] for a in actors] == ["actor-0", "actor-1", "actor-2", "actor-3"]
+    for argv in actors:
+        assert argv[argv.index("--coordinator") + 1] == f"tcp://{host}:{_value(learner, f'{TS}.port')}"
+        assert _value(argv, "async_training.weight_sync.master_port") == _value(
+            learner, "async_training.weight_sync.master_port"
+        )
+        assert _value(argv, "async_training.num_actors") == _value(learner, "async_training.num_actors") == "4"
+        assert _value(argv, f"{TS}.curve_server_public_key") == f"{curve}/server.key"
+        assert "trainer.experiment_name=e" in argv

@@ -1,0 +1,272 @@
+"""launchers/local.py: command construction, --dry-run, and failure/signal handling with tiny stand-in children.
+
+The stand-ins replace torchrun and vLLM through the launcher's hidden --learner-cmd/--actor-cmd options; each one reads
+its behaviour from plan.json, writes its pid (and its grandchild's) to files, and records a SIGTERM it received, so the
+tests can check by PID that every process tree is gone afterwards and that signals were forwarded, not just SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "launchers" / "local.py"
+
+CHILD = r"""
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+
+role, run = sys.argv[1], Path(sys.argv[2])
+plan = json.loads((run / "plan.json").read_text())[role]
+(run / f"{role}.pid").write_text(str(os.getpid()))
+
+
+def on_term(signum, frame):
+    (run / f"{role}.term").write_text("TERM")
+    if not plan.get("ignore_term"):
+        sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+if plan.get("grandchild"):
+    g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run)])
+    (run / f"{role}.grandchild.pid").write_text(str(g.pid))
+deadline = time.monotonic() + 20
+while any(not (run / f).exists() for f in plan.get("wait_for", [])) and time.monotonic() < deadline:
+    time.sleep(0.02)
+print(f"{role} says {plan.get('say', 'hi')}", flush=True)
+if plan["mode"] == "exit":
+    sys.exit(plan["code"])
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _load_local() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("launch_local_under_test", LOCAL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+local = _load_local()
+
+
+def _alive(pid: int) -> bool:
+    """Dead means no such pid, or a zombie (an orphaned grandchild waits for init to reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def _start(
+    tmp_path: Path, plan: Mapping[str, Any], actors: int, launched: list[subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    cmd = [sys.executable, str(LOCAL), "--actors", str(actors), "--run-dir", str(tmp_path), "--grace-s", "1"]
+    cmd += [
+        "--actor-exit-s",
+        "0.3",
+        "--learner-cmd",
+        shlex.join([sys.executable, str(child), "learner", str(tmp_path)]),
+    ]
+    cmd += ["--actor-cmd", shlex.join([sys.executable, str(child), "actor-{i}", str(tmp_path)])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    launched.append(proc)
+    return proc
+
+
+@pytest.fixture
+def launched(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Launchers started by a test. At teardown (a failed test) kill any still running, and any stand-in left alive:
+    only pids our stand-ins wrote whose command line still names this test's directory (no pid-reuse accidents)."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for pid in _pids(tmp_path).values():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(tmp_path).encode() in cmdline:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids(tmp_path: Path) -> dict[str, int]:
+    return {p.name.removesuffix(".pid"): int(p.read_text()) for p in tmp_path.glob("*.pid")}
+
+
+def _wait_files(paths: list[Path], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() and p.read_text() for p in paths):
+        assert time.monotonic() < deadline, f"children never wrote {paths}"
+        time.sleep(0.02)
+
+
+def test_failing_part_stops_everything_and_is_named(tmp_path: Path, launched: list[subprocess.Popen[str]]) -> None:
+    plan = {
+        "learner": {"mode": "sleep"},
+        "actor-0": {"mode": "exit", "code": 3, "say": "boom", "wait_for": ["learner.pid", "actor-1.grandchild.pid"]},
+        "actor-1": {"mode": "sleep", "grandchild": True},
+    }
+    proc = _start(tmp_path, plan, actors=2, launched=launched)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err  # the failing part's own exit status
+    log = tmp_path / "logs" / "actor-0.log"
+    assert "actor-0 failed with exit code 3" in err and str(log) in err
+    assert log.read_text() == "actor-0 says boom\n"
+    pids = _pids(tmp_path)
+    assert set(pids) == {"learner", "actor-0", "actor-1", "actor-1.grandchild"}
+    for name, pid in pids.items():
+        if "grandchild" in name:
+            assert not _alive(pid), name
+        else:
+            with pytest.raises(ProcessLookupError):  # reaped by the launcher
+                os.kill(pid, 0)
+    # the sleepers were asked politely (SIGTERM to their process group) before any SIGKILL
+    assert (tmp_path / "learner.term").exists() and (tmp_path / "actor-1.term").exists()
+
+
+def test_sigterm_to_launcher_is_forwarded_then_escalated(tmp_path: Path, launched: list[subprocess.Popen[str]]) -> None:
+    plan = {
+        "learner": {"mode": "sleep"},
+        "actor-0": {"mode": "sleep"},
+        "actor-1": {"mode": "sleep", "ignore_term": True},
+    }
+    proc = _start(tmp_path, plan, actors=2, launched=launched)
+    _wait_files([tmp_path / f"{n}.pid" for n in plan])
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err  # 143
+    assert "received SIGTERM" in err
+    assert "actor-1 did not stop within 1.0 s; killing it" in err
+    for name in plan:
+        assert (tmp_path / f"{name}.term").exists(), f"{name} never saw the forwarded SIGTERM"
+    for pid in _pids(tmp_path).values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_learner_success_stops_actors_and_exits_zero(tmp_path: Path, launched: list[subprocess.Popen[str]]) -> None:
+    plan = {
+        "learner": {"mode": "exit", "code": 0, "say": "done", "wait_for": ["actor-0.pid"]},
+        "actor-0": {"mode": "sleep"},
+    }
+    proc = _start(tmp_path, plan, actors=1, launched=launched)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "learner says done" in out  # the learner is echoed to the terminal ...
+    assert (tmp_path / "logs" / "learner.log").read_text() == "learner says done\n"  # ... and logged
+    assert (tmp_path / "actor-0.term").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(_pids(tmp_path)["actor-0"], 0)
+
+
+def test_unstartable_part_is_reported(tmp_path: Path) -> None:
+    parts = [local.Part("learner", (str(tmp_path / "missing-binary"),), tmp_path / "learner.log")]
+    assert local.run_parts(parts, grace_s=0.5) == 1
+
+
+def test_run_parts_rejects_bad_arguments(tmp_path: Path) -> None:
+    part = local.Part("x", ("true",), tmp_path / "x.log")
+    with pytest.raises(ValueError, match="parts"):
+        local.run_parts([])
+    with pytest.raises(ValueError, match="unique"):
+        local.run_parts([part, part])
+    with pytest.raises(ValueError, match="grace_s"):
+        local.run_parts([part], grace_s=-1)
+
+
+def _commands(out: str) -> dict[str, list[str]]:
+    lines = out.strip().splitlines()
+    assert len(lines) % 2 == 0
+    return {lines[i].split()[1]: shlex.split(lines[i + 1]) for i in range(0, len(lines), 2)}
+
+
+def _value(argv: list[str], key: str) -> str:
+    return [a.split("=", 1)[1] for a in argv if a.startswith(key + "=")][-1]
+
+
+def test_dry_run_prints_torchrun_and_actor_commands(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["--dry-run", "--config", "configs/demo_grpo.yaml", "--nproc-per-node", "2", "--actors", "2"]
+    assert local.main([*argv, "--log-dir", str(tmp_path), "trainer.total_training_steps=3"]) == 0
+    cmds = _commands(capsys.readouterr().out)
+    assert list(cmds) == ["learner", "actor-0", "actor-1"]
+    learner = cmds["learner"]
+    assert Path(learner[0]).name == "torchrun" or learner[1:3] == ["-m", "torch.distributed.run"]
+    text = shlex.join(learner)
+    assert "--standalone --nproc_per_node 2 -m async_rl.entrypoints.train --config configs/demo_grpo.yaml" in text
+    port, ws_port = _value(learner, local.PORT_KEY), _value(learner, local.WS_PORT_KEY)
+    assert int(port) > 0 and int(ws_port) > 0 and port != ws_port
+    for i in (0, 1):
+        actor = cmds[f"actor-{i}"]
+        assert actor[1:3] == ["-m", "async_rl.entrypoints.actor"]
+        assert actor[actor.index("--coordinator") + 1] == f"tcp://127.0.0.1:{port}"
+        assert actor[actor.index("--actor-id") + 1] == f"actor-{i}"
+        assert _value(actor, local.WS_PORT_KEY) == ws_port and _value(actor, local.NUM_ACTORS_KEY) == "2"
+        assert "trainer.total_training_steps=3" in actor
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_dry_run_keeps_ports_fixed_by_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    assert local.main(["--dry-run", f"{local.PORT_KEY}=23456", f"{local.WS_PORT_KEY}=23457"]) == 0
+    cmds = _commands(capsys.readouterr().out)
+    assert "--coordinator tcp://127.0.0.1:23456" in shlex.join(cmds["actor-0"])
+    assert _value(cmds["learner"], local.WS_PORT_KEY) == "23457"
+
+
+def test_invalid_config_exits_2_naming_the_key(caplog: pytest.LogCaptureFixture) -> None:
+    assert local.main(["--dry-run", "async_training.num_actors=0"]) == 2
+    assert "async_training.num_actors" in caplog.text
+
+
+def test_gpu_pinning_gives_learner_first_gpus_then_actors_tp_slices() -> None:
+    args = local.parse_args(["--nproc-per-node", "4", "--actors", "2"])
+    gpus = [str(g) for g in range(8)]
+    settings = local.JobSettings(device="cuda", tp_size=2)
+    parts = local.build_parts(args, settings, gpus)
+    # learner ranks take GPUs 0-3; actor-0 the next tp=2 (4,5), actor-1 the two after (6,7)
+    assert [p.env.get("CUDA_VISIBLE_DEVICES") for p in parts] == ["0,1,2,3", "4,5", "6,7"]
+    # 4 + 3 x 2 = 10 GPUs needed, 8 visible: nothing pinned
+    crowded = local.build_parts(local.parse_args(["--nproc-per-node", "4", "--actors", "3"]), settings, gpus)
+    assert all(p.env == {} for p in crowded)
+    assert all(p.env == {} for p in local.build_parts(args, local.JobSettings(device="cpu"), gpus))
+
+
+def test_help_works_and_hides_test_options() -> None:
+    res = subprocess.run([sys.executable, str(LOCAL), "--help"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0
+    assert "--nproc-per-node" in res.stdout and "--dry-run" in res.stdout
+    assert "--learner-cmd" not in res.stdout
+
+
+def test_bad_cli_values_are_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        local.parse_args(["--actors", "0"])
+    assert exc.value.code == 2
+    assert "--actors must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        local.parse_args(["not-an-override"])

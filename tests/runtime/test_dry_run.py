@@ -1,0 +1,59 @@
+"""Every shipped config passes the dry-run of both entry points (config + wiring, no model load, no generation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from async_rl.config import load_config
+from async_rl.runtime.dry_run import dry_run_report
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_configs_are_shipped():
+    names = {p.name for p in CONFIGS}
+    assert {"demo_grpo.yaml", "demo_ppo.yaml", "qwen2.5-0.5b_gsm8k_grpo.yaml", "qwen2.5-0.5b_gsm8k_ppo.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_dry_run_report_for_every_config(path):
+    cfg = load_config([str(path)])
+    report = dry_run_report(cfg)
+    assert report["sequences_per_step"] == cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+    assert report["coordinator"].startswith("tcp://127.0.0.1:")
+    assert (report["critic"] is not None) == (cfg.algorithm.adv_estimator == "gae")
+    if "qwen" in path.name:
+        assert report["policy"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+        assert report["reward"] == "async_rl.rewards.gsm8k:compute_score"
+
+
+@pytest.mark.parametrize("module", ["async_rl.entrypoints.train", "async_rl.entrypoints.actor"])
+def test_entrypoint_dry_run_subprocess(module):
+    for path in CONFIGS:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--config", str(path), "--dry-run"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+        assert proc.returncode == 0, f"{module} --dry-run {path.name} failed:\n{proc.stderr[-2000:]}"
+        assert json.loads(proc.stdout)["adv_estimator"] == load_config([str(path)]).algorithm.adv_estimator
+
+
+def test_dry_run_rejects_bad_key_naming_it():
+    proc = subprocess.run(
+        [sys.executable, "-m", "async_rl.entrypoints.train", "--dry-run", "algorithm.adv_estimator=grpoo"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "algorithm.adv_estimator" in proc.stderr and "grpo" in proc.stderr

@@ -1,4 +1,4 @@
-"""Load prompt records from jsonl files (one JSON object per line).
+"""Load prompt records from jsonl files (one JSON object per line) or parquet files (verl's preprocessed layout).
 
 Each record must hold the prompt under ``prompt_key`` (a string, or a chat list of ``{"role", "content"}`` messages)
 and, for rule-based rewards, a ground truth under ``reward_model.ground_truth`` (verl's layout) or ``ground_truth``.
@@ -19,24 +19,38 @@ def _ground_truth(record: dict[str, Any]) -> str:
     return str(record.get("ground_truth", ""))
 
 
-def load_prompt_records(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
-    """Read a jsonl prompt file; errors name the file, line and missing key."""
-    path = Path(path).expanduser()
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"data file {str(path)!r}: only .jsonl is supported here (convert with tools/prepare_data.py)")
-    if not path.is_file():
-        raise ValueError(f"data file not found: {str(path)!r}")
-    records: list[dict[str, Any]] = []
+def _record(raw: dict[str, Any], prompt_key: str, where: str) -> dict[str, Any]:
+    if prompt_key not in raw:
+        raise ValueError(f"{where}: record has no key {prompt_key!r} (data.prompt_key)")
+    extra = {k: v for k, v in raw.items() if k not in (prompt_key, "reward_model", "ground_truth")}
+    return {"prompt": raw[prompt_key], "ground_truth": _ground_truth(raw), "extra": extra}
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                raw = json.loads(line)
+                rows.append((f"{path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if prompt_key not in raw:
-                raise ValueError(f"{path}:{lineno}: record has no key {prompt_key!r} (data.prompt_key)")
-            extra = {k: v for k, v in raw.items() if k not in (prompt_key, "reward_model", "ground_truth")}
-            records.append({"prompt": raw[prompt_key], "ground_truth": _ground_truth(raw), "extra": extra})
-    return records
+    return rows
+
+
+def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    import pyarrow.parquet as pq
+
+    return [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+
+
+def load_prompt_records(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+    """Read a jsonl or parquet prompt file; errors name the file, line (or row) and missing key."""
+    path = Path(path).expanduser()
+    if path.suffix not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"data file {str(path)!r}: expected .jsonl or .parquet (see tools/prepare_data.py)")
+    if not path.is_file():
+        raise ValueError(f"data file not found: {str(path)!r}")
+    rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
+    return [_record(raw, prompt_key, where) for where, raw in rows]

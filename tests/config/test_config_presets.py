@@ -64,7 +64,7 @@ def test_demo_ppo_inherits_demo_grpo_through_defaults() -> None:
 def test_qwen_presets(algo: str) -> None:
     cfg = load_config(str(CONFIGS / f"qwen2.5-0.5b_gsm8k_{algo}.yaml"))
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert cfg.data.train_files == "~/data/gsm8k/train.parquet"
+    assert cfg.data.train_files == "~/data/gsm8k/train.jsonl"
     assert cfg.reward.function == "async_rl.rewards.gsm8k:compute_score"
     assert cfg.trainer.device == "cuda"
     assert cfg.algorithm.adv_estimator == ("grpo" if algo == "grpo" else "gae")

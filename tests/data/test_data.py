@@ -45,3 +45,25 @@ def test_jsonl_loader(tmp_path):
         load_prompt_records(path)
     with pytest.raises(ValueError, match="not found"):
         load_prompt_records(tmp_path / "missing.jsonl")
+
+
+def test_parquet_loader_reads_verl_layout(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "Natalia sold clips... #### after"}],
+            "reward_model": {"ground_truth": "72", "style": "rule"},
+            "extra_info": {"index": 0, "split": "train"},
+        }
+    ]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    records = load_prompt_records(path)
+    assert records[0]["ground_truth"] == "72"
+    assert records[0]["prompt"][0]["role"] == "user"
+    assert records[0]["extra"]["data_source"] == "openai/gsm8k"
+    with pytest.raises(ValueError, match="row 0: record has no key 'question'"):
+        load_prompt_records(path, prompt_key="question")

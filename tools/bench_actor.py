@@ -1,0 +1,92 @@
+"""Benchmark: the actor's generation engine vs raw vLLM on the same prompts, sampling and engine, in one run.
+
+    python tools/bench_actor.py [--prompts 64] [--n 4] [--max-tokens 64] [--rounds 3] [--model DIR]
+
+Both sides use one ``AsyncLLM`` (so start-up, weights and KV cache are shared): "raw" submits every prompt with
+``AsyncLLM.generate`` (``n`` completions, per-token log-probs, final output only); "actor" submits the same prompts
+through :class:`async_rl.actor.engine.GenerationEngine` (streamed deltas, behaviour log-probs, version spans, prefix
+cache salted by version). Rounds alternate and medians are reported; the line printed last is the ratio of generated
+tokens/s (target >= 0.9). The tiny model is built in code unless ``--model`` names a Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--model", default=None, help="HF model directory (default: the tiny model built in code)")
+    return p.parse_args()
+
+
+async def _raw(engine: Any, prompts: list[list[int]], args: argparse.Namespace, tag: str) -> int:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(
+        n=args.n, temperature=1.0, max_tokens=args.max_tokens, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY
+    )
+
+    async def one(i: int, ids: list[int]) -> int:
+        final = None
+        async for out in engine.generate(TokensPrompt(prompt_token_ids=ids), params, request_id=f"raw-{tag}-{i}"):
+            final = out
+        assert final is not None
+        return sum(len(c.token_ids) for c in final.outputs)
+
+    return sum(await asyncio.gather(*[one(i, ids) for i, ids in enumerate(prompts)]))
+
+
+async def _actor(gen: Any, prompts: list[list[int]], args: argparse.Namespace) -> int:
+    from async_rl.actor.engine import SamplingSpec
+
+    spec = SamplingSpec(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
+    groups = await asyncio.gather(*[gen.generate(ids, spec) for ids in prompts])
+    return sum(len(c.token_ids) for g in groups for c in g)
+
+
+async def main(args: argparse.Namespace) -> None:
+    from async_rl.actor.engine import EngineSettings, GenerationEngine
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model is None:
+            from async_rl.models.tiny import build_tiny_model
+
+            model = str(build_tiny_model(os.path.join(tmp, "tiny"), seed=0))
+        gen = GenerationEngine(
+            EngineSettings(model_path=model, dtype="float32", max_model_len=args.max_tokens + 32, enforce_eager=True)
+        )
+        await gen.start()
+        prompts = [[5 + (i % 40), 6 + (i * 7) % 40, 7 + (i * 13) % 40, 18] for i in range(args.prompts)]
+        await _raw(gen.vllm, prompts[:4], args, "warmup")
+        raw_rates: list[float] = []
+        actor_rates: list[float] = []
+        for r in range(args.rounds):
+            t0 = time.perf_counter()
+            tokens = await _raw(gen.vllm, prompts, args, str(r))
+            raw_rates.append(tokens / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            tokens = await _actor(gen, prompts, args)
+            actor_rates.append(tokens / (time.perf_counter() - t0))
+            print(f"round {r}: raw {raw_rates[-1]:.0f} tok/s, actor {actor_rates[-1]:.0f} tok/s", flush=True)
+        await gen.shutdown()
+    raw, actor = statistics.median(raw_rates), statistics.median(actor_rates)
+    print(f"actor vs raw vLLM generation: {actor:.0f} / {raw:.0f} tok/s = {actor / raw:.2f} (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(_parse()))

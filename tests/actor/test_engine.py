@@ -99,3 +99,73 @@ def test_inflight_update_keeps_running_requests_and_records_span(engine, loop):
         loop.run_until_complete(eng.update_weights(0, fake_load, mode="inflight"))
     with pytest.raises(ValueError, match="update mode"):
         loop.run_until_complete(eng.update_weights(2, fake_load, mode="later"))  # type: ignore[arg-type]
+
+
+class _FakeClient:
+    """Stands in for the rollout client (unit test of the loop): grants a fixed list once, records what is sent."""
+
+    def __init__(self, grants):
+        self.grants = list(grants)
+        self.sent = []
+        self.shutdown_requested = False
+        self.weight_sync = {}
+
+    def hello(self, loaded_version=0):
+        return None
+
+    def poll(self, timeout_s=0.0):
+        return None
+
+    def request_work(self, max_groups, loaded_version, timeout_s=0.0):
+        out, self.grants = self.grants[:max_groups], self.grants[max_groups:]
+        return out
+
+    def send_group(self, group, timeout_s=None):
+        self.sent.append(group)
+
+    def wait_acked(self, timeout_s):
+        return True
+
+
+class _LengthScorer:
+    def score(self, prompt, completion, ground_truth, extra=None):
+        from async_rl.rewards import RewardResult
+
+        return RewardResult(score=float(len(completion) > 0), components={"chars": float(len(completion))})
+
+
+def test_loop_streams_each_group_as_soon_as_it_finishes(engine, loop):
+    """Short groups reach the learner while a long group is still generating (not at the end of a batch)."""
+    from async_rl.actor.loop import ActorLoop
+    from async_rl.transport.protocol import PromptGrant, SamplingParams, pack_array
+
+    eng, _ = engine
+
+    def grant(pid, max_tokens):
+        return PromptGrant(
+            prompt_id=pid,
+            lease_id=pid + 1,
+            min_version=0,
+            prompt_token_ids=pack_array(np.asarray([30, 31, 32 + pid]), "<i4"),
+            sampling=SamplingParams(n=3, temperature=1.0, max_tokens=max_tokens, seed=pid),
+            extras={"prompt": "p", "ground_truth": "g"},
+        )
+
+    # Seeded sampling from the untrained tiny model (eos is one token of 64) makes the first group's longest
+    # completion far longer than 2 tokens; the other groups stop at 2.
+    client = _FakeClient([grant(0, 120), grant(1, 2), grant(2, 2), grant(3, 2)])
+    actor = ActorLoop(
+        actor_id="a0", client=client, engine=eng, scorer=_LengthScorer(), weight_sync=None,
+        max_concurrent_groups=8, max_groups=4,
+    )  # fmt: skip
+    stats = loop.run_until_complete(actor.run())
+    assert stats.groups_sent == 4 and len(client.sent) == 4
+    order = [g.prompt_id for g in client.sent]
+    long_len = max(c.token_ids.length for c in client.sent[order.index(0)].completions)
+    assert long_len > 10
+    assert order[-1] == 0, order  # the three short groups were streamed while the long one was still generating
+    for group in client.sent:
+        assert len(group.completions) == 3
+        for c in group.completions:
+            assert c.token_ids.length == c.logprobs.length > 0
+            assert c.reward_components is not None and "chars" in c.reward_components

@@ -274,8 +274,22 @@ def _maybe_resume(cfg: Config, learner: Any, coordinator: Any, ckpt_dir: Path) -
     state = extra if isinstance(extra, dict) else {}
     if coordinator is not None and state.get("coordinator") is not None:
         coordinator.load_state_dict(state["coordinator"])
+    step = int(state.get("step", learner.version))
     logger.info("resumed from %s at policy version %d", path, learner.version)
-    return int(state.get("step", learner.version))
+    if learner.ctx.rank == 0:
+        _truncate_audit(ckpt_dir.parent, step)
+    return step
+
+
+def _truncate_audit(out_dir: Path, step: int) -> None:
+    """Steps trained after the checkpoint were lost with the crash and will be trained again: drop their records."""
+    path = out_dir / "trained_groups.jsonl"
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
 
 
 def _open_sink(cfg: Config, out_dir: Path, total_steps: int) -> Any:

@@ -19,8 +19,8 @@ K = 1
 BATCH = 8
 
 
-def _launch(run_dir: Path, steps: int) -> subprocess.CompletedProcess[str]:
-    cmd = [
+def _command(run_dir: Path, steps: int) -> list[str]:
+    return [
         sys.executable,
         str(ROOT / "launchers" / "local.py"),
         "--config",
@@ -40,7 +40,10 @@ def _launch(run_dir: Path, steps: int) -> subprocess.CompletedProcess[str]:
         "async_training.weight_sync.timeout_s=120",
         "trainer.logger=['jsonl']",
     ]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def _launch(run_dir: Path, steps: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_command(run_dir, steps), cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -85,3 +88,45 @@ def test_async_grpo_pipeline_and_resume(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final_hf")
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.slow
+def test_learner_killed_mid_run_resumes_without_repeating_or_skipping(tmp_path):
+    """SIGKILL the whole job (learner ranks and actor) mid-run; a new launch resumes from the last checkpoint."""
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        _command(run_dir, steps=12), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / "step_6").exists() or len(_jsonl(run_dir / "metrics.jsonl")) < 7:
+            assert job.poll() is None, "the job ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        # The launcher keeps every part in its own process group: kill those first, then the launcher's.
+        for line in subprocess.run(["ps", "-eo", "pid,pgid,ppid"], capture_output=True, text=True).stdout.split("\n"):
+            fields = line.split()
+            if len(fields) == 3 and fields[2] == str(job.pid):
+                try:
+                    os.killpg(int(fields[1]), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=60)
+    killed_after = len(_jsonl(run_dir / "metrics.jsonl"))
+    assert killed_after >= 7
+
+    resumed = _launch(run_dir, steps=12)
+    assert resumed.returncode == 0, f"resume failed:\n{resumed.stderr[-4000:]}"
+    assert "resumed from" in (run_dir / "logs" / "learner.log").read_text()
+    audit = _jsonl(run_dir / "trained_groups.jsonl")
+    assert [rec["step"] for rec in audit] == list(range(1, 13))  # steps after the checkpoint were redone once
+    ids = [i for rec in audit for i in rec["prompt_ids"]]
+    assert len(ids) == len(set(ids)) == 12 * BATCH  # no prompt group trained twice in the model's history
+    assert set(range(max(ids) + 1 - (K + 1) * BATCH)) <= set(ids)  # none skipped (only the in-flight tail)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 from async_rl.config import parse_cli
@@ -40,4 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is written and the process group is destroyed: skip interpreter finalization, where gloo's worker
+    # threads can abort a finished rank ("terminate called without an active exception", a torch/gloo teardown race).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

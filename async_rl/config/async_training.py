@@ -22,7 +22,11 @@ class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: Annotated[Port, doc("Coordinator ROUTER port (0 = pick a free port and announce it).")] = 0
     max_message_bytes: Annotated[PosInt, doc("Largest accepted message; bigger frames are rejected.")] = 256 * 2**20
     max_inflight_groups: Annotated[
-        PosInt | None, doc("Cap on leased + buffered groups; null = (max_staleness + 1) x groups per step.")
+        PosInt | None,
+        doc(
+            "Cap on leased + buffered groups; null = (max_staleness + 1) x groups per step. Admission also never "
+            "grants a prompt that would queue past the staleness bound (see transport/admission.py)."
+        ),
     ] = None
     heartbeat_interval_s: Annotated[PosFloat, doc("Seconds between heartbeats.")] = 2.0
     peer_timeout_s: Annotated[PosFloat, doc("A peer silent this long is considered gone (> heartbeat interval).")] = (

@@ -1,9 +1,24 @@
 """Supervised warm-start and greedy evaluation for the embedded arithmetic demo.
 
 RL can only sharpen what a policy can already sometimes do, so the demo first gives the freshly built tiny model a short
-supervised pass on ``prompt + answer + <eos>`` (loss on the answer and eos only). A few hundred steps leave it
-imperfect but able, which is where GRPO has signal to work with. Evaluation decodes greedily with a plain batched loop
-(the model is tiny; no vLLM engine needed) and reports exact-match accuracy on held-out problems.
+supervised pass on ``prompt + answer + <eos>`` (loss on the answer and eos only). Two measured facts shape the default
+recipe (1000 steps of 128 problems, ~35 s on 2 CPU cores):
+
+* **Learning rate.** A 2-layer model learns carries abruptly, and at lr 3e-3 whether it does so within a few hundred
+  steps depends on the seed (600 steps gave 81% held-out greedy accuracy for one seed, 5-10% for two others). Peak lr
+  1e-3 with a short linear warm-up and cosine decay reaches 87-98% for every seed tried (0-3) in 800-1000 steps.
+* **Label smoothing over characters.** Without it the sampled (T=1) errors of the warm model are confusions between
+  plausible digits: which digit is right differs per prompt, so the policy gradient of a batch mostly points at that
+  batch's prompts and RL improves the sampled reward only slowly. With ``label_smoothing = eps`` the target is
+  ``(1 - eps) * one_hot + eps * uniform(character tokens)`` -- the expected loss of imitating demonstrations that
+  contain a random typo with probability ``eps`` per character. The warm model keeps its argmax (eps = 0.3: 90-95%
+  held-out greedy accuracy for seeds 0-2) but samples such typos (sampled reward ~0.2); removing them is the same
+  direction for every prompt, which GRPO learns within a few hundred steps (see configs/demo_grpo.yaml). Special
+  tokens (pad/bos/eos/unk) and the model's spare vocabulary rows get no smoothing mass, so sampling never produces
+  ids the tokenizer cannot decode.
+
+Evaluation decodes greedily with a plain batched loop (the model is tiny; no vLLM engine needed) and reports
+exact-match accuracy on held-out problems.
 """
 
 from __future__ import annotations
@@ -17,6 +32,8 @@ from typing import Any
 import torch
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["character_token_ids", "greedy_accuracy", "sft_loss", "warm_start", "warmup_cosine"]
 
 
 def _encode_sft(tokenizer: Any, problems: list[dict[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,28 +54,82 @@ def _encode_sft(tokenizer: Any, problems: list[dict[str, str]]) -> tuple[torch.T
     return ids, mask
 
 
+def character_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of the tokenizer's ordinary (non-special) tokens: where label smoothing puts its mass."""
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
+def warmup_cosine(step: int, *, steps: int, warmup_steps: int) -> float:
+    """LR multiplier for 0-based ``step``: linear ``(step + 1) / warmup_steps`` warm-up, then cosine decay to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, steps - warmup_steps))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def sft_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    label_smoothing: float = 0.0,
+    smooth_ids: list[int] | None = None,
+) -> torch.Tensor:
+    """Masked mean next-token loss; ``logits [B, L, V]`` predict ``targets [B, L]`` where ``mask [B, L]`` is 1.
+
+    Per token: ``(1 - eps) * (-log p(target)) + eps * mean_{c in smooth_ids}(-log p(c))`` with
+    ``eps = label_smoothing`` (cross-entropy against the smoothed target distribution).
+    """
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    logp = logits.float().log_softmax(-1)
+    token_loss = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if label_smoothing > 0.0:
+        if not smooth_ids:
+            raise ValueError("smooth_ids must name at least one token id when label_smoothing > 0")
+        uniform = -logp[..., torch.as_tensor(smooth_ids, dtype=torch.long)].mean(-1)
+        token_loss = (1.0 - label_smoothing) * token_loss + label_smoothing * uniform
+    weights = mask.to(token_loss.dtype)
+    return (token_loss * weights).sum() / weights.sum().clamp(min=1.0)
+
+
 def warm_start(
     model_dir: str | Path,
     problems: list[dict[str, str]],
     *,
-    steps: int = 300,
-    batch_size: int = 64,
-    lr: float = 3e-3,
+    steps: int = 1000,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    warmup_steps: int = 50,
+    label_smoothing: float = 0.3,
     seed: int = 0,
     log_every: int = 50,
 ) -> dict[str, float]:
-    """Supervised pass over ``problems``; overwrites the checkpoint in ``model_dir``. Returns final loss and time."""
+    """Supervised pass over ``problems``; overwrites the checkpoint in ``model_dir``. Returns final loss and time.
+
+    AdamW (no weight decay) at peak ``lr`` with ``warmup_steps`` linear warm-up then cosine decay to 0, gradient norm
+    clipped to 1, batches of ``batch_size`` problems drawn with replacement from a generator seeded with ``seed``.
+    See the module docstring for why these defaults and what ``label_smoothing`` does.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    if not problems:
+        raise ValueError("problems must not be empty")
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     ids, mask = _encode_sft(tokenizer, problems)
+    smooth_ids = character_token_ids(tokenizer)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: warmup_cosine(s, steps=steps, warmup_steps=warmup_steps))
     gen = torch.Generator().manual_seed(seed)
     started = time.monotonic()
     loss_value = float("nan")
@@ -66,11 +137,7 @@ def warm_start(
         pick = torch.randint(0, len(ids), (batch_size,), generator=gen)
         batch, batch_mask = ids[pick], mask[pick]
         logits = model(input_ids=batch, attention_mask=(batch != tokenizer.pad_token_id).long()).logits[:, :-1]
-        token_loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="none"
-        ).view(batch.shape[0], -1)
-        target_mask = batch_mask[:, 1:]
-        loss = (token_loss * target_mask).sum() / target_mask.sum()
+        loss = sft_loss(logits, batch[:, 1:], batch_mask[:, 1:], label_smoothing=label_smoothing, smooth_ids=smooth_ids)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

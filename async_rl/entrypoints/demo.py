@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO_ROOT / "configs" / "demo_grpo.yaml"), help="demo config YAML")
     parser.add_argument("--out", default="outputs/demo", help="run directory (model, logs, metrics, plot)")
-    parser.add_argument("--warmstart-steps", type=int, default=600, help="supervised warm-start steps")
+    parser.add_argument("--warmstart-steps", type=int, default=1000, help="supervised warm-start steps")
     parser.add_argument("--eval-problems", type=int, default=200, help="held-out problems for greedy accuracy")
     parser.add_argument("--nproc-per-node", type=int, default=2, help="learner ranks")
     return parser.parse_known_args(argv)
@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args, overrides = parse_args(argv)
     from async_rl.config import load_config
+    from async_rl.config.names import needs_critic
 
-    load_config([args.config], overrides)  # fail on a bad config before spending minutes on the warm-start
+    cfg = load_config([args.config], overrides)  # fail on a bad config before spending minutes on the warm-start
     import torch
 
     from async_rl.data import make_arith_problems
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     held_out = make_arith_problems(args.eval_problems, seed=0, digits=2, split="eval")
     before_raw = greedy_accuracy(model_dir, held_out)
     train = make_arith_problems(20000, seed=0, digits=2, split="train")
-    ws = warm_start(model_dir, train, steps=args.warmstart_steps, batch_size=128, lr=3e-3, log_every=100)
+    ws = warm_start(model_dir, train, steps=args.warmstart_steps, log_every=100)
     before = greedy_accuracy(model_dir, held_out)
     logger.info(
         "warm-start: %d steps in %.0f s, loss %.3f; held-out greedy accuracy %.3f (untrained %.3f)",
@@ -83,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         f"actor_rollout_ref.model.path={model_dir}",
         f"trainer.default_local_dir={run_dir}",
         "trainer.resume_mode=disable",
-        *overrides,
     ]
+    if needs_critic(cfg.algorithm.adv_estimator):
+        # The critic starts from the warm policy's features (a fresh value head on a model that already reads the
+        # problems); a randomly initialised critic would spend the run learning to read arithmetic.
+        cmd.append(f"critic.model.path={model_dir}")
+    cmd += overrides
     logger.info("training: %s", " ".join(cmd))
     proc = subprocess.run(cmd, cwd=REPO_ROOT, check=False)
     if proc.returncode != 0:

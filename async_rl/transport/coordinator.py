@@ -84,7 +84,7 @@ class Coordinator:
         self._weight_sync: dict[str, Any] = dict(weight_sync_info or {})
         msgspec.msgpack.encode(self._weight_sync)  # fail now, not at the first Welcome, if it is not msgpack-able
         self._ledger = Ledger(self.source.total)
-        self._admission = adm.Admission(self.k, self.settings.inflight_cap)
+        self._admission = adm.Admission(self.k, self.settings.inflight_cap, self.settings.groups_per_step)
         self._actors = ActorRegistry(self.settings.max_actors, self.settings.peer_timeout_s)
         self._metrics = TransportMetrics(self.k)
         self._taken_staleness: dict[int, int] = {}
@@ -356,8 +356,8 @@ class Coordinator:
                 self._io.send(dest, reply, retry=not isinstance(reply, Heartbeat))
             for rid in dead:
                 self._io.forget_peer(rid)
-            for actor, leases in grants:
-                self._send_grants(actor, leases)
+            for actor, leases, min_version in grants:
+                self._send_grants(actor, leases, min_version)
 
     def _ensure_actor_locked(self, actor_id: str, loaded_version: int, now: float, out: Outbox) -> ActorState | None:
         state = self._actors.get(actor_id)
@@ -414,7 +414,7 @@ class Coordinator:
         if isinstance(msg, WorkRequest):
             state.loaded_version = msg.loaded_version
             state.set_credit(msg.max_groups, msg.grants_seen)
-            if state.credit > 0 and self._admission.allowance(self._ledger.in_flight, self._version) == 0:
+            if state.credit > 0 and self._allowance_locked(state.loaded_version) == 0:
                 self._metrics.count("credit_waits")
         elif isinstance(msg, Heartbeat):
             state.loaded_version = msg.policy_version
@@ -478,25 +478,40 @@ class Coordinator:
                 out.append((s.rid, Heartbeat(sender=COORDINATOR_ID, policy_version=self._version)))
         return [state.rid for state in dead]
 
-    def _serve_credits_locked(self, now: float) -> list[tuple[ActorState, list[Lease]]]:
-        allowance = self._admission.allowance(self._ledger.in_flight, self._version)
-        floor = adm.min_start_version(self._version, self.k)
-        grants: list[tuple[ActorState, list[Lease]]] = []
+    def _allowance_locked(self, loaded: int | None = None) -> int:
+        led = self._ledger
+        return self._admission.allowance(
+            led.in_flight,
+            self._version,
+            queued=len(led.leases) + len(led.received),
+            busy=bool(led.taken),
+            loaded=loaded,
+        )
+
+    def _serve_credits_locked(self, now: float) -> list[tuple[ActorState, list[Lease], int]]:
+        """Lease prompts to actors with credit; each grant carries the oldest policy its prompts may start under."""
+        led = self._ledger
+        busy = bool(led.taken)
+        grants: list[tuple[ActorState, list[Lease], int]] = []
+        if self._allowance_locked() <= 0:
+            return grants
         for state in self._actors.round_robin():
+            if state.credit <= 0:
+                continue
+            allowance = self._allowance_locked(state.loaded_version)  # positions this actor's weights may start
             if allowance <= 0:
-                break
-            if state.credit <= 0 or state.loaded_version < floor:
                 continue
             count = min(state.credit, allowance, self.codec.limits.max_prompts_per_grant)
-            leases = self._ledger.grant(state.actor_id, count, now + self.settings.lease_timeout_s)
+            position = len(led.leases) + len(led.received)
+            leases = led.grant(state.actor_id, count, now + self.settings.lease_timeout_s)
             if not leases:
                 break  # no data left
             state.credit -= len(leases)
             state.granted_total += len(leases)
-            allowance -= len(leases)
             self._metrics.grants.add(len(leases))
             self._granted_any = True
-            grants.append((state, leases))
+            min_version = self._admission.min_version(self._version, position + len(leases) - 1, busy=busy)
+            grants.append((state, leases, min_version))
         return grants
 
     def _prompt_grant(self, lease: Lease, min_version: int) -> PromptGrant:
@@ -513,12 +528,11 @@ class Coordinator:
             extras=dict(record.extras),
         )
 
-    def _send_grants(self, actor: ActorState, leases: list[Lease]) -> None:
+    def _send_grants(self, actor: ActorState, leases: list[Lease], min_version: int) -> None:
         """Encode and send; whatever cannot be sent goes back to the front of the re-grant queue."""
         with self._lock:
             version = self._version
-        floor = adm.min_start_version(version, self.k)
-        prompts = [self._prompt_grant(lease, floor) for lease in leases]
+        prompts = [self._prompt_grant(lease, min_version) for lease in leases]
         unsent, too_big = self._io.send_grant(actor.rid, prompts, version)
         if not unsent and not too_big:
             return

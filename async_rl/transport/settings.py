@@ -25,7 +25,8 @@ class PlaneSettings:
     max_staleness: K, the largest allowed (learner version - generation version) of a trained group.
     stale_policy: what happens to a group over the bound: "drop" it for good or "regrant" its prompt.
     groups_per_step: prompt groups the learner consumes per optimizer step (sizes admission control).
-    max_inflight_groups: admission cap on leased + buffered groups; None means (K + 1) x groups_per_step.
+    max_inflight_groups: admission cap on leased + buffered groups; None means (K + 1) x groups_per_step. Admission
+        also never grants a prompt expected to be trained more than K versions after its start (admission.py).
     host/port: the coordinator's bind address; port 0 picks a free port. Non-loopback hosts need CURVE keys.
     max_message_bytes: the largest message either side accepts (zmq MAXMSGSIZE on receive, checked before send).
     heartbeat_interval_s / peer_timeout_s: liveness; a peer silent for peer_timeout_s is presumed dead.

@@ -55,9 +55,9 @@ def test_demo_ppo_inherits_demo_grpo_through_defaults() -> None:
     assert cfg.critic.model.path == "builtin:tiny-arith"
     # Inherited from demo_grpo.yaml through `defaults:`.
     assert cfg.async_training.max_staleness == 2
-    assert cfg.data.train_batch_size == 8
-    # Critic keys left null inherit the actor's: mini-batch 4 prompts (from demo_grpo.yaml).
-    assert cfg.critic.ppo_mini_batch_size == 4
+    assert cfg.data.train_batch_size == 64
+    # Critic keys left null inherit the actor's: mini-batch 64 prompts (from demo_grpo.yaml).
+    assert cfg.critic.ppo_mini_batch_size == 64
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])

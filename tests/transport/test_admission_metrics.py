@@ -20,26 +20,48 @@ def test_staleness_bound() -> None:
 
 
 def test_admission_caps_in_flight_groups() -> None:
-    adm = Admission(max_staleness=1, cap=8)
+    adm = Admission(max_staleness=1, cap=8)  # groups_per_step defaults to the cap: the flat cap binds
     assert adm.allowance(in_flight=0, current_version=0) == 8
     assert adm.allowance(in_flight=6, current_version=0) == 2
     assert adm.allowance(in_flight=9, current_version=0) == 0  # over the cap (e.g. after a restore): never negative
-    adm.on_trained(current_version=0)  # K > 0: training does not gate granting
-    assert adm.allowance(in_flight=0, current_version=0) == 8
+
+
+def test_admission_looks_ahead_to_the_train_version() -> None:
+    # K = 2, B = 4 per step, flat cap 12. Learner idle at version 5: positions 0..3 train at 5, 4..7 at 6, 8..11 at 7.
+    adm = Admission(max_staleness=2, cap=12, groups_per_step=4)
+    assert [adm.train_version(5, q, busy=False) for q in (0, 3, 4, 8)] == [5, 5, 6, 7]
+    assert [adm.min_version(5, q, busy=False) for q in (0, 4, 8)] == [3, 4, 5]
+    assert adm.allowance(in_flight=0, current_version=5) == 12  # position 11 trains at 7 = 5 + K: still allowed
+    # Busy (a step in progress): everything queued shifts one version later, so one step's worth less may be queued.
+    assert adm.train_version(5, 0, busy=True) == 6
+    assert adm.allowance(in_flight=4, current_version=5, queued=0, busy=True) == 8  # (2 + 1 - 1) x 4 - 0
+    assert adm.allowance(in_flight=10, current_version=5, queued=6, busy=True) == 2
+    # An actor whose weights lag the learner may only take positions whose floor its weights satisfy.
+    assert adm.allowance(in_flight=0, current_version=5, loaded=4) == 8  # positions 0..7 have floor <= 4
+    assert adm.allowance(in_flight=0, current_version=5, loaded=2) == 0  # floor of position 0 is 3
+    # Trained but not yet published: the learner is still "busy" until version 6 arrives.
+    adm.on_trained(current_version=5)
+    assert adm.allowance(in_flight=0, current_version=5) == 8
+    assert adm.allowance(in_flight=0, current_version=6) == 12
 
 
 def test_k0_gate_opens_only_at_the_next_version() -> None:
     adm = Admission(max_staleness=0, cap=4)
     assert adm.allowance(0, current_version=3) == 4
+    assert adm.min_version(3, 3, busy=False) == 3  # K = 0: every prompt starts under the newest policy
+    assert adm.allowance(0, current_version=3, busy=True) == 0  # a step in progress: nothing granted
     adm.on_trained(current_version=3)
     assert adm.allowance(0, current_version=3) == 0  # trained, new version not yet published
     assert adm.allowance(0, current_version=4) == 4
-    adm.load_state_dict({"wait_for_version": 9})
+    adm.load_state_dict({"wait_for_version": 9})  # the key older checkpoints wrote
     assert adm.allowance(0, current_version=8) == 0
-    with pytest.raises(ValueError, match="wait_for_version"):
-        adm.load_state_dict({"wait_for_version": -1})
+    assert adm.state_dict() == {"pending_version": 9}
+    with pytest.raises(ValueError, match="pending_version"):
+        adm.load_state_dict({"pending_version": -1})
     with pytest.raises(ValueError, match="cap"):
         Admission(max_staleness=0, cap=0)
+    with pytest.raises(ValueError, match="groups_per_step"):
+        Admission(max_staleness=0, cap=4, groups_per_step=0)
 
 
 def test_credit_counts_prompts_in_transit() -> None:

@@ -78,8 +78,13 @@ def test_grants_carry_prompt_data_and_are_capped_by_admission(
     assert client.request_work(10, 0, timeout_s=0.3) == []  # buffer full: not granted, the actor waits
     assert coord.metrics()["transport/credit_waits"] >= 1
     groups = coord.get_groups(2, timeout_s=2.0)
-    coord.mark_trained([g.prompt_id for g in groups])  # frees 2 slots: the pending credit is served unprompted
-    assert _wait(lambda: client.metrics()["transport/client/pending_grants"] == 2, poll=client.poll)
+    coord.mark_trained([g.prompt_id for g in groups])  # frees 2 cap slots, but version 1 is not published yet:
+    # new prompts would queue behind the 2 buffered groups and be trained at version 2, so they must start under >= 1
+    assert client.request_work(10, 0, timeout_s=0.3) == []
+    coord.set_policy_version(1)
+    assert client.request_work(10, 0, timeout_s=0.3) == []  # the actor still has version 0 loaded
+    more = _collect(client, 2, loaded=1, timeout_s=2.0)
+    assert [g.prompt_id for g in more] == [4, 5] and {g.min_version for g in more} == {1}
     m = coord.metrics()
     assert m["transport/in_flight"] == 4 and m["transport/trained_total"] == 2
 

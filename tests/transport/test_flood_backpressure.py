@@ -68,7 +68,7 @@ def test_flood_of_ten_times_the_hwm_blocks_the_sender_and_loses_nothing() -> Non
 def test_flood_through_the_coordinator_is_fully_accepted(
     coordinator_factory: Callable[..., Coordinator], client_factory: Callable[..., RolloutClient]
 ) -> None:
-    s = fast(socket_hwm=HWM, groups_per_step=4, max_inflight_groups=FLOOD)
+    s = fast(socket_hwm=HWM, groups_per_step=FLOOD // 2, max_inflight_groups=FLOOD)  # K = 1: 2 steps may queue
     coord = coordinator_factory(FLOOD, s, max_epochs=1)
     client = client_factory(coord.address, "flooder", settings=s)
     client.hello()

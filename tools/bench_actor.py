@@ -86,6 +86,10 @@ async def main(args: argparse.Namespace) -> None:
         await gen.shutdown()
     raw, actor = statistics.median(raw_rates), statistics.median(actor_rates)
     print(f"actor vs raw vLLM generation: {actor:.0f} / {raw:.0f} tok/s = {actor / raw:.2f} (target >= 0.9)")
+    from async_rl.tuning.bench import BenchLine, emit
+
+    detail = f"{actor:.0f} / {raw:.0f} tok/s, median of {args.rounds} rounds"
+    emit("actor", [BenchLine("actor_vs_raw_vllm", actor / raw, 0.9, detail)])
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from async_rl.learner import (  # noqa: E402
     teardown,
 )
 from async_rl.learner.batching import Response, RolloutGroup  # noqa: E402
+from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
 
 
 def build_model(hidden: int, layers: int, vocab: int) -> nn.Module:
@@ -98,7 +99,7 @@ def best(runs: list[dict[str, float]]) -> dict[str, float]:
     return min(runs, key=lambda r: r["step_s"])
 
 
-def bench_packing(args: argparse.Namespace) -> None:
+def bench_packing(args: argparse.Namespace) -> BenchLine:
     torch.set_num_threads(1)  # like the FSDP workers; extra threads only add noise on a shared machine
     groups = make_groups(args.groups, args.n, args.vocab)
     learners = {
@@ -118,6 +119,8 @@ def bench_packing(args: argparse.Namespace) -> None:
     for name, r in (("padded", pad), ("packed", pack)):
         print(f"{name:7s} step {r['step_s']:.3f}s  tokens/s {r['tokens_per_s']:.0f}  waste {r['padding_waste']:.3f}")
     print(f"packed/padded tokens/s ratio: {pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x")
+    detail = f"{pack['tokens_per_s']:.0f} / {pad['tokens_per_s']:.0f} tok/s, padding waste {pad['padding_waste']:.2f}"
+    return BenchLine("learner_packed_vs_padded", pack["tokens_per_s"] / pad["tokens_per_s"], None, detail)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -132,10 +135,10 @@ def worker(args: argparse.Namespace) -> None:
     teardown(ctx)
 
 
-def bench_fsdp(args: argparse.Namespace) -> None:
+def bench_fsdp(args: argparse.Namespace) -> BenchLine | None:
     if torch.cuda.is_available() and torch.cuda.device_count() < 2:
         print("== FSDP 2 ranks vs 1: skipped (needs 2 GPUs) ==")
-        return
+        return None
     results: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (1, 2):
@@ -154,7 +157,10 @@ def bench_fsdp(args: argparse.Namespace) -> None:
     for ranks, r in results.items():
         line = f"{ranks} rank(s): step {r['step_s']:.3f}s  tokens/s {r['tokens_per_s']:.0f}"
         print(f"{line}  imbalance {r['imbalance']:.3f}")
-    print(f"2-rank/1-rank tokens/s ratio: {results[2]['tokens_per_s'] / results[1]['tokens_per_s']:.2f}x (ideal 2.00x)")
+    ratio = results[2]["tokens_per_s"] / results[1]["tokens_per_s"]
+    print(f"2-rank/1-rank tokens/s ratio: {ratio:.2f}x (ideal 2.00x)")
+    detail = f"{results[2]['tokens_per_s']:.0f} / {results[1]['tokens_per_s']:.0f} tok/s (ideal 2.00)"
+    return BenchLine("learner_fsdp_2_vs_1_rank", ratio, None, detail)
 
 
 def main() -> None:
@@ -174,9 +180,12 @@ def main() -> None:
         return
     if args.groups % 2 or args.groups < 2:
         raise ValueError(f"--groups must be an even number >= 2, got {args.groups}")
-    bench_packing(args)
+    lines = [bench_packing(args)]
     if not args.skip_fsdp:
-        bench_fsdp(args)
+        fsdp = bench_fsdp(args)
+        if fsdp is not None:
+            lines.append(fsdp)
+    emit("learner", lines)
 
 
 if __name__ == "__main__":

@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{mb / plane_s:,.1f} MB/s | raw pyzmq {1 / raw_s:,.0f} groups/s {mb / raw_s:,.1f} MB/s "
         f"| ratio {raw_s / plane_s:.2f} (target >= 0.5)"
     )
+    from async_rl.tuning.bench import BenchLine, emit
+
+    detail = f"{1 / plane_s:,.0f} vs {1 / raw_s:,.0f} groups/s of {group_bytes / 1024:.1f} KiB"
+    emit("transport", [BenchLine("rollout_plane_vs_raw_pyzmq", raw_s / plane_s, 0.5, detail)])
     return 0
 
 

@@ -20,13 +20,14 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from async_rl.actor.engine import Completion, GenerationEngine, SamplingSpec, UpdateMode
+from async_rl.actor.engine import Completion, EngineStats, SamplingSpec, UpdateMode
 from async_rl.rewards import RewardResult
 from async_rl.transport.protocol import PromptGrant, RolloutGroup, make_completion, unpack_array
 
@@ -35,6 +36,20 @@ logger = logging.getLogger(__name__)
 
 class Scorer(Protocol):
     def score(self, prompt: str, completion: str, ground_truth: str, extra: dict[str, Any] | None = None) -> Any: ...
+
+
+class Engine(Protocol):
+    """What the loop needs from a generation engine: ``GenerationEngine`` (vLLM) or the emulated one (benchmarks)."""
+
+    version: int
+    stats: EngineStats
+
+    @property
+    def vllm(self) -> Any: ...  # pause_generation(mode=, clear_cache=) / resume_generation() on a failed update
+
+    async def generate(self, prompt_token_ids: list[int], spec: SamplingSpec) -> list[Completion]: ...
+
+    async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None: ...
 
 
 class WeightSync(Protocol):
@@ -63,7 +78,7 @@ class ActorLoop:
         *,
         actor_id: str,
         client: Any,
-        engine: GenerationEngine,
+        engine: Engine,
         scorer: Scorer,
         weight_sync: WeightSync | None,
         max_concurrent_groups: int,
@@ -190,6 +205,7 @@ class ActorLoop:
     # ------------------------------------------------------------------ main loop
     async def run(self) -> ActorLoopStats:
         self.client.hello(loaded_version=self.engine.version)
+        started = time.monotonic()
         idle_since: float | None = None
         while not self._stop and not self.client.shutdown_requested:
             self.client.poll()
@@ -216,12 +232,18 @@ class ActorLoop:
                     else:
                         self.stats.grants_waiting_for_weights += 1
                         self._pending.append(grant)
+            now = time.monotonic()
             if self._tasks:
                 if idle_since is not None:
-                    self.stats.idle_seconds += time.monotonic() - idle_since
+                    self.stats.idle_seconds += now - idle_since
                     idle_since = None
             elif idle_since is None:
-                idle_since = time.monotonic()
+                idle_since = now
+            self.client.report = {
+                "generated_tokens": float(self.engine.stats.generated_tokens),
+                "idle_s": self.stats.idle_seconds + (now - idle_since if idle_since is not None else 0.0),
+                "uptime_s": now - started,
+            }
             await asyncio.sleep(self.poll_interval_s)
         for task in list(self._tasks):
             task.cancel()

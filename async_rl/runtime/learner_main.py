@@ -25,6 +25,7 @@ from typing import Any
 
 from async_rl.config import Config
 from async_rl.runtime import resources
+from async_rl.runtime.metrics import ActorActivity
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
     sink = _open_sink(cfg, out_dir, total_steps) if ctx.rank == 0 else None
     sync_every = cfg.async_training.sync_every_n_steps
     started = time.monotonic()
+    actor_activity = ActorActivity()
     summary: dict[str, Any] = {}
     for step in range(start_step, total_steps):
         step_started = time.monotonic()
@@ -227,6 +229,7 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
             learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=ckpt.keep_last or 1_000_000)
         if sink is not None and coordinator is not None:
             metrics.update(coordinator.metrics())
+            metrics.update(actor_activity(metrics))
             metrics["learner/idle_fraction"] = wait_s / max(time.monotonic() - step_started, 1e-9)
             metrics["time/wall_s"] = time.monotonic() - started
             sink.log(step + 1, metrics)

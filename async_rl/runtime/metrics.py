@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ALLOWED_BACKENDS",
+    "ActorActivity",
     "ConsoleSink",
     "JsonlSink",
     "MetricsLogger",
@@ -84,6 +85,35 @@ def _pick(metrics: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
         if isinstance(value, int | float) and math.isfinite(value):
             return float(value)
     return None
+
+
+class ActorActivity:
+    """Per-step actor metrics from the coordinator's cumulative actor totals (``transport/actors/*_total``).
+
+    Actors report cumulative counters about once a second, so between two learner steps the totals may not move; a
+    window then stretches until they do. Over a window: ``actor/idle_fraction`` = idle actor-seconds / actor-seconds,
+    and ``actor/gen_tokens_per_s`` = tokens / actor-seconds x live actors (the whole fleet's rate).
+    """
+
+    KEYS = ("generated_tokens", "idle_s", "uptime_s")
+
+    def __init__(self) -> None:
+        self._prev = (0.0, 0.0, 0.0)
+
+    def __call__(self, metrics: Mapping[str, Any]) -> dict[str, float]:
+        values = [_pick(metrics, (f"transport/actors/{key}_total",)) for key in self.KEYS]
+        if any(v is None for v in values):
+            return {}
+        tokens, idle, uptime = (float(v) for v in values)  # type: ignore[arg-type]
+        d_tokens, d_idle, d_up = tokens - self._prev[0], idle - self._prev[1], uptime - self._prev[2]
+        if d_up <= 0.0:
+            return {}
+        self._prev = (tokens, idle, uptime)
+        alive = max(1.0, _pick(metrics, ("transport/actors_alive",)) or 1.0)
+        return {
+            "actor/idle_fraction": min(1.0, max(0.0, d_idle / d_up)),
+            "actor/gen_tokens_per_s": max(0.0, d_tokens) / d_up * alive,
+        }
 
 
 def format_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:

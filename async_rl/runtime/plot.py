@@ -200,9 +200,9 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     from matplotlib.figure import Figure
 
     records = _by_step(read_metrics(metrics_jsonl))
-    fig = Figure(figsize=(14, 12), dpi=100)
+    fig = Figure(figsize=(14, 15), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(3, 2)
+    axes = fig.subplots(4, 2)
 
     _reward_panel(axes[0][0], records, "step", "reward vs step", "step")
     scale, unit = _wall_scale(records)
@@ -229,6 +229,21 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
             ("queue depth", _series(records, "transport/queue_depth")),
             ("dropped as stale (cumulative)", _series(records, "transport/drops/stale")),
         ],
+    )
+    _lines_panel(
+        axes[3][0],
+        "idle fractions (waiting for work)",
+        "fraction of time",
+        [
+            ("learner (waiting for groups)", _series(records, "learner/idle_fraction")),
+            ("actors (nothing to generate)", _series(records, "actor/idle_fraction")),
+        ],
+    )
+    _lines_panel(
+        axes[3][1],
+        "response length",
+        "tokens",
+        [("mean response length", _series(records, "learner/batch/response_length_mean"))],
     )
     last = records[-1]["step"] if records else 0
     fig.suptitle(f"{Path(metrics_jsonl).parent.name or 'run'}: {len(records)} steps logged (last step {last})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -24,6 +24,7 @@ class ActorState:
     credit: int = 0
     granted_total: int = 0
     died_at: float | None = None
+    reported: dict[str, float] = field(default_factory=dict)  # the last cumulative counters the actor reported
 
     def set_credit(self, max_groups: int, grants_seen: int) -> None:
         in_transit = max(0, self.granted_total - grants_seen)
@@ -75,6 +76,7 @@ class ActorRegistry:
         state.last_seen = now
         state.credit = 0
         state.granted_total = 0
+        state.reported = {}  # a restarted actor counts from zero again
         return state
 
     def newly_dead(self, now: float) -> list[ActorState]:

@@ -113,6 +113,11 @@ class RolloutClient:
         self._last_recv = now
         self._last_sent = now
         self._welcomes = 0
+        # Cumulative counters the owner keeps up to date (transport.metrics.ACTOR_REPORT_KEYS); sent on a Heartbeat
+        # every report_interval_s even while other traffic keeps plain heartbeats unnecessary.
+        self.report: dict[str, float] = {}
+        self.report_interval_s = min(1.0, self.heartbeat_interval_s)
+        self._last_report = now
         self.ctx = zmq.Context()
         self._sock = sockets.connect_dealer(self.ctx, address, actor_id, self.settings, self._keys)
 
@@ -205,8 +210,10 @@ class RolloutClient:
             now = time.monotonic()
             if now - self._last_recv > self.peer_timeout_s:
                 self._reconnect(now)
-        if now - self._last_sent >= self.heartbeat_interval_s:
-            self._send(Heartbeat(sender=self.actor_id, policy_version=self.loaded_version))
+        report_due = bool(self.report) and now - self._last_report >= self.report_interval_s
+        if report_due or now - self._last_sent >= self.heartbeat_interval_s:
+            self._last_report = now
+            self._send(Heartbeat(sender=self.actor_id, policy_version=self.loaded_version, stats=dict(self.report)))
         self._resend_due(now)
 
     def wait_acked(self, timeout_s: float) -> bool:

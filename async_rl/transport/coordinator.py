@@ -418,6 +418,9 @@ class Coordinator:
                 self._metrics.count("credit_waits")
         elif isinstance(msg, Heartbeat):
             state.loaded_version = msg.policy_version
+            if msg.stats:
+                self._metrics.record_actor_report(state.reported, msg.stats)
+                state.reported = dict(msg.stats)
         elif isinstance(msg, RolloutGroup):
             status = self._deliver_locked(msg, nbytes)
             acks.setdefault(rid, []).append(AckEntry(msg.prompt_id, msg.lease_id, status))

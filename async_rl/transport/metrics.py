@@ -7,12 +7,16 @@ into the flat ``{"transport/...": number}`` dict the learner logs.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, OrderedDict
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "transport/"
+# Cumulative counters an actor reports on its periodic Heartbeat: tokens generated, seconds with nothing to generate,
+# seconds since it started. The coordinator sums their growth over all actors (``transport/actors/<key>_total``).
+ACTOR_REPORT_KEYS = ("generated_tokens", "idle_s", "uptime_s")
 
 
 class RateMeter:
@@ -91,6 +95,16 @@ class TransportMetrics:
         self.grants = RateMeter()
         self.groups = RateMeter()
         self.bytes = RateMeter()
+        self.actor_totals: dict[str, float] = dict.fromkeys(ACTOR_REPORT_KEYS, 0.0)
+
+    def record_actor_report(self, previous: dict[str, float], report: dict[str, float]) -> None:
+        """Add what an actor's cumulative counters grew by since its previous report (a drop means it restarted)."""
+        for key in ACTOR_REPORT_KEYS:
+            new = report.get(key)
+            if new is None or not math.isfinite(new) or new < 0:
+                continue
+            old = previous.get(key, 0.0)
+            self.actor_totals[key] += new - old if new >= old else new
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] += amount
@@ -119,6 +133,8 @@ class TransportMetrics:
         for reason, value in self.drops.items():
             out[PREFIX + "drops/" + reason] = value
         out[PREFIX + "drops_total"] = sum(self.drops.values())
+        for key in ACTOR_REPORT_KEYS:
+            out[f"{PREFIX}actors/{key}_total"] = float(self.actor_totals[key])
         for reason, value in send_failures.items():
             out[PREFIX + "send_failures/" + reason] = value
         for reason, value in decode_errors.items():

@@ -158,6 +158,8 @@ class GroupAck(Message, tag="group_ack"):
 class Heartbeat(Message, tag="heartbeat"):
     sender: ActorId
     policy_version: NonNegInt = 0
+    # Actor -> coordinator only: cumulative counters since the actor started (see transport.metrics.ACTOR_REPORT_KEYS).
+    stats: dict[str, float] = {}
 
 
 class VersionUpdate(Message, tag="version_update"):

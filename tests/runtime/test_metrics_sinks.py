@@ -264,3 +264,24 @@ def test_format_line_keeps_zero_values_and_skips_missing_keys() -> None:
     line = format_line(5, 20, {"learner/batch/reward_mean": 0.0, "sync/seconds": 1.234, "x": float("nan")})
     # 5 / 20 = 25%
     assert line == "step 5/20 (25%) | reward 0.000 | sync 1.23s"
+
+
+def test_actor_activity_rates_over_windows_where_reports_moved() -> None:
+    from async_rl.runtime.metrics import ActorActivity
+
+    activity = ActorActivity()
+    assert activity({"learner/x": 1.0}) == {}  # no actor totals logged (e.g. a coordinator without actors)
+
+    def totals(tokens: float, idle: float, uptime: float, alive: int = 2) -> dict[str, float]:
+        return {
+            "transport/actors/generated_tokens_total": tokens,
+            "transport/actors/idle_s_total": idle,
+            "transport/actors/uptime_s_total": uptime,
+            "transport/actors_alive": alive,
+        }
+
+    # 2 actors, 4 actor-seconds, 1 of them idle, 800 tokens: idle 0.25; 200 tok per actor-second x 2 actors = 400/s
+    assert activity(totals(800, 1, 4)) == pytest.approx({"actor/idle_fraction": 0.25, "actor/gen_tokens_per_s": 400})
+    assert activity(totals(800, 1, 4)) == {}  # no new report since the last step: nothing to say
+    # the window since the last change: +2 actor-seconds, +2 idle, +0 tokens
+    assert activity(totals(800, 3, 6)) == pytest.approx({"actor/idle_fraction": 1.0, "actor/gen_tokens_per_s": 0.0})

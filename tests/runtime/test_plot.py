@@ -44,6 +44,9 @@ def _full_record(step: int) -> dict[str, Any]:
         "sync/seconds": 0.4,
         "transport/queue_depth": float(step % 7),
         "transport/drops/stale": float(step // 10),
+        "learner/idle_fraction": 0.1,
+        "actor/idle_fraction": 0.3,
+        "learner/batch/response_length_mean": 6.0,
         "learner/actor/pg_loss": None,  # a NaN written as null
     }
 
@@ -52,7 +55,7 @@ def test_plot_run_full_metrics_writes_png(tmp_path: Path) -> None:
     src = _write(tmp_path / "metrics.jsonl", [_full_record(s) for s in range(1, 121)])
     out = plot_run(src, tmp_path / "plots" / "run.png")
     assert out == tmp_path / "plots" / "run.png"
-    assert _png_size(out) == (1400, 1200)  # figsize 14 x 12 inches at 100 dpi
+    assert _png_size(out) == (1400, 1500)  # figsize 14 x 15 inches at 100 dpi
     assert out.stat().st_size > 10_000
 
 
@@ -66,7 +69,15 @@ def test_plot_run_with_most_keys_missing(tmp_path: Path, monkeypatch: pytest.Mon
     assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
     # Only reward vs step has data; no time/wall_s, so the wall-clock panel is empty too.
     assert sorted(empty_panels) == sorted(
-        ["reward vs wall-clock time", "throughput", "staleness and off-policy ESS", "weight sync", "rollout transport"]
+        [
+            "reward vs wall-clock time",
+            "throughput",
+            "staleness and off-policy ESS",
+            "weight sync",
+            "rollout transport",
+            "idle fractions (waiting for work)",
+            "response length",
+        ]
     )
 
 

@@ -112,3 +112,16 @@ def test_bad_messages_are_logged_once_per_sender(caplog: pytest.LogCaptureFixtur
     assert log.counts == {"schema": 3, "kind": 1} and log.total == 4
     log.record("z", "schema", "d", now=62.0)
     assert log.tracked_senders == 2  # bounded: the oldest sender was forgotten
+
+
+def test_actor_reports_accumulate_growth_and_survive_restarts() -> None:
+    m = TransportMetrics(max_staleness=1)
+    m.record_actor_report({}, {"generated_tokens": 100.0, "idle_s": 1.0, "uptime_s": 5.0, "unknown": 7.0})
+    m.record_actor_report({"generated_tokens": 100.0, "idle_s": 1.0, "uptime_s": 5.0}, {"generated_tokens": 150.0})
+    # a restarted actor reports from zero again: its new count is all growth
+    m.record_actor_report({"generated_tokens": 150.0}, {"generated_tokens": 20.0, "idle_s": float("nan")})
+    snap = m.snapshot({}, {}, {})
+    assert snap["transport/actors/generated_tokens_total"] == 170.0  # 100 + 50 + 20
+    assert snap["transport/actors/idle_s_total"] == 1.0  # the NaN report is ignored
+    assert snap["transport/actors/uptime_s_total"] == 5.0
+    assert "transport/actors/unknown_total" not in snap

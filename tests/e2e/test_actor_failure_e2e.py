@@ -55,7 +55,7 @@ def test_killed_actor_loses_nothing_and_a_restarted_actor_rejoins(tmp_path, asse
     port, ws_port = _free_port(), _free_port()
     overrides = [
         "--config",
-        str(ROOT / "configs" / "demo_grpo.yaml"),
+        str(ROOT / "configs" / "smoke_grpo.yaml"),
         f"trainer.default_local_dir={run_dir}",
         f"trainer.total_training_steps={STEPS}",
         f"data.train_batch_size={BATCH}",

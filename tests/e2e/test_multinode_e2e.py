@@ -29,7 +29,7 @@ def test_two_learner_nodes_and_a_separate_actor(tmp_path):
     rdzv, port, ws_port = _free_port(), _free_port(), _free_port()
     overrides = [
         "--config",
-        str(ROOT / "configs" / "demo_grpo.yaml"),
+        str(ROOT / "configs" / "smoke_grpo.yaml"),
         f"trainer.default_local_dir={run_dir}",
         f"trainer.total_training_steps={STEPS}",
         "trainer.nnodes=2",

@@ -24,7 +24,7 @@ def _command(run_dir: Path, steps: int) -> list[str]:
         sys.executable,
         str(ROOT / "launchers" / "local.py"),
         "--config",
-        str(ROOT / "configs" / "demo_grpo.yaml"),
+        str(ROOT / "configs" / "smoke_grpo.yaml"),
         "--nproc-per-node",
         "2",
         "--actors",

@@ -14,6 +14,10 @@ A run is several process trees that only make sense together, so this is a small
 * when the learner exits 0 (it has told the actors to shut down) the actors get ``--actor-exit-s`` to leave by
   themselves, then are stopped.
 
+``--emulate-tokens-per-s R [--emulate-response-len L]`` starts emulated actors instead of vLLM ones (a fixed
+R tokens/s each, real rollout client and weight sync; see ``async_rl.actor.emulated``), as ``tools/bench_pipeline.py``
+does.
+
 Free ports for the coordinator and the weight-sync store are picked here and passed to every process as overrides
 (unless the config or command line already fixes them). Stdlib only, plus the package's config loader when importable,
 which validates the config and supplies num_actors / n_gpus_per_node / device / tensor-parallel size. On a CUDA
@@ -216,6 +220,11 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         learner = [*torchrun_command(), "--standalone", "--nproc_per_node", str(nproc)]
         learner += ["-m", "async_rl.entrypoints.train", *configs, *args.overrides, *wiring]
     parts = [Part("learner", tuple(learner), log_dir / "learner.log", envs[0], echo=True)]
+    emulate: list[str] = []
+    if args.emulate_tokens_per_s is not None:
+        emulate = ["--emulate-tokens-per-s", str(args.emulate_tokens_per_s)]
+        if args.emulate_response_len is not None:
+            emulate += ["--emulate-response-len", str(args.emulate_response_len)]
     for i in range(actors):
         name = f"actor-{i}"
         if args.actor_cmd:
@@ -223,6 +232,7 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         else:
             argv = [sys.executable, "-m", "async_rl.entrypoints.actor", *configs]
             argv += ["--coordinator", f"tcp://{connect}:{port}", "--actor-id", name, *args.overrides, *wiring]
+            argv += emulate
         parts.append(Part(name, tuple(argv), log_dir / f"{name}.log", envs[i + 1]))
     return parts
 
@@ -463,6 +473,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grace-s", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL [15]")
     p.add_argument("--actor-exit-s", type=float, default=10.0, help="seconds actors get after the learner is done")
     p.add_argument("--dry-run", action="store_true", help="print the commands it would run and exit")
+    p.add_argument(
+        "--emulate-tokens-per-s",
+        type=float,
+        default=None,
+        metavar="R",
+        help="start emulated actors (no vLLM) generating R tokens/s each (benchmarks; async_rl.actor.emulated)",
+    )
+    p.add_argument("--emulate-response-len", type=int, default=None, metavar="L", help="emulated tokens per completion")
     p.add_argument("--learner-cmd", default=None, help=argparse.SUPPRESS)  # tests: replace the learner command
     p.add_argument("--actor-cmd", default=None, help=argparse.SUPPRESS)  # tests: actor command, {i} = index
     p.add_argument("overrides", nargs="*", metavar="dotted.key=value", help="config overrides")
@@ -471,6 +489,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.emulate_tokens_per_s is not None and not args.emulate_tokens_per_s > 0:
+        p.error(f"--emulate-tokens-per-s must be > 0, got {args.emulate_tokens_per_s}")
+    if args.emulate_response_len is not None and (args.emulate_tokens_per_s is None or args.emulate_response_len < 1):
+        p.error("--emulate-response-len needs --emulate-tokens-per-s and must be >= 1")
     for name in ("grace_s", "actor_exit_s"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")

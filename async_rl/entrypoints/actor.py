@@ -5,6 +5,9 @@
     python -m async_rl.entrypoints.actor --config configs/demo_grpo.yaml \\
         --coordinator tcp://127.0.0.1:5555 --actor-id actor-0 [dotted.key=value ...]
 
+``--emulate-tokens-per-s R [--emulate-response-len L]`` runs an emulated actor instead (no vLLM: generation is a
+fixed R tokens/s server, see ``async_rl.actor.emulated``), for pipeline benchmarks.
+
 The coordinator address is rank 0's ``async_training.transport.host:port``; a non-loopback address needs the CURVE
 key settings (``async_training.transport.curve_*``). ``--dry-run`` validates the config and the wiring.
 """
@@ -25,6 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--coordinator", default=None, help="tcp://HOST:PORT of the learner's coordinator")
     parser.add_argument("--actor-id", default=None, help="unique actor name (default: HOSTNAME-PID)")
+    parser.add_argument(
+        "--emulate-tokens-per-s",
+        type=float,
+        default=None,
+        help="no vLLM: emulate generation at this many tokens/s (async_rl.actor.emulated; for benchmarks)",
+    )
+    parser.add_argument(
+        "--emulate-response-len", type=int, default=None, help="emulated tokens per completion [max_tokens]"
+    )
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     cfg, flags = parse_cli(rest)
     if flags.dry_run:
@@ -38,12 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     coordinator = known.coordinator or f"tcp://{t.host}:{t.port}"
     if not coordinator.startswith("tcp://") or coordinator.endswith(":0"):
         parser.error(f"--coordinator must be tcp://HOST:PORT (got {coordinator!r}); port 0 cannot be dialled")
+    rate, length = known.emulate_tokens_per_s, known.emulate_response_len
+    if rate is not None and not rate > 0:
+        parser.error(f"--emulate-tokens-per-s must be > 0, got {rate}")
+    if length is not None and (rate is None or length < 1):
+        parser.error(f"--emulate-response-len needs --emulate-tokens-per-s and must be >= 1, got {length}")
     import os
 
     actor_id = known.actor_id or f"{socket.gethostname()}-{os.getpid()}"
-    from async_rl.runtime.actor_main import run_actor
+    from async_rl.runtime.actor_main import run_actor, run_emulated_actor
 
-    result = run_actor(cfg, coordinator=coordinator, actor_id=actor_id)
+    if rate is not None:
+        result = run_emulated_actor(
+            cfg, coordinator=coordinator, actor_id=actor_id, tokens_per_s=rate, response_len=length
+        )
+    else:
+        result = run_actor(cfg, coordinator=coordinator, actor_id=actor_id)
     print(json.dumps(result, default=str))
     return 0
 

@@ -85,6 +85,49 @@ def run_actor(cfg: Config, *, coordinator: str, actor_id: str) -> dict[str, Any]
     return asyncio.run(_run(cfg, coordinator, actor_id, workdir))
 
 
+async def _run_emulated(
+    cfg: Config, coordinator: str, actor_id: str, tokens_per_s: float, response_len: int | None
+) -> dict[str, float]:
+    from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyWeightSync
+    from async_rl.actor.loop import ActorLoop
+    from async_rl.transport import RolloutClient
+
+    client = RolloutClient(coordinator, actor_id, resources.plane_settings(cfg))
+    engine = EmulatedEngine(tokens_per_s, response_len=response_len)
+    weight_sync = ReceiveOnlyWeightSync()
+    try:
+        # Nothing to load here, so this actor is up long before the learner's coordinator: wait for it as a vLLM
+        # actor's engine start-up would (the loop's own hello then re-joins at once).
+        client.hello(loaded_version=engine.version, timeout_s=cfg.async_training.timeouts.actor_start_s)
+        loop = ActorLoop(
+            actor_id=actor_id,
+            client=client,
+            engine=engine,
+            scorer=EmulatedScorer(),
+            weight_sync=weight_sync,
+            max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
+            update_mode=cfg.async_training.update_mode,
+        )
+        await loop.run()
+        return {**loop.metrics(), **engine.metrics()}
+    finally:
+        client.close()
+        weight_sync.close()
+
+
+def run_emulated_actor(
+    cfg: Config, *, coordinator: str, actor_id: str, tokens_per_s: float, response_len: int | None = None
+) -> dict[str, Any]:
+    """Run one emulated actor (``async_rl.actor.emulated``): real loop, client and weight sync, no vLLM engine.
+
+    Generation is a fixed ``tokens_per_s`` server (``response_len`` tokens per completion, default ``max_tokens``);
+    rewards are pseudo-random. For pipeline benchmarks and tests; the reward function and model are not loaded.
+    """
+    if not tokens_per_s > 0:
+        raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
+    return asyncio.run(_run_emulated(cfg, coordinator, actor_id, tokens_per_s, response_len))
+
+
 def _has_cuda() -> bool:
     try:
         import torch

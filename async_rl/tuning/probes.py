@@ -1,0 +1,237 @@
+"""Measurement probes on the real pieces, each run as its own process by :mod:`async_rl.tuning.profile`.
+
+    python -m async_rl.tuning.probes generation --params '{"config": [...], "overrides": [...], ...}' --out g.json
+    torchrun --standalone --nproc_per_node 2 -m async_rl.tuning.probes learner --params '{...}' --out l.json
+
+* ``generation``: the actor's :class:`GenerationEngine` (vLLM, the config's engine settings and sampling) keeps
+  ``c`` prompt groups in flight for a few seconds at each concurrency level (closed loop, real prompts from the
+  config's data) and reports generated tokens/s and the response lengths it saw;
+* ``learner``: every torchrun rank builds the config's :class:`Learner` and times ``share_groups`` + ``train_step``
+  on synthetic groups shaped like the workload (real prompt lengths, measured response lengths) at one or more
+  batch sizes; rank 0 reports the median step time per size.
+
+A separate process per probe keeps vLLM's helper processes and the process group out of the tuner itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _signal(params: dict[str, Any], name: str) -> None:
+    """Leave a marker file for the other probe (the probes meet at markers so measurements never overlap)."""
+    (Path(params["marks"]) / name).touch()
+
+
+def _seen(params: dict[str, Any], name: str) -> bool:
+    return (Path(params["marks"]) / name).exists()
+
+
+def _await(params: dict[str, Any], name: str, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not _seen(params, name):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"probe marker {name!r} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def _config(params: dict[str, Any]) -> Any:
+    from async_rl.config import load_config
+
+    return load_config(list(params["config"]), list(params.get("overrides", [])))
+
+
+def _model_and_records(cfg: Any, workdir: Path) -> tuple[str, list[Any]]:
+    from transformers import AutoTokenizer
+
+    from async_rl.runtime import resources
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return model_path, resources.prompt_records(cfg, tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Generation
+
+
+async def _generation(params: dict[str, Any]) -> dict[str, Any]:
+    from async_rl.actor.engine import GenerationEngine, SamplingSpec
+    from async_rl.runtime.actor_main import engine_settings
+
+    cfg = _config(params)
+    model_path, records = _model_and_records(cfg, Path(params["workdir"]))
+    r = cfg.actor_rollout_ref.rollout
+    spec = SamplingSpec(
+        n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=cfg.data.max_response_length
+    )
+    engine = GenerationEngine(engine_settings(cfg, model_path))
+    await engine.start()
+    paired = bool(params.get("contend_groups"))
+    if paired:  # wait until the learner probe has started up too: its start-up must not overlap a measurement
+        _signal(params, "gen_up")
+        _await(params, "learner_up")
+    cursor = 0
+
+    def next_prompt() -> list[int]:
+        nonlocal cursor
+        cursor += 1
+        return [int(t) for t in records[cursor % len(records)].token_ids]
+
+    async def run_level(groups: int, seconds: float) -> tuple[int, float, list[int]]:
+        deadline = time.perf_counter() + seconds
+        lengths: list[int] = []
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                for c in await engine.generate(next_prompt(), spec):
+                    lengths.append(len(c.token_ids))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(groups)])
+        return sum(lengths), time.perf_counter() - t0, lengths
+
+    try:
+        await run_level(max(params["levels"]), 2.0)  # warm-up: first-request compilation, allocator growth
+        levels, rates, all_lengths = [], [], []
+        for groups in params["levels"]:
+            tokens, elapsed, lengths = await run_level(groups, float(params["seconds"]))
+            levels.append(groups * spec.n)
+            rates.append(tokens / elapsed)
+            all_lengths.extend(lengths)
+            print(f"generation: {groups} groups x {spec.n} in flight: {rates[-1]:.0f} tokens/s", flush=True)
+        contended = None
+        if paired:
+            _signal(params, "gen_alone_done")
+            _await(params, "learner_alone_done")
+            await asyncio.sleep(1.0)  # let the learner's first contended step start
+            _signal(params, "gen_started")
+            tokens, elapsed, _ = await run_level(int(params["contend_groups"]), float(params["contend_seconds"]))
+            _signal(params, "gen_done")
+            contended = tokens / elapsed
+            print(f"generation while the learner trains: {contended:.0f} tokens/s", flush=True)
+    finally:
+        await engine.shutdown()
+    prompt_lens = [len(rec.token_ids) for rec in records[:2000]]
+    return {
+        "sequences_in_flight": levels,
+        "tokens_per_s": rates,
+        "response_lengths": all_lengths[:4096],
+        "prompt_len_mean": statistics.fmean(prompt_lens),
+        "contended_tokens_per_s": contended,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Learner
+
+
+def _synthetic_groups(records: list[Any], lengths: list[int], num: int, n: int, vocab: int, seed: int) -> list[Any]:
+    from async_rl.learner.batching import Response, RolloutGroup
+
+    rng = random.Random(seed)
+    groups = []
+    for g in range(num):
+        prompt = [int(t) for t in records[rng.randrange(len(records))].token_ids]
+        responses = []
+        for _ in range(n):
+            length = max(1, rng.choice(lengths))
+            tokens = [rng.randrange(3, vocab) for _ in range(length)]
+            responses.append(Response(tokens, [-1.0] * length, float(rng.random()), 0))
+        groups.append(RolloutGroup(g, prompt, responses))
+    return groups
+
+
+def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
+    import torch
+
+    from async_rl.learner import init_distributed, teardown
+    from async_rl.learner.settings import LearnerSettings
+    from async_rl.learner.step import Learner, share_groups
+
+    cfg = _config(params)
+    ctx = init_distributed(backend="auto")
+    workdir = Path(params["workdir"])
+    if ctx.rank == 0:
+        _model_and_records(cfg, workdir)
+    ctx.barrier()
+    model_path, records = _model_and_records(cfg, workdir)
+    settings = LearnerSettings.from_config(cfg)
+    learner = Learner(settings, ctx, model_path)
+    vocab = int(getattr(learner.model.config, "vocab_size", 64))
+    paired = bool(params.get("contend"))
+    if paired:  # measure alone only after the generation probe has measured alone
+        ctx.barrier()
+        if ctx.is_rank0:
+            _signal(params, "learner_up")
+            _await(params, "gen_alone_done")
+        ctx.barrier()
+    n = cfg.actor_rollout_ref.rollout.n
+    minis_per_step = max(1, cfg.data.train_batch_size // settings.ppo_mini_batch_size)
+    results = []
+    for size in params["batch_sizes"]:
+        mini = size // minis_per_step if size % minis_per_step == 0 else size
+        learner.settings = settings.replace(ppo_mini_batch_size=mini)
+        groups = _synthetic_groups(records, params["response_lengths"], size, n, vocab, seed=size)
+        tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
+        times = []
+        for rep in range(params["steps"] + 1):
+            t0 = time.perf_counter()
+            shared = share_groups(ctx, groups if ctx.is_rank0 else None)
+            learner.train_step(shared)
+            if rep:  # the first step of each size is a warm-up
+                times.append(time.perf_counter() - t0)
+        results.append({"groups": size, "tokens": tokens, "step_s": statistics.median(times), "all_s": times})
+        if ctx.is_rank0:
+            print(f"learner: world {ctx.world_size}, {size} groups ({tokens} tokens): {results[-1]['step_s']:.3f} s")
+    contended: list[float] = []
+    if paired:  # keep training the full batch while the generation probe runs beside it
+        if ctx.is_rank0:
+            _signal(params, "learner_alone_done")
+        while True:
+            flag = None
+            if ctx.is_rank0:
+                flag = b"stop" if _seen(params, "gen_done") else b"time" if _seen(params, "gen_started") else b"warm"
+            flag = ctx.broadcast_bytes(flag)
+            if flag == b"stop":
+                break
+            t0 = time.perf_counter()
+            learner.train_step(share_groups(ctx, groups if ctx.is_rank0 else None))
+            if flag == b"time":
+                contended.append(time.perf_counter() - t0)
+        if ctx.is_rank0:
+            print(f"learner while generation runs: {len(contended)} steps, median {statistics.median(contended):.3f} s")
+    teardown(ctx)
+    del torch
+    if ctx.rank != 0:
+        return None
+    out: dict[str, Any] = {"world_size": ctx.world_size, "points": results}
+    if len(contended) > 2:
+        out["contended_step_s"] = statistics.median(contended[:-1])  # the last one may run past generation's end
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("probe", choices=["generation", "learner"])
+    p.add_argument("--params", required=True, help="JSON object of probe parameters")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    params = json.loads(args.params)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    result = asyncio.run(_generation(params)) if args.probe == "generation" else _learner(params)
+    if result is not None:
+        Path(args.out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

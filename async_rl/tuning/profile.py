@@ -1,0 +1,318 @@
+"""The measured rates of one config (a JSON file), the fits the simulator uses, and the run that measures them.
+
+A :class:`Profile` holds what the probes saw on this machine: generated tokens/s of one actor at several numbers of
+sequences in flight, learner step times at world sizes 1 and 2 and two batch sizes, weight-update times at two model
+sizes, the response lengths sampled, and the mutual slow-down of actor and learner when they share the cores
+(measured by running both at once). ``Profile.to_json`` / ``Profile.from_json`` round-trip it, so
+``tools/tune.py --profile FILE`` skips the minutes of measuring.
+
+:func:`measure` runs the probes (:mod:`async_rl.tuning.probes`) as child processes, in this order, so that no
+measurement overlaps another's start-up: the vLLM probe and the 2-rank learner probe start together and meet at
+file markers (both up -> generation alone -> learner alone -> both at once); then the 1-rank learner probe; then
+``tools/bench_weight_sync.py`` at two model sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from async_rl.tuning.simulator import Curve, LearnerModel, SharedCompute, Workload
+
+logger = logging.getLogger(__name__)
+FORMAT = 1
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class LearnerPoint:
+    """One measured learner step: ``world_size`` ranks, ``groups`` prompt groups holding ``tokens`` tokens."""
+
+    world_size: int
+    groups: int
+    tokens: int
+    step_s: float
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """One measured weight update of ``nbytes`` into a running engine, end to end on the receiving side."""
+
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class InJob:
+    """What a short real run of the config (K = 0, so training never overlaps generation) adds to the probes.
+
+    Inside the job the learner's ``train_step`` runs beside the coordinator thread, the actor's polling and the
+    transport, on the same cores; the probes measure it alone. ``learner_factor`` = in-job step time / probe
+    prediction for the same tokens; ``sync_s`` = the job's median ``sync/seconds`` (which includes the learner's
+    FSDP gather); ``overhead_s`` = the rest of a step's wall time outside waiting, training and the broadcast. These
+    apply to predictions on this machine only (the validation); recommendations for GPUs use the probes.
+    """
+
+    learner_factor: float
+    sync_s: float
+    overhead_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured rates of one config on one machine (see the module docstring)."""
+
+    config: tuple[str, ...]
+    overrides: tuple[str, ...]
+    device: str
+    cores: int
+    group_size: int  # rollout.n
+    groups_per_step: int  # data.train_batch_size
+    max_concurrent_groups: int  # async_training.actor.max_concurrent_groups
+    max_staleness: int
+    sync_every: int
+    prompt_len: float
+    response_lengths: tuple[int, ...]
+    gen_sequences: tuple[float, ...]  # sequences in flight ...
+    gen_tokens_per_s: tuple[float, ...]  # ... and one actor's generated tokens/s there
+    learner: tuple[LearnerPoint, ...]
+    sync: tuple[SyncPoint, ...]
+    model_bytes: int  # bytes of the config's weights as broadcast
+    shared: SharedCompute | None = None  # slow-down when actor and learner share this machine's cores
+    calibration: InJob | None = None  # the same pieces inside a short real job here (see InJob)
+
+    # ---- fits ----------------------------------------------------------------------------------------------------
+    def curve(self) -> Curve:
+        return Curve(tuple(float(x) for x in self.gen_sequences), tuple(float(y) for y in self.gen_tokens_per_s))
+
+    def workload(self, group_size: int | None = None) -> Workload:
+        return Workload(group_size or self.group_size, self.response_lengths, self.prompt_len)
+
+    def world_sizes(self) -> list[int]:
+        return sorted({p.world_size for p in self.learner})
+
+    def learner_model(self, world_size: int) -> LearnerModel:
+        """``fixed_s + tokens / tokens_per_s`` fitted (least squares) to the points measured at ``world_size``."""
+        pts = [(float(p.tokens), p.step_s) for p in self.learner if p.world_size == world_size]
+        if not pts:
+            raise ValueError(f"no learner measurement at world size {world_size}; have {self.world_sizes()}")
+        fixed, per_token = _line(pts)
+        return LearnerModel(fixed_s=fixed, tokens_per_s=1.0 / per_token)
+
+    def sync_s(self, nbytes: int | None = None) -> float:
+        """Time of one weight update of ``nbytes`` (default: this config's model), from a latency + bandwidth fit."""
+        latency, per_byte = _line([(float(p.nbytes), p.seconds) for p in self.sync])
+        return latency + per_byte * float(self.model_bytes if nbytes is None else nbytes)
+
+    # ---- JSON ----------------------------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["format"] = FORMAT
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Profile:
+        data = json.loads(text)
+        if data.pop("format", None) != FORMAT:
+            raise ValueError(f"profile format must be {FORMAT}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown profile key(s) {unknown}")
+        data["learner"] = tuple(LearnerPoint(**p) for p in data["learner"])
+        data["sync"] = tuple(SyncPoint(**p) for p in data["sync"])
+        data["shared"] = SharedCompute(**data["shared"]) if data.get("shared") else None
+        data["calibration"] = InJob(**data["calibration"]) if data.get("calibration") else None
+        for key in ("config", "overrides", "response_lengths", "gen_sequences", "gen_tokens_per_s"):
+            data[key] = tuple(data[key])
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_json(Path(path).read_text())
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with ``a >= 0`` and ``b > 0`` (through the origin when a fit says otherwise)."""
+    if len(points) == 1 or len({x for x, _ in points}) == 1:
+        x = sum(x for x, _ in points) / len(points)
+        y = sum(y for _, y in points) / len(points)
+        return 0.0, y / max(x, 1e-12)
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    a = my - b * mx
+    if b <= 0 or a < 0:  # noise made the line meaningless: proportional through the origin instead
+        return 0.0, sum(y for _, y in points) / sum(x for x, _ in points)
+    return a, b
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Measuring
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How long and at which points the probes measure."""
+
+    gen_groups: tuple[int, ...] = (1, 4, 16, 64)  # groups in flight (x rollout.n sequences), capped by the config
+    gen_seconds: float = 5.0
+    learner_steps: int = 3  # timed steps per batch size (after one warm-up)
+    world_sizes: tuple[int, ...] = (1, 2)
+    contended_seconds: float = 8.0  # generation and learner at once, for SharedCompute
+    sync_sizes: tuple[tuple[int, int], ...] = ((128, 2), (512, 4))  # (hidden, layers) models for the sync fit
+    timeout_s: float = 900.0
+    reuse: bool = False  # keep probe results already in the work directory (re-measure only what is missing)
+
+
+def _probe_cmd(probe: str, params: dict[str, Any], out: Path, nproc: int | None = None) -> list[str]:
+    if nproc is None:
+        head = [sys.executable, "-m", "async_rl.tuning.probes"]
+    else:
+        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        head += ["-m", "async_rl.tuning.probes"]
+    return [*head, probe, "--params", json.dumps(params), "--out", str(out)]
+
+
+def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float) -> None:
+    """Start the commands together, wait for all; a failure stops the others and raises naming its log."""
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
+    procs = []
+    for cmd, log in zip(cmds, logs, strict=True):
+        with open(log, "wb") as f:
+            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if bad or time.monotonic() > deadline:
+                which = logs[bad[0]] if bad else "timeout"
+                raise RuntimeError(f"profiling probe failed ({which}); see {logs}")
+            time.sleep(0.2)
+        bad = [i for i, p in enumerate(procs) if p.returncode != 0]
+        if bad:
+            raise RuntimeError(f"profiling probe failed; see {logs[bad[0]]}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 15)
+                p.wait(timeout=30)
+
+
+def _sync_point(hidden: int, layers: int, log: Path, timeout_s: float) -> SyncPoint:
+    cmd = [sys.executable, str(REPO_ROOT / "tools" / "bench_weight_sync.py"), "--hidden", str(hidden)]
+    cmd += ["--layers", str(layers), "--reps", "2"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    log.write_text(out.stdout + out.stderr)
+    if out.returncode != 0:
+        raise RuntimeError(f"tools/bench_weight_sync.py failed; see {log}")
+    found = re.search(r"^\{$.*?^\}$", out.stdout, re.M | re.S)  # the report, printed with indent=2
+    if found is None:
+        raise RuntimeError(f"no JSON report from tools/bench_weight_sync.py; see {log}")
+    report = json.loads(found.group(0))
+    return SyncPoint(nbytes=int(report["model_mib"] * (1 << 20)), seconds=float(report["full_update_s"]))
+
+
+def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOptions | None = None) -> Profile:
+    """Run every probe on the real pieces for ``config`` and return the profile (logs under ``work``)."""
+    from async_rl.config import load_config
+    from async_rl.runtime import resources
+
+    opts = opts or MeasureOptions()
+    cfg = load_config(config, overrides)
+    work.mkdir(parents=True, exist_ok=True)
+    marks = work / "marks"
+    marks.mkdir(exist_ok=True)
+    n, b = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+    concurrent = cfg.async_training.actor.max_concurrent_groups
+    most = max(1, min(concurrent, cfg.actor_rollout_ref.rollout.max_num_seqs // n))
+    levels = sorted({min(g, most) for g in opts.gen_groups} | {most})
+    common = {"config": config, "overrides": overrides, "workdir": str(work / "model"), "marks": str(marks)}
+    gen_params = {**common, "levels": levels, "seconds": opts.gen_seconds, "contend_groups": most}
+    gen_params["contend_seconds"] = opts.contended_seconds
+    batches = sorted({max(1, b // 2), b})
+    # The learner probe needs response lengths before generation has run: start from the config's maximum; the
+    # step times are refitted per token, so the exact lengths matter little.
+    lengths = [cfg.data.max_response_length]
+    learner_params = {**common, "batch_sizes": batches, "steps": opts.learner_steps, "response_lengths": lengths}
+    world_sizes = sorted(opts.world_sizes, reverse=True)
+    gen_out, points = work / "generation.json", []
+    first = world_sizes[0]
+    first_out = work / f"learner-{first}.json"
+    if not (opts.reuse and gen_out.exists() and first_out.exists()):
+        for old in marks.iterdir():
+            old.unlink()
+        logger.info("profiling: vLLM generation at %s groups in flight, learner at world size %d", levels, first)
+        _run(
+            [
+                _probe_cmd("generation", gen_params, gen_out),
+                _probe_cmd("learner", {**learner_params, "contend": True}, first_out, first),
+            ],
+            [work / "generation.log", work / f"learner-{first}.log"],
+            opts.timeout_s,
+        )
+    gen = json.loads(gen_out.read_text())
+    learner_runs = {first: json.loads((work / f"learner-{first}.json").read_text())}
+    for ws in world_sizes[1:]:
+        out = work / f"learner-{ws}.json"
+        if opts.reuse and out.exists():
+            learner_runs[ws] = json.loads(out.read_text())
+            continue
+        logger.info("profiling: learner at world size %d", ws)
+        _run([_probe_cmd("learner", learner_params, out, ws)], [work / f"learner-{ws}.log"], opts.timeout_s)
+        learner_runs[ws] = json.loads(out.read_text())
+    for ws, run in learner_runs.items():
+        points += [LearnerPoint(ws, p["groups"], p["tokens"], p["step_s"]) for p in run["points"]]
+    shared = None
+    contended = learner_runs[first].get("contended_step_s")
+    if contended and gen.get("contended_tokens_per_s"):
+        alone = next(p["step_s"] for p in learner_runs[first]["points"] if p["groups"] == b)
+        rate_alone = gen["tokens_per_s"][gen["sequences_in_flight"].index(most * n)]
+        shared = SharedCompute(
+            generation_factor=min(1.0, gen["contended_tokens_per_s"] / rate_alone),
+            train_factor=min(1.0, alone / contended),
+        )
+    sync = []
+    for hidden, layers in opts.sync_sizes:
+        logger.info("profiling: weight sync of a hidden=%d layers=%d model", hidden, layers)
+        sync.append(_sync_point(hidden, layers, work / f"sync-{hidden}x{layers}.log", opts.timeout_s))
+    model_dir = Path(resources.resolve_model_path(cfg.actor_rollout_ref.model.path, work / "model"))
+    model_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    return Profile(
+        config=tuple(config),
+        overrides=tuple(overrides),
+        device=cfg.trainer.device,
+        cores=os.cpu_count() or 1,
+        group_size=n,
+        groups_per_step=b,
+        max_concurrent_groups=concurrent,
+        max_staleness=cfg.async_training.max_staleness,
+        sync_every=cfg.async_training.sync_every_n_steps,
+        prompt_len=float(gen["prompt_len_mean"]),
+        response_lengths=tuple(int(x) for x in gen["response_lengths"]),
+        gen_sequences=tuple(float(x) for x in gen["sequences_in_flight"]),
+        gen_tokens_per_s=tuple(float(x) for x in gen["tokens_per_s"]),
+        learner=tuple(points),
+        sync=tuple(sync),
+        model_bytes=model_bytes,
+        shared=shared,
+    )

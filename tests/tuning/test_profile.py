@@ -1,0 +1,45 @@
+"""Profile JSON round-trip and the fits the simulator uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from async_rl.tuning.profile import InJob, Profile
+from async_rl.tuning.simulator import SharedCompute
+
+
+def test_json_round_trip(tuner_profile: Profile, tmp_path: Path) -> None:
+    shared = Profile(
+        **{**tuner_profile.__dict__, "shared": SharedCompute(0.6, 0.4), "calibration": InJob(1.8, 0.07, 0.005)}
+    )
+    for p in (tuner_profile, shared):
+        p.save(tmp_path / "p.json")
+        assert Profile.load(tmp_path / "p.json") == p
+
+
+def test_bad_json_is_refused(tuner_profile: Profile) -> None:
+    with pytest.raises(ValueError, match="format"):
+        Profile.from_json(tuner_profile.to_json().replace('"format": 1', '"format": 99'))
+    with pytest.raises(ValueError, match="unknown"):
+        Profile.from_json(tuner_profile.to_json().replace('"cores"', '"corez"'))
+
+
+def test_learner_and_sync_fits_are_exact_on_two_points(tuner_profile: Profile) -> None:
+    one, two = tuner_profile.learner_model(1), tuner_profile.learner_model(2)
+    assert one.fixed_s == pytest.approx(0.1) and one.tokens_per_s == pytest.approx(1000.0)
+    assert two.fixed_s == pytest.approx(0.1) and two.tokens_per_s == pytest.approx(1800.0)
+    assert tuner_profile.sync_s() == pytest.approx(0.05 + 20_000_000 / 100e6)
+    with pytest.raises(ValueError, match="world size 4"):
+        tuner_profile.learner_model(4)
+
+
+def test_a_noisy_fit_falls_back_to_proportional(tuner_profile: Profile) -> None:
+    from async_rl.tuning.profile import LearnerPoint
+
+    noisy = Profile(
+        **{**tuner_profile.__dict__, "learner": (LearnerPoint(2, 4, 1000, 0.5), LearnerPoint(2, 8, 2000, 0.4))}
+    )
+    m = noisy.learner_model(2)
+    assert m.fixed_s == 0.0 and m.tokens_per_s == pytest.approx(3000 / 0.9)

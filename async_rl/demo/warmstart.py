@@ -33,7 +33,17 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["character_token_ids", "greedy_accuracy", "sft_loss", "warm_start", "warmup_cosine"]
+__all__ = [
+    "WARMSTART_PROBLEMS",
+    "character_token_ids",
+    "greedy_accuracy",
+    "prepare_warm_model",
+    "sft_loss",
+    "warm_start",
+    "warmup_cosine",
+]
+
+WARMSTART_PROBLEMS = 20000  # size of the generated supervised set (train split, seed 0, 2-digit operands)
 
 
 def _encode_sft(tokenizer: Any, problems: list[dict[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,3 +203,30 @@ def greedy_accuracy(
         for p, g in zip(chunk, generated, strict=True):
             correct += int(str(tokenizer.decode(g)).strip() == p["ground_truth"])
     return correct / max(len(problems), 1)
+
+
+def prepare_warm_model(
+    model_dir: str | Path,
+    *,
+    steps: int = 1000,
+    held_out: list[dict[str, str]] | None = None,
+    log_every: int = 100,
+) -> dict[str, float]:
+    """Build the tiny model into ``model_dir`` (seed 0) and warm-start it on the demo's generated training problems.
+
+    The one recipe shared by the demo and the staleness sweep, so both start RL from the same kind of model. With
+    ``held_out`` problems, greedy exact-match accuracy is measured before (``heldout_greedy_accuracy_raw``) and after
+    (``heldout_greedy_accuracy``) the warm-start; the other keys are :func:`warm_start`'s.
+    """
+    from async_rl.data import make_arith_problems
+    from async_rl.models.tiny import build_tiny_model
+
+    build_tiny_model(model_dir, seed=0)
+    result: dict[str, float] = {}
+    if held_out is not None:
+        result["heldout_greedy_accuracy_raw"] = greedy_accuracy(model_dir, held_out)
+    train = make_arith_problems(WARMSTART_PROBLEMS, seed=0, digits=2, split="train")
+    result.update(warm_start(model_dir, train, steps=steps, log_every=log_every))
+    if held_out is not None:
+        result["heldout_greedy_accuracy"] = greedy_accuracy(model_dir, held_out)
+    return result

@@ -49,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from async_rl.data import make_arith_problems
-    from async_rl.demo.warmstart import greedy_accuracy, warm_start
-    from async_rl.models.tiny import build_tiny_model
+    from async_rl.demo.warmstart import greedy_accuracy, prepare_warm_model
     from async_rl.runtime.metrics import read_metrics
     from async_rl.runtime.plot import format_summary, plot_run, summarize_run
 
@@ -58,12 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     out = Path(args.out).resolve()
     model_dir = out / "warm_model"
-    build_tiny_model(model_dir, seed=0)
     held_out = make_arith_problems(args.eval_problems, seed=0, digits=2, split="eval")
-    before_raw = greedy_accuracy(model_dir, held_out)
-    train = make_arith_problems(20000, seed=0, digits=2, split="train")
-    ws = warm_start(model_dir, train, steps=args.warmstart_steps, log_every=100)
-    before = greedy_accuracy(model_dir, held_out)
+    ws = prepare_warm_model(model_dir, steps=args.warmstart_steps, held_out=held_out, log_every=100)
+    before_raw, before = ws["heldout_greedy_accuracy_raw"], ws["heldout_greedy_accuracy"]
     logger.info(
         "warm-start: %d steps in %.0f s, loss %.3f; held-out greedy accuracy %.3f (untrained %.3f)",
         args.warmstart_steps,

@@ -1,6 +1,12 @@
-"""Throughput tuning: profile the real pieces, simulate the pipeline, recommend a deployment (``tools/tune.py``).
+"""Throughput tuning, staleness sweeps and benchmark reporting (the tools in ``tools/`` are thin entry points).
 
-``simulator`` is a pure discrete-event model of actors, coordinator admission, learner steps and weight broadcasts;
-``profile`` holds the measured rates (JSON) and runs the probes; ``recommend`` searches deployments with the
-simulator; ``validate`` compares its predictions with real runs on this machine.
+Tuner (``tools/tune.py``): ``simulator`` is a pure discrete-event model of actors, coordinator admission, learner
+steps and weight broadcasts; ``probes`` and ``profile`` measure the real pieces and hold the rates (JSON);
+``recommend`` searches deployments with the simulator; ``validate`` compares its predictions with real runs here;
+``report`` writes tables and plots.
+
+Staleness sweep (``tools/sweep_staleness.py``): ``sweep`` plans and runs one config over max_staleness values with
+and without off-policy correction; ``sweep_report`` turns the runs' metrics into a table and plots.
+
+Benchmarks (``tools/bench_*.py``, ``tools/bench_all.py``): ``bench`` is the one result line each prints last.
 """

@@ -22,7 +22,7 @@ from async_rl.runtime.metrics import WALL_KEY, read_metrics
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["format_summary", "plot_run", "summarize_run"]
+__all__ = ["by_step", "finite_number", "format_summary", "plot_run", "summarize_run"]
 
 REWARD_KEYS = ("learner/batch/reward_mean", "reward/mean")
 COMPONENT_PREFIXES = ("reward/components/", "learner/batch/reward_")
@@ -37,13 +37,14 @@ MAX_COMPONENTS = 8
 Series = tuple[list[float], list[float]]
 
 
-def _num(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite int/float (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
 
 
-def _by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per step, ordered by step; a step logged twice (a resumed run re-doing it) keeps its last record."""
     latest: dict[int, dict[str, Any]] = {}
     for record in records:
@@ -57,7 +58,7 @@ def _series(records: Sequence[dict[str, Any]], key: str, x_key: str = "step") ->
     xs: list[float] = []
     ys: list[float] = []
     for record in records:
-        x, y = _num(record.get(x_key)), _num(record.get(key))
+        x, y = finite_number(record.get(x_key)), finite_number(record.get(key))
         if x is not None and y is not None:
             xs.append(x)
             ys.append(y)
@@ -66,7 +67,7 @@ def _series(records: Sequence[dict[str, Any]], key: str, x_key: str = "step") ->
 
 def _first_key(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> str | None:
     for key in keys:
-        if any(_num(r.get(key)) is not None for r in records):
+        if any(finite_number(r.get(key)) is not None for r in records):
             return key
     return None
 
@@ -76,7 +77,7 @@ def _component_keys(records: Sequence[dict[str, Any]]) -> list[str]:
         k
         for r in records
         for k in r
-        if k.startswith(COMPONENT_PREFIXES) and k not in REWARD_KEYS and _num(r.get(k)) is not None
+        if k.startswith(COMPONENT_PREFIXES) and k not in REWARD_KEYS and finite_number(r.get(k)) is not None
     }
     keys = sorted(found)
     if len(keys) > MAX_COMPONENTS:
@@ -90,7 +91,8 @@ def _derived_rate(records: Sequence[dict[str, Any]], counter_key: str) -> Series
     ys: list[float] = []
     prev: tuple[float, float] | None = None
     for record in records:
-        step, t, c = _num(record.get("step")), _num(record.get(WALL_KEY)), _num(record.get(counter_key))
+        step, t = finite_number(record.get("step")), finite_number(record.get(WALL_KEY))
+        c = finite_number(record.get(counter_key))
         if step is None or t is None or c is None:
             continue
         if prev is not None and t > prev[0] and c >= prev[1]:
@@ -186,7 +188,7 @@ def _staleness_panel(ax: Any, records: Sequence[dict[str, Any]]) -> None:
 
 
 def _wall_scale(records: Sequence[dict[str, Any]]) -> tuple[float, str]:
-    longest = max((t for r in records if (t := _num(r.get(WALL_KEY))) is not None), default=0.0)
+    longest = max((t for r in records if (t := finite_number(r.get(WALL_KEY))) is not None), default=0.0)
     if longest > 3 * 3600:
         return 3600.0, "hours"
     if longest > 300:
@@ -199,7 +201,7 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = _by_step(read_metrics(metrics_jsonl))
+    records = by_step(read_metrics(metrics_jsonl))
     fig = Figure(figsize=(14, 15), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(4, 2)
@@ -266,7 +268,7 @@ def summarize_run(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     reward (at least one step each); ``reward_delta`` is last minus first. ``wall_time_s`` is the largest
     ``time/wall_s`` logged. A step logged twice counts once (its last record).
     """
-    rows = _by_step(records)
+    rows = by_step(records)
     key = _first_key(rows, REWARD_KEYS)
     rewards = _series(rows, key)[1] if key else []
     window = max(1, math.ceil(0.1 * len(rewards))) if rewards else 0
@@ -274,7 +276,7 @@ def summarize_run(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     last = _mean(rewards[-window:]) if rewards else None
     gen = _generation_rate(rows)
     stale_key = _first_key(rows, STALENESS_KEYS)
-    walls = [t for r in rows if (t := _num(r.get(WALL_KEY))) is not None]
+    walls = [t for r in rows if (t := finite_number(r.get(WALL_KEY))) is not None]
     return {
         "steps": len(rows),
         "last_step": rows[-1]["step"] if rows else None,

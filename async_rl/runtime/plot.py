@@ -22,7 +22,7 @@ from async_rl.runtime.metrics import WALL_KEY, read_metrics
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["by_step", "finite_number", "format_summary", "plot_run", "summarize_run"]
+__all__ = ["by_step", "finite_number", "format_summary", "plot_run", "rolling_mean", "summarize_run"]
 
 REWARD_KEYS = ("learner/batch/reward_mean", "reward/mean")
 COMPONENT_PREFIXES = ("reward/components/", "learner/batch/reward_")
@@ -110,7 +110,8 @@ def _generation_rate(records: Sequence[dict[str, Any]]) -> tuple[str, Series] | 
     return ("generation (from token count)", derived) if derived[0] else None
 
 
-def _rolling_mean(ys: Sequence[float], window: int) -> list[float]:
+def rolling_mean(ys: Sequence[float], window: int) -> list[float]:
+    """Mean of the last ``window`` values at each point (fewer at the start)."""
     out: list[float] = []
     total = 0.0
     for i, y in enumerate(ys):
@@ -143,7 +144,7 @@ def _reward_panel(
         window = max(1, len(ys) // 20)
         if window > 1:  # raw values faint, rolling mean bold
             ax.plot(xs, ys, color="tab:blue", alpha=0.3, linewidth=1)
-            ax.plot(xs, _rolling_mean(ys, window), color="tab:blue", linewidth=2, label=f"{main} (mean of {window})")
+            ax.plot(xs, rolling_mean(ys, window), color="tab:blue", linewidth=2, label=f"{main} (mean of {window})")
         else:
             ax.plot(xs, ys, color="tab:blue", linewidth=2, label=main)
     for label, (xs, ys) in components:

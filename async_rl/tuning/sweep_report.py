@@ -25,6 +25,7 @@ from async_rl.runtime.metrics import WALL_KEY, read_metrics
 from async_rl.runtime.plot import REWARD_KEYS
 from async_rl.runtime.plot import by_step as _by_step
 from async_rl.runtime.plot import finite_number as _num
+from async_rl.runtime.plot import rolling_mean as _rolling_mean
 from async_rl.tuning.sweep import RunOutcome, SweepRun
 
 __all__ = ["COLUMNS", "plot_sweep", "summarize_run", "write_report", "write_table"]
@@ -142,17 +143,6 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> tuple[Path, Path]:
     md_path = out / "sweep.md"
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
-
-
-def _rolling_mean(ys: Sequence[float], window: int) -> list[float]:
-    out: list[float] = []
-    total = 0.0
-    for i, y in enumerate(ys):
-        total += y
-        if i >= window:
-            total -= ys[i - window]
-        out.append(total / min(i + 1, window))
-    return out
 
 
 def _style(run: SweepRun, ks: Sequence[int]) -> dict[str, Any]:

@@ -17,6 +17,8 @@ weight_sync    a full weight update into vLLM vs a raw broadcast of the same byt
 learner        packed vs padded micro-batches; FSDP2 2 ranks vs 1 (tools/bench_learner.py)
 pipeline       end-to-end vs ideal with rate-emulating actors; async (K >= 1) vs sync (K = 0)
                (tools/bench_pipeline.py)
+logprobs       chunked log-probs + entropy (forward + backward) vs the whole-matrix fp32 computation: peak
+               memory, and error against fp64 (tools/bench_logprobs.py)
 =============  ==========================================================================================
 """
 
@@ -44,6 +46,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str], float]] = {
     "weight_sync": ("bench_weight_sync.py", [], ["--hidden", "512", "--layers", "2", "--reps", "2"], 900),
     "learner": ("bench_learner.py", [], ["--steps", "2"], 900),
     "pipeline": ("bench_pipeline.py", [], ["--quick"], 1500),
+    "logprobs": ("bench_logprobs.py", [], ["--vocab", "32768", "--tokens", "2048", "--chunk", "256"], 900),
 }
 
 

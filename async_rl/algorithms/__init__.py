@@ -2,7 +2,8 @@
 
 Everything here is a pure function (or a tiny controller object) on ``[B, T]`` torch tensors -- no model, no
 ``torch.distributed``, no config -- so the learner, the tests and users porting a verl configuration all share one
-numerically verl-compatible implementation. Import from this package rather than from its submodules.
+numerically verl-compatible implementation. Per-token log-probs and entropy over large vocabularies are computed in
+row chunks (``token_logprobs``). Import from this package rather than from its submodules.
 """
 
 from async_rl.algorithms.advantages import (
@@ -31,10 +32,18 @@ from async_rl.algorithms.kl import (
 from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, value_loss
 from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, masked_whiten
 from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss
+from async_rl.algorithms.token_logprobs import (
+    DEFAULT_LOGPROB_CHUNK_SIZE,
+    ENTROPY_MODES,
+    token_log_probs_and_entropy,
+    token_log_probs_and_entropy_reference,
+)
 
 __all__ = [
     "ADV_ESTIMATORS",
     "CRITIC_ESTIMATORS",
+    "DEFAULT_LOGPROB_CHUNK_SIZE",
+    "ENTROPY_MODES",
     "IS_LEVELS",
     "IS_MODES",
     "KL_KINDS",
@@ -64,5 +73,7 @@ __all__ = [
     "masked_whiten",
     "needs_critic",
     "policy_loss",
+    "token_log_probs_and_entropy",
+    "token_log_probs_and_entropy_reference",
     "value_loss",
 ]

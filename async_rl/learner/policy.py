@@ -15,7 +15,8 @@ Two input layouts produce the same ``[b, T]`` outputs:
 
 Only logits at positions that predict response tokens are materialised (``logits_to_keep`` with explicit positions;
 packed: their union over rows), the log-softmax runs in fp32 and logits are divided by the sampling temperature
-first, as vLLM did when sampling.
+first, as vLLM did when sampling; it is computed a chunk of rows at a time, backward included, so large vocabularies
+need no fp32 copy of the whole logit matrix.
 
 :func:`forward_full_batch` runs a no-grad pass over the whole step batch, each rank on its balanced share, and
 all-gathers the result so every rank ends up with the same ``[B, T]`` tensor (old/ref log-probs, values): advantages
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from async_rl.algorithms import entropy_from_logits
+from async_rl.algorithms import token_log_probs_and_entropy
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
 from async_rl.learner.partition import pack_rows, plan_forward
@@ -130,7 +131,8 @@ def response_log_probs(
     """Log-probs ``[b, T]`` (fp32, zero at padding) of the response tokens under ``model``, and their entropy.
 
     ``entropy``: ``none`` (returns ``None``), ``detached`` (a metric: computed without grad) or ``grad`` (a loss term).
-    Log-probs are differentiable when called under grad.
+    Log-probs are differentiable when called under grad. The log-softmax and entropy run in fp32 over row chunks
+    (:func:`~async_rl.algorithms.token_log_probs_and_entropy`), so neither pass holds an fp32 copy of all the logits.
     """
     if entropy not in ("none", "detached", "grad"):
         raise ValueError(f"entropy must be 'none', 'detached' or 'grad', got {entropy!r}")
@@ -141,20 +143,11 @@ def response_log_probs(
         use_cache=False,
         logits_to_keep=mi.keep,
     )
-    logits = out.logits.float()
+    logits = out.logits  # model dtype; cast to fp32 a chunk at a time below
     if mi.token_row is not None:  # packed: [R, K, V] -> one row per response token [n, V]
         assert mi.token_pos is not None
         logits = logits[mi.token_row, torch.searchsorted(mi.keep, mi.token_pos)]
-    if temperature != 1.0:
-        logits = logits / temperature
-    picked = logits.gather(-1, mi.labels.unsqueeze(-1)).squeeze(-1)
-    log_probs = picked - torch.logsumexp(logits, dim=-1)
-    ent: torch.Tensor | None = None
-    if entropy == "grad":
-        ent = entropy_from_logits(logits)
-    elif entropy == "detached":
-        with torch.no_grad():
-            ent = entropy_from_logits(logits.detach())
+    log_probs, ent = token_log_probs_and_entropy(logits, mi.labels, temperature=temperature, entropy=entropy)
     mask = mi.response_mask
     lp = _to_full_width(log_probs, mi) * mask
     return lp, None if ent is None else _to_full_width(ent, mi) * mask

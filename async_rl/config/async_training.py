@@ -68,6 +68,13 @@ class TimeoutsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     actor_start_s: Annotated[PosFloat, doc("Seconds for actors to start and register.")] = 600.0
     step_s: Annotated[PosFloat, doc("Seconds one training step (including waiting for rollouts) may take.")] = 1800.0
+    validation_s: Annotated[
+        PosFloat,
+        doc(
+            "Seconds the learner waits, before its next weight publish, for an open validation round to finish;"
+            " then it logs the partial results with a warning and goes on."
+        ),
+    ] = 1800.0
 
 
 class ActorSettingsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -27,6 +27,14 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str | list[str] | None,
         doc(f"Validation prompt file(s); '{BUILTIN_DATA}' = the arithmetic task's eval split; null = no validation."),
     ] = BUILTIN_DATA
+    val_max_samples: Annotated[
+        int,
+        doc(
+            "Validation prompts per round: -1 = all; N = N of them (drawn with data.seed when data.shuffle, else the"
+            " first N), as verl's data.val_max_samples.",
+            ge=-1,
+        ),
+    ] = -1
     prompt_key: Annotated[str, doc("Record field holding the prompt (a string or a chat message list).")] = "prompt"
     max_prompt_length: Annotated[PosInt, doc("Max prompt tokens (longer prompts: see filter_overlong_prompts).")] = 16
     max_response_length: Annotated[PosInt, doc("Max generated tokens per completion.")] = 8

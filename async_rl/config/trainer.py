@@ -29,7 +29,14 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         msgspec.field(default_factory=_console_only)
     )
     save_freq: Annotated[int, doc("Checkpoint every this many steps (and at the last step); -1 = never.", ge=-1)] = -1
-    test_freq: Annotated[int, doc("Validate every this many steps (-1 = never during training).", ge=-1)] = -1
+    test_freq: Annotated[
+        int,
+        doc(
+            "Validate the policy of every step that is a multiple of this, and the final one (<= 0: never during or"
+            " after training, as verl); needs data.val_files.",
+            ge=-1,
+        ),
+    ] = -1
     default_local_dir: Annotated[
         str | None, doc("Checkpoint directory; null = checkpoints/<project_name>/<experiment_name>.")
     ] = None
@@ -41,7 +48,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     n_gpus_per_node: Annotated[PosInt, doc("Learner ranks per node (torchrun --nproc_per_node).")] = 1
     nnodes: Annotated[PosInt, doc("Learner nodes (learner world size = n_gpus_per_node * nnodes).")] = 1
-    val_before_train: Annotated[bool, doc("Run validation once before the first step.")] = True
+    val_before_train: Annotated[
+        bool, doc("Validate the starting policy (version 0, or the resumed one) before the first step.")
+    ] = True
     critic_warmup: Annotated[NonNegInt, doc("Steps that train only the critic before the actor starts updating.")] = 0
     seed: Annotated[int, doc("Global seed (model init, sampling seeds, learner shuffles).")] = 1
     device: Annotated[Device, doc("Learner device: 'auto' = cuda when available else cpu.")] = "auto"

@@ -147,6 +147,36 @@ def _check_sampling(cfg: Config, errors: list[str]) -> None:
         )
 
 
+def _check_validation(cfg: Config, errors: list[str]) -> None:
+    data, vk = cfg.data, cfg.actor_rollout_ref.rollout.val_kwargs
+    if data.val_max_samples == 0:
+        errors.append("data.val_max_samples must be -1 (every validation prompt) or >= 1, got 0")
+    group_bytes = vk.n * data.max_response_length * 8
+    if data.val_files is not None and vk.do_sample and group_bytes > cfg.async_training.transport.max_message_bytes:
+        errors.append(
+            f"async_training.transport.max_message_bytes ({cfg.async_training.transport.max_message_bytes}) is below"
+            f" one validation group's payload ({ARR}.rollout.val_kwargs.n={vk.n} x {data.max_response_length} tokens"
+            " x 8 bytes)"
+        )
+
+
+def _validation_warnings(cfg: Config) -> list[str]:
+    data, tr, vk = cfg.data, cfg.trainer, cfg.actor_rollout_ref.rollout.val_kwargs
+    warnings = []
+    if data.val_files is None and tr.test_freq > 0:
+        warnings.append(f"trainer.test_freq={tr.test_freq} is ignored: data.val_files is null, so nothing is validated")
+    if not vk.do_sample:
+        default = type(vk)()
+        ignored = [f"{ARR}.rollout.val_kwargs.{k}" for k in ("n", "temperature", "top_p", "top_k")
+                   if getattr(vk, k) != getattr(default, k)]  # fmt: skip
+        if ignored:
+            warnings.append(
+                f"{', '.join(ignored)} are ignored with {ARR}.rollout.val_kwargs.do_sample=false: validation decodes"
+                " greedily, one sample per prompt (set do_sample=true to sample)"
+            )
+    return warnings
+
+
 def _check_actor(cfg: Config, errors: list[str]) -> None:
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_c <= 1:
@@ -178,10 +208,10 @@ def _check_algorithm(cfg: Config, errors: list[str]) -> None:
         path, actor_path = cfg.critic.model.path, cfg.actor_rollout_ref.model.path
         if not path:
             errors.append(f"algorithm.adv_estimator={est!r} needs a value model: set critic.model.path")
-        elif path.startswith("builtin:") != actor_path.startswith("builtin:"):
+        elif (path.startswith("builtin:") or actor_path.startswith("builtin:")) and path != actor_path:
             errors.append(
-                f"critic.model.path ({path!r}) and {ARR}.model.path ({actor_path!r}) must both be builtin demo models"
-                " or both real models (they share the tokenizer); set critic.model.path"
+                f"critic.model.path ({path!r}) and {ARR}.model.path ({actor_path!r}) must name the same builtin model"
+                " when either is builtin (they share the tokenizer); set critic.model.path"
             )
     else:
         ignored = changed_keys(cfg.critic, CriticConfig(), "critic.")
@@ -198,6 +228,18 @@ def _check_algorithm(cfg: Config, errors: list[str]) -> None:
             f"algorithm.rollout_correction.is_threshold_lower ({rc.is_threshold_lower}) must be <"
             f" algorithm.rollout_correction.is_threshold ({rc.is_threshold})"
         )
+
+
+def _check_model_paths(cfg: Config, errors: list[str]) -> None:
+    from async_rl.models.pretrained import PRETRAINED  # no torch import
+
+    known = ["builtin:tiny-arith", *(f"builtin:{name}" for name in sorted(PRETRAINED))]
+    for key, path in (
+        (f"{ARR}.model.path", cfg.actor_rollout_ref.model.path),
+        ("critic.model.path", cfg.critic.model.path),
+    ):
+        if path and path.startswith("builtin:") and path not in known:
+            errors.append(f"{key}={path!r} names no builtin model; builtin models: {', '.join(known)}")
 
 
 def _check_reward_and_trainer(cfg: Config, errors: list[str]) -> None:
@@ -288,6 +330,7 @@ def collect_warnings(cfg: Config) -> list[str]:
             "async_training.actor.logprobs_mode='raw' with temperature/top-p/top-k sampling: behaviour log-probs do not"
             " match the sampled distribution, so importance ratios are biased (use 'processed')"
         )
+    warnings.extend(_validation_warnings(cfg))
     return warnings
 
 
@@ -300,8 +343,10 @@ def validate_config(cfg: Config) -> list[str]:
         _check_ppo_batching(cfg, "critic", errors)
     _check_logprob_batching(cfg, errors)
     _check_sampling(cfg, errors)
+    _check_validation(cfg, errors)
     _check_actor(cfg, errors)
     _check_algorithm(cfg, errors)
+    _check_model_paths(cfg, errors)
     _check_reward_and_trainer(cfg, errors)
     _check_async(cfg, errors)
     if len(errors) == 1:

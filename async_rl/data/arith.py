@@ -42,3 +42,24 @@ def make_arith_problems(
             continue
         records.append({"prompt": f"{a}{op}{b}=", "ground_truth": str(_OPS[op](a, b))})
     return records
+
+
+CHAT_QUESTION = "What is {a} {op} {b}? Answer with just the number."
+
+
+def make_chat_arith_problems(
+    n: int, *, seed: int = 0, digits: int = 2, ops: str = "+", split: str = "train"
+) -> list[dict[str, object]]:
+    """The same problems as :func:`make_arith_problems`, asked in chat format for instruct models.
+
+    ``prompt`` is a message list (``[{"role": "user", "content": "What is 23 + 48? Answer with just the number."}]``)
+    that goes through the tokenizer's chat template; the split is the same hash, so held-out problems never overlap.
+    """
+    out: list[dict[str, object]] = []
+    for r in make_arith_problems(n, seed=seed, digits=digits, ops=ops, split=split):
+        expr = r["prompt"].rstrip("=")
+        op = next(o for o in _OPS if o in expr[1:])
+        a, b = expr[0] + expr[1:].split(op, 1)[0], expr[1:].split(op, 1)[1]
+        question = CHAT_QUESTION.format(a=a, op=op, b=b)
+        out.append({"prompt": [{"role": "user", "content": question}], "ground_truth": r["ground_truth"]})
+    return out

@@ -189,15 +189,22 @@ class LearnerSettings:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LearnerSettings:
-        """Build from the full config tree using verl's dotted names; missing keys keep the defaults above."""
+    def from_config(cls, cfg: Any, total_training_steps: int | None = None) -> LearnerSettings:
+        """Build from the full config tree using verl's dotted names; missing keys keep the defaults above.
+
+        ``total_training_steps`` is the run length when the config leaves it to the data (``trainer.total_epochs``,
+        see ``async_rl.runtime.run_length``); it sets the optimizer schedules' horizon unless an ``optim`` section
+        sets its own. By default it is ``trainer.total_training_steps``.
+        """
         d = cls()
         actor = _get(cfg, "actor_rollout_ref.actor", None)
         rollout = _get(cfg, "actor_rollout_ref.rollout", None)
         model = _get(cfg, "actor_rollout_ref.model", None)
         algo = _get(cfg, "algorithm", None)
         corr = _get(algo, "rollout_correction", None)
-        total = int(_get(cfg, "trainer.total_training_steps", 0) or 0)
+        if total_training_steps is None:
+            total_training_steps = _get(cfg, "trainer.total_training_steps", 0)
+        total = int(total_training_steps or 0)
         estimator = str(_get(algo, "adv_estimator", d.adv_estimator))
         critic: CriticSettings | None = None
         if estimator == "gae":

@@ -6,6 +6,7 @@ right, as in column arithmetic), a denser signal to look at while the exact-matc
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -17,3 +18,17 @@ def compute_score(completion: str, ground_truth: str, prompt: str = "", extra: d
     a, t = answer.rjust(width), target.rjust(width)
     digits = sum(1 for x, y in zip(a, t, strict=True) if x == y and y != " ") / max(len(target), 1)
     return {"score": 1.0 if answer == target else 0.0, "digits": min(digits, 1.0)}
+
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def compute_chat_score(
+    completion: str, ground_truth: str, prompt: str = "", extra: dict[str, Any] | None = None
+) -> dict:
+    """For chat answers ("23 + 48 = 71", "The answer is 71."): 1.0 when the LAST integer of ``completion`` is the
+    answer. ``bare`` is 1.0 when the completion is only that number (what the prompt asks for)."""
+    text = completion.replace(",", "").strip()
+    numbers = _INTEGER.findall(text)
+    correct = bool(numbers) and numbers[-1] == ground_truth.strip()
+    return {"score": 1.0 if correct else 0.0, "bare": 1.0 if correct and text.rstrip(".") == numbers[-1] else 0.0}

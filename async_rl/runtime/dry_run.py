@@ -3,7 +3,9 @@
 Builds everything that does not need weights or data: the learner's settings (batch arithmetic, loss choices), the
 rollout plane's settings (bind address and CURVE rules), the sampling parameters, the vLLM engine settings, the weight
 sync backend, and imports the reward function. Model and data paths are reported (and checked when local), so a
-shipped GPU config can be checked on a CPU machine with nothing downloaded.
+shipped GPU config can be checked on a CPU machine with nothing downloaded. A run bounded by ``trainer.total_epochs``
+gets its step count from the training data when that is on this machine (filtered with the policy's tokenizer when
+that is local too); otherwise the report says the count is derived at start-up.
 """
 
 from __future__ import annotations
@@ -26,6 +28,48 @@ def _path_status(spec: Any) -> str:
     return "not on this machine (hub id or remote path; loaded at run time)"
 
 
+def _tokenizer(spec: str) -> Any:
+    """The policy's tokenizer when it is on this machine without downloading or building anything, else None."""
+    if spec == resources.BUILTIN_MODEL:
+        from async_rl.models.tiny import build_char_tokenizer
+
+        return build_char_tokenizer()
+    path = os.path.expanduser(spec)
+    if spec.startswith("builtin:") or not os.path.isdir(path):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _run_length(cfg: Config) -> dict[str, Any]:
+    """The step count: as set, derived from the training data when it is on this machine, or left to start-up."""
+    from async_rl.runtime.run_length import derive_run_length
+
+    tr, d = cfg.trainer, cfg.data
+    report: dict[str, Any] = {"total_training_steps": None, "how": "", "train_prompts": None, "note": None}
+    if tr.total_training_steps is not None:
+        return {**report, "total_training_steps": tr.total_training_steps, "how": "trainer.total_training_steps"}
+    files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files or [])
+    missing = [str(f) for f in files if _path_status(f) not in ("builtin", "found")]
+    if missing:
+        how = "derived at start-up: len(train set) // data.train_batch_size * trainer.total_epochs"
+        return {**report, "how": how, "note": f"the training data is not on this machine: {', '.join(missing)}"}
+    tokenizer = _tokenizer(cfg.actor_rollout_ref.model.path)
+    note = None
+    if tokenizer is not None:
+        num_prompts = len(resources.prompt_records(cfg, tokenizer))
+    else:
+        num_prompts = len(resources.load_raw_records(d.train_files, d.prompt_key, "train", d.seed))
+        if d.filter_overlong_prompts:
+            note = (
+                "counted before data.filter_overlong_prompts (the tokenizer is not on this machine): an upper bound;"
+                " the learner logs the exact count at start-up"
+            )
+    length = derive_run_length(cfg, num_prompts)
+    return {"total_training_steps": length.steps, "how": length.how, "train_prompts": num_prompts, "note": note}
+
+
 def dry_run_report(cfg: Config) -> dict[str, Any]:
     """Everything a run would be wired from; raises ValueError naming what is wrong."""
     from async_rl.learner.settings import LearnerSettings
@@ -33,7 +77,9 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     from async_rl.runtime.actor_main import engine_settings
     from async_rl.weight_sync.group import resolve_backend
 
-    learner = LearnerSettings.from_config(cfg)
+    run_length = _run_length(cfg)
+    # Without the data the horizon is unknown until start-up; 1 stands in so the schedule's settings still validate.
+    learner = LearnerSettings.from_config(cfg, total_training_steps=run_length["total_training_steps"] or 1)
     plane = resources.plane_settings(cfg)
     sampling = resources.sampling_params(cfg, seed=cfg.trainer.seed)
     engine = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
@@ -59,6 +105,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         "train_files": {str(f): _path_status(f) for f in ([files] if isinstance(files, str) else files)},
         "adv_estimator": learner.adv_estimator,
         "loss": {"mode": learner.loss_mode, "agg": learner.loss_agg_mode, "tis_cap": learner.tis_cap},
+        "run_length": run_length,
         "sequences_per_step": cfg.data.train_batch_size * learner.rollout_n,
         "optimizer_steps_per_step": (cfg.data.train_batch_size // learner.ppo_mini_batch_size) * learner.ppo_epochs,
         "coordinator": f"tcp://{plane.host}:{plane.port}",

@@ -7,7 +7,9 @@ One training step, in order (rank 0 drives, the other ranks follow through colle
 2. every rank runs :meth:`Learner.train_step` (proximal log-probs, advantages over the whole batch, the update);
 3. rank 0 marks the groups trained in the ledger; the policy version is now ``step + 1``;
 4. every ``sync_every_n_steps`` the :class:`WeightPublisher` announces the version and streams the new weights to the
-   live actors (all ranks take part in the gather); otherwise the coordinator only learns the new version;
+   live actors (all ranks take part in the gather); otherwise the coordinator only learns the new version. A version
+   due for validation is always published, then a validation round on it starts on the actors while training goes
+   on, and the next publish of another version waits for that round (:mod:`async_rl.runtime.validation`);
 5. every ``save_every_n_steps`` a checkpoint holds the model, optimizer, scheduler, RNG states and the coordinator's
    ledger, so a resumed run neither repeats nor skips prompt groups;
 6. rank 0 logs the step's metrics (learner, transport, sync, rewards) to the configured sinks.
@@ -55,13 +57,25 @@ _WAIT, _GROUPS, _REPUBLISH, _GIVE_UP = b"W", b"G", b"R", b"X"
 
 
 def _wait_for_groups(
-    ctx: Any, coordinator: Any, publisher: Any, learner: Any, num_groups: int, timeout_s: float, poll_s: float = 2.0
+    ctx: Any,
+    coordinator: Any,
+    publisher: Any,
+    learner: Any,
+    num_groups: int,
+    timeout_s: float,
+    poll_s: float = 2.0,
+    validator: Any = None,
 ) -> list[Any]:
     """Rank 0 waits for ``num_groups`` groups; every rank follows its decisions, broadcast every ``poll_s``.
 
     While waiting, rank 0 re-publishes the current weights when an actor joined (or the last transfer broke), so a
     new or restarted actor can start work the staleness bound allows; the other ranks join that publish (the weight
     gather is collective). Returns the groups on rank 0 and ``[]`` elsewhere; raises TimeoutError on every rank.
+    A re-publish of a newer version than an open validation round's first waits for that round (``validator``).
+
+    When the data runs out the coordinator hands over what is left, fewer than ``num_groups``: like verl's
+    ``drop_last=True`` that final incomplete batch is not trained (it would not split into the configured mini-batches)
+    but dropped with a warning, and rank 0 returns ``[]``, which ends the run.
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -71,6 +85,13 @@ def _wait_for_groups(
             try:
                 raw = coordinator.get_groups(num_groups, timeout_s=max(0.0, min(poll_s, deadline - time.monotonic())))
                 decision = _GROUPS
+                if 0 < len(raw) < num_groups:
+                    logger.warning(
+                        "data exhausted: dropping the final %d prompt groups, fewer than data.train_batch_size=%d",
+                        len(raw),
+                        num_groups,
+                    )
+                    raw = []
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     decision = _GIVE_UP
@@ -84,6 +105,8 @@ def _wait_for_groups(
         if decision == _GIVE_UP:
             raise TimeoutError(f"no {num_groups} rollout groups within {timeout_s:.0f} s: are the actors running?")
         if decision == _REPUBLISH:
+            if validator is not None:
+                validator.before_publish(learner.version)
             publisher.publish(learner.version, learner.iter_weights)
 
 
@@ -126,8 +149,41 @@ def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
     return out
 
 
+def load_prompts(cfg: Config, ctx: Any, tokenizer: Any) -> tuple[list[Any] | None, int]:
+    """Rank 0 loads the training prompts and derives the run length from them; every rank learns the step count.
+
+    Returns ``(records, total_steps)`` on rank 0 and ``(None, total_steps)`` elsewhere. Bad data (no prompts, fewer
+    than one batch) raises ``ValueError`` on every rank, so no rank waits for a broadcast that never comes.
+    """
+    from async_rl.runtime.run_length import derive_run_length
+
+    records = None
+    message = None
+    failure: ValueError | None = None
+    if ctx.rank == 0:
+        try:
+            records = resources.prompt_records(cfg, tokenizer)
+            length = derive_run_length(cfg, len(records))
+        except ValueError as exc:
+            failure = exc
+            message = json.dumps({"error": str(exc)}).encode()
+        else:
+            logger.info("%s", length.how)
+            if length.warning:
+                logger.warning("%s", length.warning)
+            message = json.dumps({"steps": length.steps}).encode()
+    shared = json.loads(ctx.broadcast_bytes(message))
+    if failure is not None:
+        raise failure
+    if "error" in shared:
+        raise ValueError(shared["error"])
+    return records, int(shared["steps"])
+
+
 def run_learner(cfg: Config) -> dict[str, Any]:
-    """Train until ``trainer.total_training_steps``; returns a summary on rank 0 (empty dict elsewhere)."""
+    """Train for the run length (``trainer.total_training_steps``, else derived from ``trainer.total_epochs``, see
+    :mod:`async_rl.runtime.run_length`) or until the data runs out; returns a summary on rank 0 (empty dict elsewhere).
+    """
     from async_rl.learner.dist import init_distributed, teardown
 
     ctx = init_distributed(backend="auto")
@@ -147,6 +203,7 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
     from async_rl.learner.export import export_hf
     from async_rl.learner.settings import LearnerSettings
     from async_rl.learner.step import Learner, share_groups
+    from async_rl.runtime.validation import build_validator
     from async_rl.transport import Coordinator
     from async_rl.weight_sync.publisher import WeightPublisher
 
@@ -157,17 +214,15 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
     ctx.barrier()
     policy_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(policy_path)
-    settings = LearnerSettings.from_config(cfg)
+    records, total_steps = load_prompts(cfg, ctx, tokenizer)
+    settings = LearnerSettings.from_config(cfg, total_training_steps=total_steps)
     settings = settings.replace(pad_token_id=int(tokenizer.pad_token_id or 0))
     if settings.critic is not None:
         critic_path = resources.resolve_model_path(cfg.critic.model.path or policy_path, out_dir)
         settings = settings.replace(critic=dataclasses.replace(settings.critic, model_path=critic_path))
-    total_steps = cfg.trainer.total_training_steps
-    assert total_steps is not None, "validated config bounds the run by steps"
 
     coordinator = None
-    if ctx.rank == 0:
-        records = resources.prompt_records(cfg, tokenizer)
+    if records is not None:
         coordinator = Coordinator(
             records,
             resources.plane_settings(cfg),
@@ -199,6 +254,15 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
     sink = _open_sink(cfg, out_dir, total_steps) if ctx.rank == 0 else None
     sync_every = cfg.async_training.sync_every_n_steps
     started = time.monotonic()
+
+    def log_validation(step: int, values: dict[str, float]) -> None:
+        if sink is not None:
+            sink.log(step, {**values, "time/wall_s": time.monotonic() - started})
+
+    validator = build_validator(cfg, ctx, coordinator, tokenizer, log_validation)
+    published = learner.version  # the newest version the actors were sent (or start with)
+    if validator.schedule.at_start():
+        validator.start(learner.version)
     actor_activity = ActorActivity()
     summary: dict[str, Any] = {}
     for step in range(start_step, total_steps):
@@ -206,12 +270,15 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
         t = cfg.async_training.timeouts
         # The first step also waits for the actors to start (engine start-up, model load).
         timeout_s = t.step_s + (t.actor_start_s if step == start_step else 0.0)
-        raw = _wait_for_groups(ctx, coordinator, publisher, learner, cfg.data.train_batch_size, timeout_s)
+        raw = _wait_for_groups(
+            ctx, coordinator, publisher, learner, cfg.data.train_batch_size, timeout_s, validator=validator
+        )
         groups = _learner_groups(raw, coordinator) if coordinator is not None else None
         wait_s = time.monotonic() - step_started
         shared = share_groups(ctx, groups)
         if not shared:
-            logger.info("no more prompt groups (data exhausted) at step %d", step)
+            if ctx.rank == 0:
+                logger.warning("data exhausted after %d of %d steps: stopping the run", step, total_steps)
             break
         metrics = learner.train_step(shared)
         version = learner.version
@@ -219,14 +286,20 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
             metrics.update(rollout_metrics(raw, version - 1))
             coordinator.mark_trained([g.prompt_id for g in raw])
             _audit(out_dir, step + 1, raw)
-        if version % sync_every == 0:
+        validate = validator.schedule.due(version)
+        if version % sync_every == 0 or validate:  # a version to validate must reach the actors
+            validator.before_publish(version)
             metrics.update(publisher.publish(version, learner.iter_weights))
+            published = version
+            if validate:
+                validator.start(version)
         elif coordinator is not None:
             coordinator.set_policy_version(version)
         save_every = ckpt.save_every_n_steps
         if save_every and (version % save_every == 0 or step + 1 == total_steps):
             extra = {"coordinator": coordinator.state_dict() if coordinator is not None else None, "step": step + 1}
             learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=ckpt.keep_last or 1_000_000)
+        validator.poll()  # a finished round is logged at its own (earlier) step before this step's line
         if sink is not None and coordinator is not None:
             metrics.update(coordinator.metrics())
             metrics.update(actor_activity(metrics))
@@ -234,6 +307,12 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
             metrics["time/wall_s"] = time.monotonic() - started
             sink.log(step + 1, metrics)
         summary = metrics
+    if validator.schedule.at_end() and validator.last_version != learner.version:
+        if published != learner.version:  # the final weights reach the actors even if sync_every_n_steps skipped them
+            validator.before_publish(learner.version)
+            publisher.publish(learner.version, learner.iter_weights)
+        validator.start(learner.version)
+    validator.wait()
     if coordinator is not None:
         coordinator.close(notify_actors=True)
     publisher.close()

@@ -36,12 +36,15 @@ __all__ = [
     "JsonlSink",
     "MetricsLogger",
     "format_line",
+    "format_val_line",
     "read_metrics",
 ]
 
 ALLOWED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
 WALL_KEY = "time/wall_s"
+# Present in (only) the records of validation rounds (runtime/validation.py), logged at the evaluated version's step.
+VAL_VERSION_KEY = "val/version"
 
 # (label, candidate keys in order of preference, format) for the console line; missing keys are left out.
 _CONSOLE_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -123,6 +126,17 @@ def format_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
         value = _pick(metrics, keys)
         if value is not None:
             parts.append(f"{label} {fmt.format(value)}")
+    return " | ".join(parts)
+
+
+def format_val_line(metrics: Mapping[str, Any]) -> str:
+    """A validation round in one line, e.g. ``reward 0.875 | arith 0.875 | 8 samples | 3.2s``."""
+    parts = [f"reward {_pick(metrics, ('val/reward_mean',)) or 0.0:.3f}"]
+    for key, value in sorted(metrics.items()):
+        if key.startswith("val/") and key.endswith("/reward_mean") and key.count("/") == 2:
+            parts.append(f"{key.split('/')[1]} {value:.3f}")
+    parts.append(f"{int(metrics.get('val/num_samples', 0))} samples")
+    parts.append(f"{float(metrics.get('val/wall_s', 0.0)):.1f}s")
     return " | ".join(parts)
 
 
@@ -241,6 +255,9 @@ class ConsoleSink:
         return last is None or step >= self.total_steps or step // self.log_every > last // self.log_every
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if VAL_VERSION_KEY in metrics:  # a validation round: always one line, the progress bar is left alone
+            self._write(f"validation at step {step}: {format_val_line(metrics)}")
+            return
         if self._bar is not None:
             postfix: dict[str, str] = {}
             for label, keys, fmt in _CONSOLE_FIELDS[:-1]:  # all but the loss: keep the bar narrow
@@ -253,7 +270,9 @@ class ConsoleSink:
             return
         self._last_logged = step
         elapsed = time.monotonic() - self._started
-        line = f"{format_line(step, self.total_steps, metrics)} | elapsed {elapsed:.0f}s"
+        self._write(f"{format_line(step, self.total_steps, metrics)} | elapsed {elapsed:.0f}s")
+
+    def _write(self, line: str) -> None:
         if self._bar is not None:
             from tqdm.contrib.logging import logging_redirect_tqdm
 

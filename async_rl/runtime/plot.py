@@ -1,10 +1,12 @@
 """End-of-run plot and summary from ``metrics.jsonl``: did reward go up, how fast was it, how stale was the data.
 
-``plot_run`` draws one PNG with six panels: reward vs step and vs wall-clock time (mean plus any per-component
-reward keys), generation and learner throughput, staleness and effective sample size of the off-policy weights,
-weight-sync time, and the rollout queue. Keys a run did not log are skipped; a panel with nothing to show says "no
-data". ``summarize_run`` gives the numbers the demo prints (first-10% vs last-10% mean reward, steps, wall time, mean
-throughput).
+``plot_run`` draws one PNG: reward vs step and vs wall-clock time (mean plus any per-component reward keys),
+generation and learner throughput, staleness and effective sample size of the off-policy weights, weight-sync time,
+the rollout queue, idle fractions, response length, and validation reward (overall and per data source) vs step and
+vs wall-clock time. Validation rounds are records of their own (they carry ``val/version``, at the step of the version
+they evaluated); ``by_step`` leaves them out and ``validation_records`` returns them. Keys a run did not log are
+skipped; a panel with nothing to show says "no data". ``summarize_run`` gives the numbers the demo prints (first-10%
+vs last-10% mean reward, steps, wall time, mean throughput).
 
 Drawing uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot, so importing or calling this
 does not change the process-wide matplotlib backend and needs no display.
@@ -18,11 +20,19 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from async_rl.runtime.metrics import WALL_KEY, read_metrics
+from async_rl.runtime.metrics import VAL_VERSION_KEY, WALL_KEY, read_metrics
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["by_step", "finite_number", "format_summary", "plot_run", "rolling_mean", "summarize_run"]
+__all__ = [
+    "by_step",
+    "finite_number",
+    "format_summary",
+    "plot_run",
+    "rolling_mean",
+    "summarize_run",
+    "validation_records",
+]
 
 REWARD_KEYS = ("learner/batch/reward_mean", "reward/mean")
 COMPONENT_PREFIXES = ("reward/components/", "learner/batch/reward_")
@@ -45,11 +55,22 @@ def finite_number(value: Any) -> float | None:
 
 
 def by_step(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per step, ordered by step; a step logged twice (a resumed run re-doing it) keeps its last record."""
+    """One training record per step, ordered by step; a step logged twice (a resumed run re-doing it) keeps its last
+    record. Validation records are left out (see `validation_records`)."""
     latest: dict[int, dict[str, Any]] = {}
     for record in records:
         step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
+        if isinstance(step, int) and not isinstance(step, bool) and VAL_VERSION_KEY not in record:
+            latest[step] = record
+    return [latest[s] for s in sorted(latest)]
+
+
+def validation_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The validation rounds' records, one per step (the last one of a step logged twice), ordered by step."""
+    latest: dict[int, dict[str, Any]] = {}
+    for record in records:
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and VAL_VERSION_KEY in record:
             latest[step] = record
     return [latest[s] for s in sorted(latest)]
 
@@ -188,6 +209,29 @@ def _staleness_panel(ax: Any, records: Sequence[dict[str, Any]]) -> None:
         twin.legend(fontsize=7, loc="lower right")
 
 
+def _validation_panel(
+    ax: Any, records: Sequence[dict[str, Any]], x_key: str, title: str, x_label: str, x_scale: float = 1.0
+) -> None:
+    """Validation reward (overall, and per data source when there are several) against ``x_key``."""
+    sources = sorted(
+        {k for r in records for k in r if k.startswith("val/") and k.endswith("/reward_mean") and k.count("/") == 2}
+    )
+    series = [("val/reward_mean", _series(records, "val/reward_mean", x_key))]
+    if len(sources) > 1:
+        series += [(k, _series(records, k, x_key)) for k in sources[:MAX_COMPONENTS]]
+    drawn = [(label, s) for label, s in series if s[0]]
+    if not drawn:
+        _no_data(ax, title)
+        return
+    for i, (label, (xs, ys)) in enumerate(drawn):
+        ax.plot([x / x_scale for x in xs], ys, marker="o", linewidth=2 if i == 0 else 1, label=label)
+    ax.set_title(title)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("validation reward")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+
+
 def _wall_scale(records: Sequence[dict[str, Any]]) -> tuple[float, str]:
     longest = max((t for r in records if (t := finite_number(r.get(WALL_KEY))) is not None), default=0.0)
     if longest > 3 * 3600:
@@ -202,10 +246,12 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = by_step(read_metrics(metrics_jsonl))
-    fig = Figure(figsize=(14, 15), dpi=100)
+    raw = read_metrics(metrics_jsonl)
+    records = by_step(raw)
+    val = validation_records(raw)
+    fig = Figure(figsize=(14, 19), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(4, 2)
+    axes = fig.subplots(5, 2)
 
     _reward_panel(axes[0][0], records, "step", "reward vs step", "step")
     scale, unit = _wall_scale(records)
@@ -247,6 +293,11 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         "response length",
         "tokens",
         [("mean response length", _series(records, "learner/batch/response_length_mean"))],
+    )
+    _validation_panel(axes[4][0], val, "step", "validation reward vs step (policy version)", "step")
+    val_scale, val_unit = _wall_scale(val)
+    _validation_panel(
+        axes[4][1], val, WALL_KEY, "validation reward vs wall-clock time", f"wall-clock time ({val_unit})", val_scale
     )
     last = records[-1]["step"] if records else 0
     fig.suptitle(f"{Path(metrics_jsonl).parent.name or 'run'}: {len(records)} steps logged (last step {last})")

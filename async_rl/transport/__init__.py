@@ -8,6 +8,7 @@ keys         ``python -m async_rl.transport.keys DIR`` makes CURVE key pairs
 ledger       exactly-once accounting of every prompt id (leases, re-grants, buffer, trained), save/restore
 admission    the staleness bound and admission control (K = 0 is synchronous)
 coordinator  the background thread beside learner rank 0, and the learner's in-process API
+evaluation   validation rounds pinned to one policy version, kept out of the ledger and of training
 client       RolloutClient, used by actor processes
 """
 

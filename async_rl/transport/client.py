@@ -106,7 +106,8 @@ class RolloutClient:
         self._grants_seen = 0
         self._pending: deque[PromptGrant] = deque()
         self._sends_since_receive = 0
-        self._unacked: OrderedDict[tuple[int, int], _Unacked] = OrderedDict()
+        # (eval round, prompt id, lease id): eval rounds number their leases on their own (transport.evaluation)
+        self._unacked: OrderedDict[tuple[int, int, int], _Unacked] = OrderedDict()
         self._last_request: tuple[int, int, int] | None = None
         self._last_request_t = 0.0
         now = time.monotonic()
@@ -174,7 +175,7 @@ class RolloutClient:
         self._sends_since_receive += 1
         if self._sends_since_receive >= 16:  # take in acks now and then, so a fast sender never lets them pile up
             self._receive(0.0)
-        key = (group.prompt_id, group.lease_id)
+        key = (group.eval_round, group.prompt_id, group.lease_id)
         entry = _Unacked(group, None)
         self._unacked[key] = entry
         self.counters["groups_sent"] += 1
@@ -318,7 +319,7 @@ class RolloutClient:
             self.policy_version = max(self.policy_version, msg.policy_version)
         elif isinstance(msg, GroupAck):
             for ack in msg.acks:
-                if self._unacked.pop((ack.prompt_id, ack.lease_id), None) is None:
+                if self._unacked.pop((ack.eval_round, ack.prompt_id, ack.lease_id), None) is None:
                     self.counters["stray_acks"] += 1
                 else:
                     self.counters[f"acks/{ack.status}"] += 1

@@ -2,7 +2,9 @@
 
 Actors join (Hello -> Welcome), ask for work with credits (WorkRequest), receive leased prompts (WorkGrant), deliver
 groups (RolloutGroup -> GroupAck) and exchange heartbeats. The learner, in the same process, calls the thread-safe
-API: `get_groups`, `mark_trained`, `set_policy_version`, `state_dict`/`load_state_dict`, `metrics`, `close`.
+API: `get_groups`, `mark_trained`, `set_policy_version`, `state_dict`/`load_state_dict`, `metrics`, `close`, and for
+validation rounds (transport.evaluation) `start_eval`, `wait_eval`, `finish_eval`. Eval work is served before training
+work, to actors whose loaded version is the round's, within their credit, and never enters the ledger or admission.
 
 Only the coordinator thread touches the ROUTER. Learner calls mutate shared state under one lock and wake the
 thread through an inproc PAIR socket. Bad input never raises out of the loop: it is counted by reason and dropped.
@@ -22,6 +24,7 @@ from async_rl.transport import admission as adm
 from async_rl.transport.actors import ActorRegistry, ActorState, ActorStatus
 from async_rl.transport.codec import WireCodec, WireLimits
 from async_rl.transport.coordinator_io import RouterIO
+from async_rl.transport.evaluation import EvalLease, EvalResult, EvalRound
 from async_rl.transport.ledger import Lease, Ledger
 from async_rl.transport.metrics import TransportMetrics
 from async_rl.transport.prompts import PromptRecord, PromptSource
@@ -40,6 +43,7 @@ from async_rl.transport.protocol import (
     VersionUpdate,
     Welcome,
     WorkRequest,
+    group_seed,
     pack_array,
 )
 from async_rl.transport.settings import PlaneSettings
@@ -50,7 +54,6 @@ COORDINATOR_ID = "coordinator"
 Outbox = list[tuple[bytes, Message]]
 STATE_FORMAT = 1
 SCAN_INTERVAL_S = 0.01  # liveness/lease scans at most this often (they are O(actors + leases))
-_SEED_MODULUS = 2**31
 
 
 class Coordinator:
@@ -97,6 +100,8 @@ class Coordinator:
         self._notify_on_close = True
         self._last_scan = 0.0
         self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
+        self._eval: EvalRound | None = None  # the validation round being served (one at a time)
+        self._next_eval_round = 0
         self._io = RouterIO(self.settings, self.codec)  # binds now: bad bind settings raise here
         self.port = self._io.port
         self.address = self._io.address  # tcp://host:port as bound (with host 0.0.0.0, actors use a real address)
@@ -216,6 +221,57 @@ class Coordinator:
             self._admission.on_trained(self._version)
         self._io.wake()
 
+    def start_eval(self, version: int, records: Sequence[PromptRecord], sampling: SamplingParams) -> int:
+        """Start a validation round of ``records`` under exactly policy ``version`` (already published to the actors);
+        returns its round id. One round at a time: the previous one must have been finished with `finish_eval`."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        sampling = _checked_sampling(sampling)
+        for i, rec in enumerate(records):
+            if not isinstance(rec, PromptRecord):
+                raise ValueError(f"records[{i}] must be a PromptRecord, got {type(rec).__name__}")
+        with self._cv:
+            if version > self._version:
+                raise ValueError(f"cannot evaluate version {version}: the newest published version is {self._version}")
+            if self._eval is not None:
+                raise RuntimeError(f"eval round {self._eval.round_id} is still open; call finish_eval first")
+            round_id = self._next_eval_round
+            self._next_eval_round += 1
+            self._eval = EvalRound(round_id, version, records, sampling, time.monotonic())
+            self._metrics.count("eval/rounds")
+        self._io.wake()
+        logger.info("eval round %d: %d prompts under policy version %d", round_id, len(records), version)
+        return round_id
+
+    def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool:
+        """Block until round ``round_id`` is complete (True) or ``timeout_s`` passed (False); 0 polls."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                if self._failed is not None:
+                    raise RuntimeError("coordinator thread failed") from self._failed
+                rnd = self._eval_round_locked(round_id)
+                if rnd.complete:
+                    return True
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if self._stopping:
+                    raise RuntimeError("coordinator is closed")
+                self._cv.wait(timeout=remaining)
+
+    def finish_eval(self, round_id: int) -> EvalResult:
+        """Close round ``round_id`` (complete or not) and return its results; later deliveries are dropped."""
+        with self._cv:
+            rnd = self._eval_round_locked(round_id)
+            self._eval = None
+            return rnd.close(time.monotonic())
+
+    def _eval_round_locked(self, round_id: int) -> EvalRound:
+        if self._eval is None or self._eval.round_id != round_id:
+            raise ValueError(f"eval round {round_id} is not open")
+        return self._eval
+
     def metrics(self) -> dict[str, float | int]:
         with self._lock:
             led = self._ledger
@@ -233,6 +289,7 @@ class Coordinator:
                 "dropped_total": led.dropped_total,
                 "data_epoch": epoch,
                 "data_position": position,
+                "eval/open_prompts": 0 if self._eval is None else self._eval.open_count,
             }
             decode_errors, send_failures = self._io.stats()
             return self._metrics.snapshot(gauges, decode_errors, send_failures)
@@ -348,6 +405,7 @@ class Coordinator:
                     self._handle_locked(rid, msg, nbytes, now, out, acks)
                 out.extend((rid, GroupAck(acks=entries)) for rid, entries in acks.items())
                 dead = self._housekeeping_locked(now, out)
+                eval_grants = self._serve_eval_locked(now)  # first: validation never waits behind training work
                 grants = self._serve_credits_locked(now)
                 if self._learner_can_proceed_locked():
                     self._cv.notify_all()
@@ -356,6 +414,8 @@ class Coordinator:
                 self._io.send(dest, reply, retry=not isinstance(reply, Heartbeat))
             for rid in dead:
                 self._io.forget_peer(rid)
+            for actor, rnd, eval_leases in eval_grants:
+                self._send_eval_grants(actor, rnd, eval_leases)
             for actor, leases, min_version in grants:
                 self._send_grants(actor, leases, min_version)
 
@@ -370,6 +430,7 @@ class Coordinator:
         existing = self._actors.get(actor_id)
         if existing is not None and existing.alive:
             self._expire_locked(self._ledger.expire_actor(actor_id), "rejoined")
+            self._expire_eval_locked(actor_id)
         state = self._actors.register(actor_id, loaded_version, now)
         if state is None:
             self._metrics.count("rejected_actors")
@@ -403,6 +464,7 @@ class Coordinator:
             if state is not None and state.alive:
                 self._actors.mark_gone(state, now)
                 self._expire_locked(self._ledger.expire_actor(actor_id), "left")
+                self._expire_eval_locked(actor_id)
                 logger.info("actor %s left", actor_id)
             return
         loaded = msg.loaded_version if isinstance(msg, WorkRequest) else self._version
@@ -422,8 +484,24 @@ class Coordinator:
                 self._metrics.record_actor_report(state.reported, msg.stats)
                 state.reported = dict(msg.stats)
         elif isinstance(msg, RolloutGroup):
-            status = self._deliver_locked(msg, nbytes)
-            acks.setdefault(rid, []).append(AckEntry(msg.prompt_id, msg.lease_id, status))
+            status = self._deliver_eval_locked(msg, now) if msg.eval_round >= 0 else self._deliver_locked(msg, nbytes)
+            acks.setdefault(rid, []).append(AckEntry(msg.prompt_id, msg.lease_id, status, msg.eval_round))
+
+    def _deliver_eval_locked(self, group: RolloutGroup, now: float) -> AckStatus:
+        """An eval group goes to its round (never to the ledger); one for a round already closed is counted late."""
+        rnd = self._eval
+        if rnd is None or rnd.round_id != group.eval_round:
+            self._metrics.count("eval/late" if group.eval_round < self._next_eval_round else "eval/unknown")
+            return "unknown"
+        verdict = rnd.deliver(group.prompt_id, group.lease_id, group.completions, now)
+        if verdict == "stale":
+            self._metrics.count("eval/wrong_version")
+        elif verdict != "accepted":
+            self._metrics.count("eval/duplicates" if verdict == "duplicate" else "eval/unknown")
+        elif rnd.complete:
+            logger.info("eval round %d complete (%d prompts)", rnd.round_id, len(rnd.records))
+            self._cv.notify_all()
+        return verdict
 
     def _deliver_locked(self, group: RolloutGroup, nbytes: int) -> AckStatus:
         verdict = self._ledger.check_delivery(group.prompt_id, group.lease_id)
@@ -465,7 +543,13 @@ class Coordinator:
             for state in dead:
                 logger.warning("actor %s silent > %.1f s: presumed dead", state.actor_id, self.settings.peer_timeout_s)
                 self._expire_locked(self._ledger.expire_actor(state.actor_id), f"actor {state.actor_id} presumed dead")
+                self._expire_eval_locked(state.actor_id)
             self._expire_locked(self._ledger.expire_due(now), "lease timeout")
+            if self._eval is not None:
+                self._metrics.count("eval/lease_expiries", len(self._eval.expire_due(now)))
+                for s in self._actors.alive():
+                    if s.loaded_version > self._eval.version:  # can never run its eval grants now
+                        self._expire_eval_locked(s.actor_id)
             self._actors.forget_dead(now)
         if self._version_dirty:
             self._version_dirty = False
@@ -490,6 +574,20 @@ class Coordinator:
             busy=bool(led.taken),
             loaded=loaded,
         )
+
+    def _expire_eval_locked(self, actor_id: str) -> None:
+        if self._eval is not None:
+            self._metrics.count("eval/lease_expiries", len(self._eval.expire_actor(actor_id)))
+
+    def _serve_eval_locked(self, now: float) -> list[tuple[ActorState, EvalRound, list[EvalLease]]]:
+        """Lease the open round's pending prompts to actors on exactly its version, within their credit."""
+        rnd = self._eval
+        if rnd is None or not rnd.pending:
+            return []
+        deadline = now + self.settings.lease_timeout_s
+        served = rnd.serve(self._actors.round_robin(), self.codec.limits.max_prompts_per_grant, deadline)
+        self._metrics.count("eval/grants", sum(len(leases) for _, leases in served))
+        return [(state, rnd, leases) for state, leases in served]
 
     def _serve_credits_locked(self, now: float) -> list[tuple[ActorState, list[Lease], int]]:
         """Lease prompts to actors with credit; each grant carries the oldest policy its prompts may start under."""
@@ -521,7 +619,7 @@ class Coordinator:
         record = self.source.record(lease.prompt_id)
         sampling = self.sampling
         if self.seed is not None:
-            sampling = msgspec.structs.replace(sampling, seed=(self.seed + lease.prompt_id) % _SEED_MODULUS)
+            sampling = msgspec.structs.replace(sampling, seed=group_seed(self.seed, lease.prompt_id, sampling.n))
         return PromptGrant(
             prompt_id=lease.prompt_id,
             lease_id=lease.lease_id,
@@ -548,6 +646,24 @@ class Coordinator:
             self._ledger.revoke([by_id[pid] for pid in unsent])
             actor.granted_total = max(0, actor.granted_total - len(unsent) - len(too_big))
             self._cv.notify_all()
+
+    def _send_eval_grants(self, actor: ActorState, rnd: EvalRound, leases: list[EvalLease]) -> None:
+        """Like `_send_grants` for an eval round: unsent prompts go back to the round's pending queue."""
+        with self._lock:
+            version = self._version
+        prompts = [rnd.prompt_grant(lease) for lease in leases]
+        unsent, too_big = self._io.send_grant(actor.rid, prompts, version)
+        if not unsent and not too_big:
+            return
+        by_index = {lease.index: lease for lease in leases}
+        with self._cv:
+            for index in too_big:
+                logger.error("eval prompt %d can never fit in max_message_bytes: left out of its round", index)
+                rnd.drop(index)
+            rnd.revoke([by_index[i] for i in unsent])
+            actor.granted_total = max(0, actor.granted_total - len(unsent) - len(too_big))
+            if rnd.complete:
+                self._cv.notify_all()
 
 
 def _checked_sampling(sampling: SamplingParams) -> SamplingParams:

@@ -17,6 +17,18 @@ PREFIX = "transport/"
 # Cumulative counters an actor reports on its periodic Heartbeat: tokens generated, seconds with nothing to generate,
 # seconds since it started. The coordinator sums their growth over all actors (``transport/actors/<key>_total``).
 ACTOR_REPORT_KEYS = ("generated_tokens", "idle_s", "uptime_s")
+# Validation rounds (transport.evaluation): rounds started, prompts granted, leases expired (actor dead, timeout, moved
+# past the pinned version), and deliveries dropped as a duplicate, under a wrong version (granted again), for a round
+# already closed (late) or unknown.
+EVAL_COUNTERS = (
+    "eval/rounds",
+    "eval/grants",
+    "eval/lease_expiries",
+    "eval/duplicates",
+    "eval/wrong_version",
+    "eval/late",
+    "eval/unknown",
+)
 
 
 class RateMeter:
@@ -127,6 +139,8 @@ class TransportMetrics:
         out[PREFIX + "groups_received_total"] = int(self.groups.total)
         out[PREFIX + "bytes_received_total"] = int(self.bytes.total)
         for name in ("lease_expiries", "duplicates", "late_accepted", "unknown_groups", "credit_waits", "trained"):
+            out[PREFIX + name] = self.counters[name]
+        for name in EVAL_COUNTERS:
             out[PREFIX + name] = self.counters[name]
         for name, value in self.counters.items():
             out.setdefault(PREFIX + name, value)

@@ -32,6 +32,9 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # Actor ids double as zmq routing ids: non-empty, printable ASCII, no leading NUL (reserved by zmq).
 ActorId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
+# A validation round id (see transport.evaluation); -1 marks training work.
+EvalRoundId = Annotated[int, msgspec.Meta(ge=-1)]
+NO_EVAL = -1
 AckStatus = Literal["accepted", "duplicate", "stale", "unknown"]
 ACK_STATUSES: tuple[str, ...] = ("accepted", "duplicate", "stale", "unknown")
 
@@ -58,8 +61,25 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     seed: NonNegInt | None = None
 
 
+SEED_MODULUS = 2**31
+
+
+def group_seed(base_seed: int, index: int, n: int, stream: int = 0) -> int:
+    """The request seed of prompt ``index``: vLLM seeds its i-th sample with ``seed + i``, so each prompt gets its own
+    block of ``n`` consecutive seeds and no two samples of a run share a random stream (prompt ``p``'s sample ``i`` and
+    prompt ``p+1``'s sample ``i-1`` would, with ``seed + p``). ``base_seed`` and ``stream`` (training 0, evaluation
+    rounds 1, 2, ...) pick a pseudo-random start, so runs with neighbouring seeds do not share streams either.
+    Distinct for every ``index < SEED_MODULUS // n``."""
+    start = (base_seed * 0x9E3779B1 + stream * 0x85EBCA77) % SEED_MODULUS
+    return (start + index * n) % SEED_MODULUS
+
+
 class PromptGrant(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """One leased prompt: generate ``sampling.n`` completions with a policy of version >= ``min_version``."""
+    """One leased prompt: generate ``sampling.n`` completions with a policy of version >= ``min_version``.
+
+    An eval grant (``eval_round >= 0``) belongs to a validation round instead of training: ``prompt_id`` is the
+    prompt's index in that round, and it must run under EXACTLY ``min_version`` (see transport.evaluation).
+    """
 
     prompt_id: NonNegInt
     lease_id: PositiveInt
@@ -67,6 +87,11 @@ class PromptGrant(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     prompt_token_ids: WireArray
     sampling: SamplingParams
     extras: dict[str, Any] = {}
+    eval_round: EvalRoundId = NO_EVAL
+
+    @property
+    def is_eval(self) -> bool:
+        return self.eval_round >= 0
 
 
 class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -126,6 +151,7 @@ class RolloutGroup(Message, tag="rollout_group"):
     actor_id: ActorId
     completions: list[Completion]
     timings: dict[Annotated[str, msgspec.Meta(max_length=128)], float] = {}
+    eval_round: EvalRoundId = NO_EVAL  # the grant's eval_round: eval groups go to their round, never to training
 
     @property
     def version(self) -> int:
@@ -147,6 +173,7 @@ class AckEntry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=F
     prompt_id: NonNegInt
     lease_id: PositiveInt
     status: AckStatus
+    eval_round: EvalRoundId = NO_EVAL  # eval and training lease ids are separate spaces: this tells them apart
 
 
 class GroupAck(Message, tag="group_ack"):

@@ -9,7 +9,7 @@ vLLM's weight-transfer registry; this package's top level never imports vLLM.
 from async_rl.weight_sync.buckets import Bucket, TensorAssembler, iter_buckets
 from async_rl.weight_sync.client import AsyncEngineWeightSync, EngineWeightSync, vllm_engine_kwargs
 from async_rl.weight_sync.digest import TensorDigest, compare_digests, digest_tensor, fingerprint
-from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
+from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError, WeightSyncTimeout
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, open_group, resolve_backend
 from async_rl.weight_sync.receiver import ReceiveReport, WeightReceiver
 from async_rl.weight_sync.sender import SendReport, WeightSender
@@ -27,6 +27,7 @@ __all__ = [
     "VerifyReport",
     "WeightReceiver",
     "WeightSender",
+    "WeightMismatchError",
     "WeightSyncError",
     "WeightSyncGroup",
     "WeightSyncTimeout",

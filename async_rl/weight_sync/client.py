@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
+from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError, WeightSyncTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,11 @@ def update_info(version: int, *, verify_load: bool = True, require_complete: boo
 def _structured_error(state: dict[str, Any], fallback: BaseException) -> WeightSyncError:
     err = state.get("last_error") or {}
     message = err.get("message") or str(fallback)
-    cls = WeightSyncTimeout if err.get("type") == "WeightSyncTimeout" else WeightSyncError
+    types: dict[str, type[WeightSyncError]] = {
+        "WeightSyncTimeout": WeightSyncTimeout,
+        "WeightMismatchError": WeightMismatchError,
+    }
+    cls = types.get(str(err.get("type")), WeightSyncError)
     return cls(message, tensor=err.get("tensor"))
 
 

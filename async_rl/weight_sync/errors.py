@@ -7,7 +7,7 @@ catch the same types without importing each other. ``WeightSyncError.tensor`` na
 
 from __future__ import annotations
 
-__all__ = ["WeightSyncError", "WeightSyncTimeout"]
+__all__ = ["WeightMismatchError", "WeightSyncError", "WeightSyncTimeout"]
 
 
 class WeightSyncError(RuntimeError):
@@ -25,4 +25,12 @@ class WeightSyncTimeout(WeightSyncError):
     """A collective of the weight-sync group did not complete within its timeout.
 
     The group is unusable afterwards (peers may be mid-operation): every member must rejoin under a new epoch.
+    """
+
+
+class WeightMismatchError(WeightSyncError):
+    """The update does not fit the receiving model: a tensor missing, unknown, mis-shaped, or loaded without effect.
+
+    Unlike a broken transfer this is deterministic (the learner's and the actor's models disagree), so retrying
+    cannot help: the actor fails at once with this message instead of pausing and waiting for a good update.
     """

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from async_rl.weight_sync.digest import TensorDigest, algo_for_device, digest_tensor
-from async_rl.weight_sync.errors import WeightSyncError
+from async_rl.weight_sync.errors import WeightMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +102,14 @@ class LoadVerifier:
         self.seed = seed
         self._targets: dict[str, _Target] = {}
         self._where: dict[str, tuple[str, int]] = {}
+        seen: set[int] = set()
         for mod_name, mod in model.named_modules():
             parent, _, last = mod_name.rpartition(".")
             subs = mapping.get(last)
             for leaf, param in mod.named_parameters(recurse=False):
+                if id(param) in seen:  # a tied parameter (lm_head = embed_tokens): checked once, under its first name
+                    continue
+                seen.add(id(param))
                 key = f"{mod_name}.{leaf}" if mod_name else leaf
                 if subs:
                     parts = [f"{parent}.{s}.{leaf}" if parent else f"{s}.{leaf}" for s in subs]
@@ -153,10 +157,11 @@ class LoadVerifier:
         self._expect.setdefault(key, {})[index] = exp
 
     def verify(self, model: nn.Module, *, require_complete: bool = True) -> VerifyReport:
-        """Check the loaded ``model`` against the recorded expectations; WeightSyncError names the first bad tensor."""
+        """Check the loaded ``model`` against the recorded expectations; raise WeightMismatchError naming the first
+        bad tensor."""
         if self._unplaced:
             first = sorted(self._unplaced)[0]
-            raise WeightSyncError(f"received tensor {first!r} matches no parameter of the model", tensor=first)
+            raise WeightMismatchError(f"received tensor {first!r} matches no parameter of the model", tensor=first)
         report = VerifyReport()
         for key in sorted(self._targets):
             target = self._targets[key]
@@ -166,11 +171,11 @@ class LoadVerifier:
             missing = [p for i, p in enumerate(target.parts) if i not in got]
             if missing:
                 what = "left out of the update" if not got else f"missing from the fused parameter {key!r}"
-                raise WeightSyncError(f"tensor {missing[0]!r} {what}", tensor=missing[0])
+                raise WeightMismatchError(f"tensor {missing[0]!r} {what}", tensor=missing[0])
             expects = [got[i] for i in range(len(target.parts))]
             rows = [e.shape[0] if e.shape else 1 for e in expects]
             if target.sizes and rows != target.sizes:
-                raise WeightSyncError(
+                raise WeightMismatchError(
                     f"fused parameter {key!r} expects rows {target.sizes}, received {rows}", tensor=target.parts[0]
                 )
             module = model.get_submodule(target.module)
@@ -204,7 +209,7 @@ class LoadVerifier:
             held = param.detach() if not exp.shape else param.detach().narrow(0, offset, n)
             digest = digest_tensor(name, held.to(self.device), str(target.dtype), self.algo)
             if digest != exp.digest:
-                raise WeightSyncError(
+                raise WeightMismatchError(
                     f"tensor {name!r}: the model holds different values than were received (load had no effect)",
                     tensor=name,
                 )
@@ -228,7 +233,7 @@ class LoadVerifier:
             onehot_ok = onehot_err <= _ONEHOT_RTOL * (float(exp.onehot.abs().max()) if n else 0.0)
             dense_ok = dense_err <= tol * (float(exp.dense.abs().max()) if n else 0.0) + 1e-30
             if not (onehot_ok and dense_ok):
-                raise WeightSyncError(
+                raise WeightMismatchError(
                     f"tensor {name!r}: the layer's output disagrees with the received weights "
                     f"(column error {onehot_err:.3g}, dense error {dense_err:.3g}): load had no effect or was partial",
                     tensor=name,

@@ -49,7 +49,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-from async_rl.weight_sync.errors import WeightSyncError
+from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.group import WeightSyncGroup, create_store
 from async_rl.weight_sync.receiver import WeightReceiver
 from async_rl.weight_sync.verify import LoadVerifier
@@ -162,7 +162,15 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
                 for name, tensor in batch:
                     verifier.observe(name, tensor)
             loader: Any = self.model.load_weights
-            loader(batch)
+            try:
+                loader(batch)
+            except Exception as exc:  # vLLM's loaders assert on shapes and raise KeyError on unknown names
+                names = [name for name, _ in batch]
+                raise WeightMismatchError(
+                    f"vLLM could not load the tensors {names[:3]}{'...' if len(names) > 3 else ''}: "
+                    f"{type(exc).__name__}: {exc}",
+                    tensor=names[0] if names else None,
+                ) from exc
 
         initialize_layerwise_reload(self.model)
         reloading = True

@@ -169,3 +169,38 @@ def test_loop_streams_each_group_as_soon_as_it_finishes(engine, loop):
         for c in group.completions:
             assert c.token_ids.length == c.logprobs.length > 0
             assert c.reward_components is not None and "chars" in c.reward_components
+
+
+def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(tmp_path):
+    """Regression: vLLM's CPU build died with 'CPU Generator does not use offset' on the first seeded request whose
+    prefill was split across steps (46-token prompts x 64 sequences with the real model). Here: 100-token prompts with
+    a 128-token step budget, so every other prefill would be chunked. Samples must also stay reproducible."""
+    path = build_tiny_model(tmp_path / "model", seed=3)
+    settings = EngineSettings(
+        model_path=str(path),
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        max_num_seqs=32,
+        enable_chunked_prefill=True,  # what the config asks for; the engine turns it off on CPU
+        enforce_eager=True,
+        seed=0,
+    )
+    eng = GenerationEngine(settings)
+    loop = asyncio.new_event_loop()
+    prompts = [[5 + (i * 7 + j) % 50 for j in range(100)] for i in range(12)]
+
+    async def run(seed0: int):
+        specs = [SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=seed0 + 4 * i) for i in range(len(prompts))]
+        return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(prompts, specs, strict=True)])
+
+    try:
+        loop.run_until_complete(eng.start())
+        first = loop.run_until_complete(run(100))
+        again = loop.run_until_complete(run(100))
+        assert not eng.dead
+        assert [len(g) for g in first] == [4] * len(prompts)
+        assert [[c.token_ids.tolist() for c in g] for g in first] == [[c.token_ids.tolist() for c in g] for g in again]
+    finally:
+        loop.run_until_complete(eng.shutdown())
+        loop.close()

@@ -120,6 +120,11 @@ def test_critic_mini_batch_divisibility() -> None:
         (f"{ARR}.rollout.top_k=0", f"{ARR}.rollout.top_k"),
         (f"{ARR}.rollout.top_k=-2", f"{ARR}.rollout.top_k"),
         (f"{ARR}.rollout.val_kwargs.top_k=0", f"{ARR}.rollout.val_kwargs.top_k"),
+        (f"{ARR}.rollout.val_kwargs.n=0", f"{ARR}.rollout.val_kwargs.n"),
+        ("data.val_max_samples=0", "data.val_max_samples"),
+        ("data.val_max_samples=-2", "data.val_max_samples"),
+        ("trainer.test_freq=-2", "trainer.test_freq"),
+        ("async_training.timeouts.validation_s=0", "async_training.timeouts.validation_s"),
         (f"{ARR}.rollout.temperature=-0.5", f"{ARR}.rollout.temperature"),
         (f"{ARR}.rollout.n=0", f"{ARR}.rollout.n"),
         (f"{ARR}.rollout.gpu_memory_utilization=1.2", f"{ARR}.rollout.gpu_memory_utilization"),
@@ -239,6 +244,30 @@ def test_warnings_noop_keys_and_double_kl() -> None:
 def test_noop_key_at_default_value_does_not_warn() -> None:
     _, warnings = load_config_with_warnings(None, ["data.return_raw_chat=False"])
     assert warnings == []
+
+
+def test_validation_warnings_name_the_ignored_keys() -> None:
+    _, warnings = load_config_with_warnings(None, [f"{ARR}.rollout.val_kwargs.n=4"])
+    assert warnings == [
+        f"{ARR}.rollout.val_kwargs.n are ignored with {ARR}.rollout.val_kwargs.do_sample=false: validation decodes"
+        " greedily, one sample per prompt (set do_sample=true to sample)"
+    ]
+    _, warnings = load_config_with_warnings(
+        None, [f"{ARR}.rollout.val_kwargs.n=4", f"{ARR}.rollout.val_kwargs.do_sample=true"]
+    )
+    assert warnings == []
+    _, warnings = load_config_with_warnings(None, ["data.val_files=null", "trainer.test_freq=5"])
+    assert warnings == ["trainer.test_freq=5 is ignored: data.val_files is null, so nothing is validated"]
+    _, warnings = load_config_with_warnings(None, ["trainer.test_freq=5", "data.val_max_samples=8"])
+    assert warnings == []  # the validation keys have an effect: none is reported as a no-op
+
+
+def test_validation_group_must_fit_in_a_message() -> None:
+    msg = _error(
+        f"{ARR}.rollout.val_kwargs.do_sample=true", f"{ARR}.rollout.val_kwargs.n=200",
+        "async_training.transport.max_message_bytes=4096",
+    )  # fmt: skip
+    assert "async_training.transport.max_message_bytes (4096)" in msg and f"{ARR}.rollout.val_kwargs.n=200" in msg
 
 
 def test_disabled_correction_with_staleness_warns() -> None:

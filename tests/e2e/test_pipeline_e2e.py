@@ -1,5 +1,6 @@
 """End to end on the real pieces: torchrun 2-rank FSDP2 learner (gloo) + one vLLM CPU actor over ZeroMQ, weight
-broadcast every step, staleness bound K=1; then a resume from the checkpoint that neither repeats nor skips prompts.
+broadcast every step, staleness bound K=1, validation rounds on the actor (before training, every 3 steps, at the
+end); then a resume from the checkpoint that neither repeats nor skips prompts.
 
 Started through ``launchers/local.py`` (process groups, logs per part). Uses the builtin tiny model: this checks the
 wiring and the guarantees, not learning.
@@ -17,9 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 K = 1
 BATCH = 8
+VAL_PROMPTS = 8
+# Validation: 8 of the arithmetic task's held-out problems, greedy, on versions 0 (before training), 3 and 6.
+VALIDATION = (
+    "data.val_files=builtin:arith",
+    f"data.val_max_samples={VAL_PROMPTS}",
+    "trainer.val_before_train=true",
+    "trainer.test_freq=3",
+)
 
 
-def _command(run_dir: Path, steps: int) -> list[str]:
+def _command(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
     return [
         sys.executable,
         str(ROOT / "launchers" / "local.py"),
@@ -39,11 +48,12 @@ def _command(run_dir: Path, steps: int) -> list[str]:
         "async_training.checkpoint.save_every_n_steps=3",
         "async_training.weight_sync.timeout_s=120",
         "trainer.logger=['jsonl']",
+        *extra,
     ]
 
 
-def _launch(run_dir: Path, steps: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_command(run_dir, steps), cwd=ROOT, capture_output=True, text=True, timeout=900)
+def _launch(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_command(run_dir, steps, extra), cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -53,11 +63,22 @@ def _jsonl(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
     run_dir = tmp_path / "run"
-    first = _launch(run_dir, steps=6)
+    first = _launch(run_dir, steps=6, extra=VALIDATION)
     assert first.returncode == 0, f"launcher failed:\n{first.stderr[-4000:]}"
 
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    lines = _jsonl(run_dir / "metrics.jsonl")
+    metrics = [m for m in lines if "val/version" not in m]  # training steps; validation rounds are lines of their own
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    # Each round is logged at the step of the version it evaluated, before any later step's line.
+    val = [m for m in lines if "val/version" in m]
+    assert [(m["step"], m["val/version"]) for m in val] == [(0, 0), (3, 3), (6, 6)]
+    assert [m["step"] for m in lines] == sorted(m["step"] for m in lines)
+    for m in val:  # every prompt came back generated under exactly the pinned version (else it is granted again)
+        assert m["val/num_samples"] == m["val/num_prompts"] == VAL_PROMPTS and m["val/prompts_missing"] == 0, m
+        assert 0.0 <= m["val/reward_mean"] <= 1.0 and m["val/arith/reward_mean"] == m["val/reward_mean"]
+        assert m["val-core/arith/reward/mean@1"] == m["val/reward_mean"]
+        assert 0 < m["val/response_length_mean"] <= 8 and m["val/wall_s"] > 0
+    assert metrics[-1]["transport/eval/rounds"] == 3 and metrics[-1]["transport/eval/wrong_version"] == 0
     for m in metrics:
         assert m["rollout/staleness_max"] <= K, m  # every trained group within the bound
         assert m["transport/duplicates"] == 0
@@ -74,9 +95,9 @@ def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.endswith(".tmp"))
 
     # Resume: the same run continues from the step-6 checkpoint to step 9.
-    second = _launch(run_dir, steps=9)
+    second = _launch(run_dir, steps=9)  # smoke_grpo.yaml alone: val_before_train false, test_freq -1, no rounds
     assert second.returncode == 0, f"resume failed:\n{second.stderr[-4000:]}"
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "val/version" not in m]
     assert [m["step"] for m in metrics][6:] == [7, 8, 9]
     audit = _jsonl(run_dir / "trained_groups.jsonl")
     all_ids = [i for rec in audit for i in rec["prompt_ids"]]

@@ -234,6 +234,20 @@ def test_console_non_tty_logs_about_every_tenth_of_the_run(caplog: pytest.LogCap
     assert "reward 0.500" in lines[5]  # step 50: 50 / 100
 
 
+def test_console_logs_every_validation_round_on_its_own_line(caplog: pytest.LogCaptureFixture) -> None:
+    sink = ConsoleSink(100, stream=io.StringIO())
+    val = {"val/version": 3.0, "val/reward_mean": 0.875, "val/arith/reward_mean": 0.875, "val/num_samples": 8.0,
+           "val/wall_s": 3.25}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger=METRICS_LOGGER):
+        sink.log(1, _step_metrics(1))
+        sink.log(3, val)  # logged although step 3 is not due for a progress line
+        sink.log(4, _step_metrics(4))  # not due: steps 1, 10, 20, ... are
+    sink.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[1] == "validation at step 3: reward 0.875 | arith 0.875 | 8 samples | 3.2s"
+
+
 def test_console_tty_draws_a_bar_and_logs_sparsely(caplog: pytest.LogCaptureFixture) -> None:
     stream = io.StringIO()
     sink = ConsoleSink(20, stream=stream, is_tty=True, log_every=5)

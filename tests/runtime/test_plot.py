@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import async_rl.runtime.plot as plot_mod
-from async_rl.runtime.plot import format_summary, plot_run, summarize_run
+from async_rl.runtime.plot import by_step, format_summary, plot_run, summarize_run, validation_records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -51,12 +51,39 @@ def _full_record(step: int) -> dict[str, Any]:
     }
 
 
-def test_plot_run_full_metrics_writes_png(tmp_path: Path) -> None:
-    src = _write(tmp_path / "metrics.jsonl", [_full_record(s) for s in range(1, 121)])
+def _val_record(version: int) -> dict[str, Any]:
+    return {
+        "step": version,
+        "time/wall_s": 2.5 * version + 1.0,
+        "val/version": float(version),
+        "val/reward_mean": 0.2 + version / 200,
+        "val/arith/reward_mean": 0.2 + version / 200,
+        "val/gsm8k/reward_mean": 0.1 + version / 300,
+        "val/num_samples": 8.0,
+    }
+
+
+def test_plot_run_full_metrics_writes_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = [_full_record(s) for s in range(1, 121)]
+    for v in range(0, 121, 20):  # validation rounds: their own records, at the step of the version they evaluated
+        records.insert(v, _val_record(v))
+    src = _write(tmp_path / "metrics.jsonl", records)
+    empty_panels: list[str] = []
+    real_no_data = plot_mod._no_data
+    monkeypatch.setattr(plot_mod, "_no_data", lambda ax, title: (empty_panels.append(title), real_no_data(ax, title)))
     out = plot_run(src, tmp_path / "plots" / "run.png")
     assert out == tmp_path / "plots" / "run.png"
-    assert _png_size(out) == (1400, 1500)  # figsize 14 x 15 inches at 100 dpi
+    assert _png_size(out) == (1400, 1900)  # figsize 14 x 19 inches at 100 dpi
     assert out.stat().st_size > 10_000
+    assert empty_panels == []  # every panel, the two validation panels included, has data
+
+
+def test_validation_records_are_kept_apart_from_training_steps() -> None:
+    records = [_full_record(1), _val_record(0), _full_record(2), _val_record(2), _full_record(3)]
+    assert [r["step"] for r in by_step(records)] == [1, 2, 3]
+    assert by_step(records)[1] == _full_record(2)  # the step-2 validation record did not replace the training one
+    assert [r["step"] for r in validation_records(records)] == [0, 2]
+    assert summarize_run(records)["steps"] == 3
 
 
 def test_plot_run_with_most_keys_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,6 +104,8 @@ def test_plot_run_with_most_keys_missing(tmp_path: Path, monkeypatch: pytest.Mon
             "rollout transport",
             "idle fractions (waiting for work)",
             "response length",
+            "validation reward vs step (policy version)",
+            "validation reward vs wall-clock time",
         ]
     )
 

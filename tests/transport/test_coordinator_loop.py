@@ -19,7 +19,7 @@ from async_rl.transport import (
     RolloutClient,
     SamplingParams,
 )
-from async_rl.transport.protocol import PromptGrant, RolloutGroup
+from async_rl.transport.protocol import PromptGrant, RolloutGroup, group_seed
 
 Factory = Callable[..., Coordinator]
 ClientFactory = Callable[..., RolloutClient]
@@ -70,7 +70,8 @@ def test_grants_carry_prompt_data_and_are_capped_by_admission(
     grants = _collect(client, 10, loaded=0, timeout_s=1.0)
     assert [g.prompt_id for g in grants] == [0, 1, 2, 3]  # only 4 despite asking for 10
     assert grants[1].prompt_token_ids.length == 4 and grants[1].extras == {"ground_truth": "1"}
-    assert grants[1].sampling.seed == 1  # seed 0 + prompt id 1: deterministic per prompt
+    n = grants[1].sampling.n
+    assert [g.sampling.seed for g in grants] == [group_seed(0, g.prompt_id, n) for g in grants]  # per prompt
     for g in grants:
         client.send_group(make_group(g, "actor-0", version=0))
     assert client.wait_acked(3.0)

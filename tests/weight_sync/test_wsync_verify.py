@@ -213,3 +213,30 @@ def test_fused_rows_must_match_the_layer() -> None:
             verifier.observe(name, value)
     with pytest.raises(WeightSyncError, match=r"expects rows \[8, 4, 4\], received \[8, 5, 4\]"):
         verifier.verify(model, require_complete=False)
+
+
+class _TiedModel(nn.Module):
+    """Like vLLM's Llama with tie_word_embeddings: lm_head holds the *same* Parameter as embed_tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Module()
+        self.embed_tokens.weight = nn.Parameter(torch.zeros(6, 8), requires_grad=False)
+        self.lm_head = nn.Module()
+        self.lm_head.weight = self.embed_tokens.weight
+
+
+def test_tied_embeddings_are_one_tensor_sent_once() -> None:
+    # Regression: the learner sends the tied weight once (as embed_tokens); the verifier used to demand lm_head too
+    # ("tensor 'lm_head.weight' left out of the update") and the actor then paused forever.
+    model = _TiedModel()
+    verifier = LoadVerifier(model, device="cpu", ignore_names=["lm_head.weight"])
+    value = torch.randn(6, 8)
+    verifier.observe("embed_tokens.weight", value)
+    model.embed_tokens.weight.data.copy_(value)
+    assert verifier.verify(model, require_complete=True).bitwise == 1
+    assert "lm_head.weight" not in verifier.checkpoint_names
+
+    verifier.begin()  # the tied weight missing altogether is still an error
+    with pytest.raises(WeightSyncError, match="'embed_tokens.weight' left out of the update"):
+        verifier.verify(model, require_complete=True)

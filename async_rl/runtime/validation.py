@@ -1,0 +1,271 @@
+"""Validation during training: rounds of generation on the actors, each pinned to one published policy version,
+scored by the actors' reward function and logged as ``val/...`` metrics at the step of the version evaluated.
+
+When (only with ``data.val_files`` set; verl's schedule, ``verl/trainer/ppo/ray_trainer.py::fit``):
+
+* ``trainer.val_before_train``: a round on the starting policy (version 0, or the resumed version) before step 1;
+* ``trainer.test_freq`` = f > 0: a round on every version v with v % f == 0, and one on the final version;
+  f <= 0: no round during or after training. verl does the same: its final validation is part of the test_freq
+  schedule (``test_freq > 0 and (is_last_step or step % test_freq == 0)``), so with f = -1 only the round before
+  training runs.
+
+The order around a round on version v (learner rank 0 drives; the other ranks follow its broadcasts):
+
+1. v is published to the actors (also when ``sync_every_n_steps`` would have skipped it);
+2. ``Validator.start(v)``: ``Coordinator.start_eval`` grants the prompts, before any training work, to actors whose
+   loaded version is exactly v (``transport.evaluation``); training goes on meanwhile;
+3. the round's results are logged as soon as rank 0 sees it complete (``poll``, once per step), at step v;
+4. before the next publish of any other version, every rank waits in ``before_publish`` until the round is complete
+   or ``async_training.timeouts.validation_s`` passed (then the partial results are logged with a warning and the
+   round is closed). So no actor's weights change under a running round, and every round finishes or times out.
+
+Differences from verl: rounds run on the actors concurrently with training instead of pausing it; greedy decoding
+(``val_kwargs.do_sample=false``) generates one sample per prompt (verl repeats the prompt ``n`` times and decodes
+each greedily, to the same result); ``val-core/<source>/reward/best@N/mean`` is the exact mean of the per-prompt best
+of the N samples, where verl reports a bootstrap estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from async_rl.config import Config
+from async_rl.transport.evaluation import EvalResult
+
+logger = logging.getLogger(__name__)
+
+_WAIT, _DONE = b"W", b"D"
+LogFn = Callable[[int, dict[str, float]], None]
+
+
+class _Ctx(Protocol):
+    rank: int
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes: ...
+
+
+class _Coordinator(Protocol):
+    def start_eval(self, version: int, records: Sequence[Any], sampling: Any) -> int: ...
+
+    def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool: ...
+
+    def finish_eval(self, round_id: int) -> EvalResult: ...
+
+
+@dataclass(frozen=True)
+class ValSchedule:
+    """Which policy versions are validated (see the module docstring)."""
+
+    enabled: bool
+    before_train: bool
+    test_freq: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ValSchedule:
+        return cls(cfg.data.val_files is not None, cfg.trainer.val_before_train, cfg.trainer.test_freq)
+
+    def at_start(self) -> bool:
+        return self.enabled and self.before_train
+
+    def due(self, version: int) -> bool:
+        return self.enabled and self.test_freq > 0 and version % self.test_freq == 0
+
+    def at_end(self) -> bool:
+        return self.enabled and self.test_freq > 0
+
+    def any(self) -> bool:
+        """Whether any round runs at all (only then are the validation prompts loaded)."""
+        return self.at_start() or self.at_end()
+
+
+def validation_metrics(result: EvalResult, sources: Sequence[str]) -> dict[str, float]:
+    """The ``val/...`` metrics of a round (``sources[i]``: the data source of prompt i), plus verl's core names.
+
+    ``val/reward_mean`` averages every sample; ``val/<source>/reward_mean`` those of one data source. With n > 1
+    samples per prompt: ``val/mean@n`` (mean over prompts of the per-prompt mean) and ``val/best@n`` (of the per-prompt
+    best). verl aliases: ``val-core/<source>/reward/mean@n`` and, for n > 1, ``val-core/<source>/reward/best@n/mean``.
+    """
+    rewards: list[float] = []
+    lengths: list[int] = []
+    per_prompt: dict[str, list[list[float]]] = {}
+    for index in sorted(result.completions):
+        group = [float(c.reward) for c in result.completions[index]]
+        rewards.extend(group)
+        lengths.extend(c.token_ids.length for c in result.completions[index])
+        per_prompt.setdefault(sources[index], []).append(group)
+    n = max((len(g) for groups in per_prompt.values() for g in groups), default=1)
+    out: dict[str, float] = {
+        "val/version": float(result.version),
+        "val/wall_s": result.wall_s,
+        "val/num_samples": float(len(rewards)),
+        "val/num_prompts": float(sum(len(groups) for groups in per_prompt.values())),
+        "val/prompts_missing": float(result.num_prompts - len(result.completions)),
+        "val/reward_mean": _mean(rewards),
+        "val/response_length_mean": _mean([float(x) for x in lengths]),
+    }
+    all_groups = [g for groups in per_prompt.values() for g in groups]
+    if n > 1:
+        out[f"val/mean@{n}"] = _mean([_mean(g) for g in all_groups])
+        out[f"val/best@{n}"] = _mean([max(g) for g in all_groups])
+    for source, groups in sorted(per_prompt.items()):
+        out[f"val/{source}/reward_mean"] = _mean([r for g in groups for r in g])
+        out[f"val-core/{source}/reward/mean@{n}"] = _mean([_mean(g) for g in groups])
+        if n > 1:
+            out[f"val-core/{source}/reward/best@{n}/mean"] = _mean([max(g) for g in groups])
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+class Validator:
+    """Runs the validation rounds of one learner; construct on every rank (records and coordinator on rank 0 only).
+
+    Every rank tracks which version's round is open (the schedule is the same everywhere), so ranks enter the
+    collective wait together; only rank 0 talks to the coordinator and logs.
+    """
+
+    def __init__(
+        self,
+        ctx: _Ctx,
+        coordinator: _Coordinator | None,
+        schedule: ValSchedule,
+        *,
+        records: Sequence[Any] = (),
+        sources: Sequence[str] = (),
+        sampling: Any = None,
+        timeout_s: float = 1800.0,
+        log: LogFn | None = None,
+        poll_s: float = 2.0,
+    ) -> None:
+        if ctx.rank == 0 and schedule.enabled and (coordinator is None or not records):
+            raise ValueError("learner rank 0 needs the coordinator and the validation records when validation is on")
+        if len(sources) != len(records):
+            raise ValueError(f"{len(sources)} data sources for {len(records)} validation records")
+        self.ctx = ctx
+        self.coordinator = coordinator
+        self.schedule = schedule
+        self.records = list(records)
+        self.sources = list(sources)
+        self.sampling = sampling
+        self.timeout_s = timeout_s
+        self.log = log
+        self.poll_s = poll_s
+        self.open_version: int | None = None  # every rank: the version of the round not yet waited for
+        self.last_version: int | None = None  # every rank: the version the last round evaluated
+        self._round: int | None = None  # rank 0: the coordinator's id of the open round (None once closed)
+        self.results: list[EvalResult] = []  # rank 0: every closed round's results
+
+    def start(self, version: int) -> None:
+        """Start a round on ``version``, which the actors must already have (called on every rank)."""
+        if self.open_version is not None:
+            self.wait()
+        self.open_version = self.last_version = version
+        if self.ctx.rank == 0:
+            assert self.coordinator is not None
+            self._round = self.coordinator.start_eval(version, self.records, self.sampling)
+
+    def before_publish(self, version: int) -> None:
+        """Called on every rank right before weights of ``version`` go to the actors: an open round on another
+        version must finish (or time out) first, so that its actors keep its weights until then."""
+        if self.open_version is not None and self.open_version != version:
+            self.wait()
+
+    def poll(self) -> None:
+        """Rank 0, no collective: close and log the open round if it is complete."""
+        if self._round is not None and self.coordinator is not None and self.coordinator.wait_eval(self._round, 0.0):
+            self._close()
+
+    def wait(self) -> None:
+        """Collective: wait until the open round is complete or ``timeout_s`` passed; rank 0 logs its results."""
+        if self.open_version is None:
+            return
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            decision = None
+            if self.ctx.rank == 0:
+                decision = self._rank0_step(deadline)
+            if self.ctx.broadcast_bytes(decision) == _DONE:
+                self.open_version = None
+                return
+
+    def _rank0_step(self, deadline: float) -> bytes:
+        if self._round is None:
+            return _DONE
+        assert self.coordinator is not None
+        remaining = deadline - time.monotonic()
+        if self.coordinator.wait_eval(self._round, max(0.0, min(self.poll_s, remaining))):
+            self._close()
+            return _DONE
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "validation of policy version %s did not finish within %.0f s (async_training.timeouts.validation_s):"
+                " logging partial results",
+                self.open_version,
+                self.timeout_s,
+            )
+            self._close()
+            return _DONE
+        return _WAIT
+
+    def _close(self) -> None:
+        assert self.coordinator is not None and self._round is not None
+        result = self.coordinator.finish_eval(self._round)
+        self._round = None
+        self.results.append(result)
+        metrics = validation_metrics(result, self.sources)
+        logger.info(
+            "validation of policy version %d: reward %.4f over %d samples of %d/%d prompts in %.1f s",
+            result.version,
+            metrics["val/reward_mean"],
+            int(metrics["val/num_samples"]),
+            len(result.completions),
+            result.num_prompts,
+            result.wall_s,
+        )
+        if self.log is not None:
+            self.log(result.version, metrics)  # a version's round is logged at that version's step
+
+
+def build_validator(
+    cfg: Config, ctx: _Ctx, coordinator: _Coordinator | None, tokenizer: Any, log: LogFn | None
+) -> Validator:
+    """The run's Validator: loads and tokenizes the validation prompts on rank 0 when any round will run. Bad data
+    raises ``ValueError`` on every rank (rank 0 tells the others), so no rank waits for a collective that never comes.
+    """
+    from async_rl.runtime import resources
+
+    schedule = ValSchedule.from_config(cfg)
+    if not schedule.any():
+        schedule = ValSchedule(enabled=False, before_train=False, test_freq=-1)
+    records: list[Any] = []
+    sources: list[str] = []
+    if schedule.enabled:
+        error = b""
+        if ctx.rank == 0:
+            try:
+                records, sources = resources.val_records(cfg, tokenizer)
+                logger.info("validation: %d prompts from data.val_files=%r", len(records), cfg.data.val_files)
+            except ValueError as exc:
+                error = str(exc).encode() or b"?"
+        error = ctx.broadcast_bytes(error if ctx.rank == 0 else None)
+        if error:
+            raise ValueError(error.decode())
+    return Validator(
+        ctx,
+        coordinator,
+        schedule,
+        records=records,
+        sources=sources,
+        sampling=resources.val_sampling_params(cfg, seed=cfg.trainer.seed),
+        timeout_s=cfg.async_training.timeouts.validation_s,
+        log=log,
+    )
+
+
+__all__ = ["ValSchedule", "Validator", "build_validator", "validation_metrics"]

@@ -1,0 +1,78 @@
+"""Fakes for actor-loop tests: grants, a scripted rollout client, an instant weight sync."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from async_rl.transport.protocol import PromptGrant, RolloutGroup, SamplingParams, pack_array
+
+
+def make_grant(prompt_id: int, min_version: int, eval_round: int = -1) -> PromptGrant:
+    return PromptGrant(
+        prompt_id=prompt_id,
+        lease_id=prompt_id + 1,
+        min_version=min_version,
+        prompt_token_ids=pack_array(np.asarray([3, 4, 5 + prompt_id]), "<i4"),
+        sampling=SamplingParams(n=2, temperature=0.0, max_tokens=4),
+        extras={"prompt": "p", "ground_truth": "g"},
+        eval_round=eval_round,
+    )
+
+
+class ScriptedClient:
+    """The rollout client's surface the loop uses: grants a fixed list once, records sent groups, and announces a
+    weight update of version ``publish`` (the publisher's plan) when ``publish_when(client)`` first holds."""
+
+    def __init__(
+        self,
+        grants: list[PromptGrant],
+        publish: int | None = None,
+        publish_when: Callable[[ScriptedClient], bool] = lambda client: True,
+    ) -> None:
+        self.grants = list(grants)
+        self.sent: list[RolloutGroup] = []
+        self.shutdown_requested = False
+        self.weight_sync: dict[str, Any] = {}
+        self.report: dict[str, float] = {}
+        self._publish = publish
+        self._publish_when = publish_when
+        self.polls = 0
+
+    def hello(self, loaded_version: int = 0) -> None:
+        return None
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self.polls += 1
+        if self._publish is not None and self._publish_when(self):
+            plan = {"host": "127.0.0.1", "port": 1, "world_size": 2, "ranks": {"a0": 1}, "epoch": 0}
+            self.weight_sync = {**plan, "version": self._publish}
+            self._publish = None
+
+    def request_work(self, max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]:
+        out, self.grants = self.grants[:max_groups], self.grants[max_groups:]
+        return out
+
+    def send_group(self, group: RolloutGroup, timeout_s: float | None = None) -> None:
+        self.sent.append(group)
+
+    def wait_acked(self, timeout_s: float) -> bool:
+        return True
+
+
+class InstantWeightSync:
+    """Joins and "receives" at once (the engine's update path still pauses, swaps the version and resumes)."""
+
+    def __init__(self) -> None:
+        self.updates: list[int] = []
+
+    async def join(self, host: str, port: int, **kwargs: Any) -> None:
+        return None
+
+    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        self.updates.append(version)
+        return {}

@@ -1,0 +1,90 @@
+"""Failures that must end an actor at once rather than leave it silent: a dead vLLM engine, and a weight update that
+does not fit the model (a tensor left out, e.g. tied embeddings). Both used to stall the learner: the first until
+the weight-sync rendezvous timed out (600 s), the second forever (the actor paused, waiting for a good update)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant
+
+from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
+from async_rl.actor.engine import Completion, EngineDead, SamplingSpec
+from async_rl.actor.loop import ActorFailed, ActorLoop
+from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
+
+
+class _DyingEngine(EmulatedEngine):
+    """Generates normally for ``good`` requests, then its engine core 'dies' (as vLLM's EngineDeadError)."""
+
+    def __init__(self, good: int) -> None:
+        super().__init__(2000.0, response_len=4)
+        self.good = good
+        self.dead = False
+
+    async def generate(self, prompt_token_ids: list[int], spec: SamplingSpec) -> list[Completion]:
+        if self.stats.requests >= self.good:
+            self.dead = True
+            raise EngineDead("the vLLM engine died while generating g3-v0: EngineDeadError()")
+        return await super().generate(prompt_token_ids, spec)
+
+
+class _FailingWeightSync(InstantWeightSync):
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+        self.attempts = 0
+
+    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
+        self.attempts += 1
+        raise self.error
+
+
+def _loop(engine: EmulatedEngine, client: ScriptedClient, weight_sync: Any, max_groups: int | None) -> ActorLoop:
+    return ActorLoop(
+        actor_id="a0",
+        client=client,
+        engine=engine,
+        scorer=EmulatedScorer(),
+        weight_sync=weight_sync,
+        max_concurrent_groups=1,
+        max_groups=max_groups,
+        poll_interval_s=0.005,
+    )
+
+
+def test_a_dead_engine_ends_the_actor_with_the_cause() -> None:
+    engine = _DyingEngine(good=2)
+    client = ScriptedClient([make_grant(i, min_version=0) for i in range(10)])
+    loop = _loop(engine, client, InstantWeightSync(), max_groups=None)
+    with pytest.raises(ActorFailed, match="a0: the vLLM engine died while generating"):
+        asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
+    assert [g.prompt_id for g in client.sent] == [0, 1]  # what finished before the death was still delivered
+
+
+def test_a_weight_update_that_does_not_fit_the_model_ends_the_actor() -> None:
+    error = WeightMismatchError("tensor 'lm_head.weight' left out of the update", tensor="lm_head.weight")
+    sync = _FailingWeightSync(error)
+    client = ScriptedClient([make_grant(i, min_version=0) for i in range(10)], publish=1)
+    loop = _loop(EmulatedEngine(2000.0, response_len=4), client, sync, max_groups=None)
+    with pytest.raises(ActorFailed, match=r"version 1 does not fit .*'lm_head.weight' left out of the update"):
+        asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
+    assert sync.attempts == 1 and loop.stats.update_failures == 1
+
+
+def test_a_broken_transfer_still_only_pauses_the_actor() -> None:
+    sync = _FailingWeightSync(WeightSyncError("broadcast of bucket 3 failed: connection reset"))
+    client = ScriptedClient([make_grant(0, min_version=0)], publish=1)
+    loop = _loop(EmulatedEngine(2000.0, response_len=4), client, sync, max_groups=None)
+
+    async def run_a_while() -> None:
+        task = asyncio.ensure_future(loop.run())
+        await asyncio.sleep(0.3)
+        assert not task.done()  # still alive, waiting for a re-formed update
+        client.shutdown_requested = True
+        await asyncio.wait_for(task, timeout=5.0)
+
+    asyncio.run(run_a_while())
+    assert sync.attempts == 1 and loop.stats.update_failures == 1

@@ -1,0 +1,228 @@
+"""Validation on the learner side: the schedule (verl's semantics), the val metrics by hand, the Validator's order
+(rounds logged at their version's step, a publish of another version waits, a timeout logs partial results), and
+loading/capping the validation prompts and their sampling from the config."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from async_rl.config import load_config
+from async_rl.runtime import resources
+from async_rl.runtime.validation import Validator, ValSchedule, validation_metrics
+from async_rl.transport import PromptRecord, SamplingParams, make_completion
+from async_rl.transport.evaluation import EvalResult, EvalRound
+
+
+def _result(rewards: list[list[float]], lengths: list[int] | None = None, num_prompts: int | None = None) -> EvalResult:
+    completions = {
+        i: [make_completion([1] * (lengths or [2] * len(rewards))[i], [-0.1] * (lengths or [2] * len(rewards))[i],
+                            version_min=4, reward=r) for r in group]
+        for i, group in enumerate(rewards)
+    }  # fmt: skip
+    return EvalResult(7, 4, num_prompts or len(rewards), completions, 10.0, 12.5, 13.0, {})
+
+
+def test_metrics_by_hand_with_two_sources_and_n_2() -> None:
+    # prompt 0 (arith): [1, 0]; prompt 1 (arith): [1, 1]; prompt 2 (gsm8k): [0, 0]; lengths 2, 4, 6 tokens
+    m = validation_metrics(_result([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]], [2, 4, 6]), ["arith", "arith", "gsm8k"])
+    assert m["val/version"] == 4.0 and m["val/wall_s"] == 2.5  # 12.5 - 10
+    assert m["val/num_samples"] == 6.0 and m["val/num_prompts"] == 3.0 and m["val/prompts_missing"] == 0.0
+    assert m["val/reward_mean"] == pytest.approx(0.5)  # 3 of 6 samples
+    assert m["val/response_length_mean"] == pytest.approx(4.0)  # (2 + 2 + 4 + 4 + 6 + 6) / 6
+    assert m["val/arith/reward_mean"] == pytest.approx(0.75) and m["val/gsm8k/reward_mean"] == 0.0
+    assert m["val/mean@2"] == pytest.approx(0.5)  # (0.5 + 1 + 0) / 3
+    assert m["val/best@2"] == pytest.approx(2 / 3)  # (1 + 1 + 0) / 3
+    assert m["val-core/arith/reward/mean@2"] == pytest.approx(0.75) and m["val-core/gsm8k/reward/mean@2"] == 0.0
+    assert m["val-core/arith/reward/best@2/mean"] == 1.0 and m["val-core/gsm8k/reward/best@2/mean"] == 0.0
+
+
+def test_metrics_greedy_and_partial() -> None:
+    m = validation_metrics(_result([[1.0], [0.0]], num_prompts=5), ["arith"] * 5)
+    assert m["val/reward_mean"] == 0.5 and m["val-core/arith/reward/mean@1"] == 0.5
+    assert m["val/prompts_missing"] == 3.0 and m["val/num_prompts"] == 2.0
+    assert not any("@" in k and k.startswith("val/") for k in m)  # mean@n / best@n only for n > 1
+    empty = validation_metrics(_result([], num_prompts=2), ["arith"] * 2)
+    assert math.isnan(empty["val/reward_mean"]) and empty["val/prompts_missing"] == 2.0
+
+
+def test_schedule_follows_verl() -> None:
+    every3 = ValSchedule(enabled=True, before_train=True, test_freq=3)
+    assert [v for v in range(1, 10) if every3.due(v)] == [3, 6, 9] and every3.at_start() and every3.at_end()
+    never = ValSchedule(enabled=True, before_train=False, test_freq=-1)  # verl: no final validation either
+    assert not any(never.due(v) for v in range(1, 10)) and not never.at_start() and not never.at_end()
+    assert not never.any() and every3.any() and ValSchedule(True, True, -1).any()
+    off = ValSchedule(enabled=False, before_train=True, test_freq=1)  # data.val_files null
+    assert not off.at_start() and not off.due(1) and not off.at_end()
+    cfg = load_config(None, ["trainer.test_freq=5", "trainer.val_before_train=false"])
+    assert ValSchedule.from_config(cfg) == ValSchedule(enabled=True, before_train=False, test_freq=5)
+
+
+class _Rank0:
+    rank = 0
+
+    def __init__(self) -> None:
+        self.broadcasts: list[bytes | None] = []
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        self.broadcasts.append(data)
+        assert data is not None
+        return data
+
+
+class _FakeCoordinator:
+    """start_eval / wait_eval / finish_eval over a real EvalRound, answered by the test (no sockets)."""
+
+    def __init__(self) -> None:
+        self.round: EvalRound | None = None
+        self.started: list[int] = []
+
+    def start_eval(self, version: int, records: Any, sampling: Any) -> int:
+        assert self.round is None
+        self.round = EvalRound(len(self.started), version, records, sampling, now=0.0)
+        self.started.append(version)
+        return self.round.round_id
+
+    def answer(self, indices: list[int], reward: float) -> None:
+        assert self.round is not None
+        for lease in self.round.grant("a", len(indices), deadline=1e9):
+            comp = make_completion([1], [-0.1], version_min=self.round.version, reward=reward)
+            assert self.round.deliver(lease.index, lease.lease_id, [comp], now=1.0) == "accepted"
+
+    def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool:
+        assert self.round is not None and self.round.round_id == round_id
+        return self.round.complete
+
+    def finish_eval(self, round_id: int) -> EvalResult:
+        assert self.round is not None and self.round.round_id == round_id
+        rnd, self.round = self.round, None
+        return rnd.close(now=2.0)
+
+
+def _validator(timeout_s: float = 5.0) -> tuple[Validator, _FakeCoordinator, _Rank0, list[tuple[int, dict]]]:
+    ctx, coord = _Rank0(), _FakeCoordinator()
+    logged: list[tuple[int, dict]] = []
+    records = [PromptRecord(np.array([i], dtype=np.int32)) for i in range(2)]
+    val = Validator(
+        ctx, coord, ValSchedule(True, True, 2), records=records, sources=["arith", "arith"],
+        sampling=SamplingParams(n=1, temperature=0.0), timeout_s=timeout_s, log=lambda s, m: logged.append((s, m)),
+        poll_s=0.01,
+    )  # fmt: skip
+    return val, coord, ctx, logged
+
+
+def test_a_round_is_logged_at_its_versions_step_as_soon_as_it_is_complete() -> None:
+    val, coord, ctx, logged = _validator()
+    val.start(4)
+    val.before_publish(4)  # re-publishing the pinned version (a late actor) does not wait
+    val.poll()
+    assert logged == [] and ctx.broadcasts == []
+    coord.answer([0, 1], reward=1.0)
+    val.poll()  # rank 0 sees it complete: logged now, at step 4
+    assert [(s, m["val/reward_mean"], m["val/version"]) for s, m in logged] == [(4, 1.0, 4.0)]
+    val.before_publish(5)  # every rank still passes the collective: rank 0 says "done" at once
+    assert ctx.broadcasts == [b"D"] and val.open_version is None and val.last_version == 4
+    val.before_publish(6)  # nothing open: no collective at all
+    assert ctx.broadcasts == [b"D"]
+
+
+def test_a_publish_of_another_version_waits_and_a_timeout_logs_partial_results(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    val, coord, ctx, logged = _validator(timeout_s=0.05)
+    val.start(2)
+    coord.answer([0], reward=0.0)  # one of the two prompts done
+    with caplog.at_level(logging.WARNING, logger="async_rl.runtime.validation"):
+        val.before_publish(3)
+    assert "did not finish within" in caplog.text
+    assert len(logged) == 1 and logged[0][0] == 2
+    assert logged[0][1]["val/prompts_missing"] == 1.0 and logged[0][1]["val/num_samples"] == 1.0
+    assert ctx.broadcasts[-1] == b"D" and set(ctx.broadcasts) <= {b"W", b"D"}
+    assert coord.round is None and val.open_version is None  # closed: late results will be dropped
+    val.start(4)  # the next round starts fresh
+    assert coord.started == [2, 4]
+
+
+def test_starting_a_round_while_one_is_open_waits_for_it_first() -> None:
+    val, coord, _, logged = _validator()
+    val.start(2)
+    coord.answer([0, 1], reward=1.0)
+    val.start(4)
+    assert [s for s, _ in logged] == [2] and coord.started == [2, 4] and val.open_version == 4
+
+
+class _CharTokenizer:
+    """A stand-in tokenizer: one id per character."""
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [ord(ch) for ch in text]}
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def test_val_records_from_the_builtin_task_capped_like_verl() -> None:
+    cfg = load_config(None, ["data.val_files=builtin:arith", "data.val_max_samples=8", "data.seed=3"])
+    records, sources = resources.val_records(cfg, _CharTokenizer())
+    assert len(records) == 8 and sources == ["arith"] * 8
+    everything = resources.load_raw_records("builtin:arith", "prompt", "eval", 3)
+    picked = np.random.default_rng(3).choice(len(everything), 8, replace=False)  # verl's draw with data.seed
+    assert [r.extras["prompt"] for r in records] == [everything[i]["prompt"] for i in picked]
+    assert [r.extras["ground_truth"] for r in records] == [everything[i]["ground_truth"] for i in picked]
+    assert records[0].token_ids.tolist() == [ord(c) for c in everything[picked[0]]["prompt"]]
+    first, _ = resources.val_records(
+        load_config(None, ["data.val_max_samples=4", "data.shuffle=false"]), _CharTokenizer()
+    )
+    assert [r.extras["prompt"] for r in first] == [r["prompt"] for r in resources.load_raw_records(
+        "builtin:arith", "prompt", "eval", 1)[:4]]  # fmt: skip
+    assert len(resources.val_records(load_config(None, []), _CharTokenizer())[0]) == resources.ARITH_EVAL_SIZE
+    assert resources.val_records(load_config(None, ["data.val_files=null"]), _CharTokenizer()) == ([], [])
+
+
+def test_val_records_keep_the_data_source_of_each_row(tmp_path: Any) -> None:
+    path = tmp_path / "val.jsonl"
+    path.write_text(
+        '{"prompt": "1+1=", "ground_truth": "2", "data_source": "openai/gsm8k"}\n'
+        '{"prompt": "2+2=", "ground_truth": "4"}\n'
+    )
+    cfg = load_config(None, [f"data.val_files={path}"])
+    records, sources = resources.val_records(cfg, _CharTokenizer())
+    assert sources == ["openai/gsm8k", "unknown"] and [r.extras["ground_truth"] for r in records] == ["2", "4"]
+
+
+def test_val_sampling_is_greedy_unless_do_sample() -> None:
+    greedy = resources.val_sampling_params(load_config(None, ["actor_rollout_ref.rollout.val_kwargs.n=4"]), seed=1)
+    assert greedy == SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=None)
+    sampled = resources.val_sampling_params(
+        load_config(
+            None,
+            [
+                "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                "actor_rollout_ref.rollout.val_kwargs.n=4",
+                "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+                "actor_rollout_ref.rollout.val_kwargs.top_p=0.9",
+                "actor_rollout_ref.rollout.val_kwargs.top_k=20",
+                "data.max_response_length=12",
+            ],
+        ),
+        seed=5,
+    )
+    assert sampled == SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=20, max_tokens=12, seed=5)
+
+
+def test_build_validator_loads_prompts_only_when_a_round_will_run(tmp_path: Any) -> None:
+    from async_rl.runtime.validation import build_validator
+
+    ctx = _Rank0()
+    off = build_validator(load_config(None, ["trainer.val_before_train=false"]), ctx, None, _CharTokenizer(), None)
+    assert not off.schedule.enabled and ctx.broadcasts == []  # test_freq -1, no round before training: nothing loaded
+    on = build_validator(load_config(None, ["data.val_max_samples=3"]), ctx, _FakeCoordinator(), _CharTokenizer(), None)
+    assert on.schedule.at_start() and len(on.records) == 3 and ctx.broadcasts == [b""]
+    missing = load_config(None, [f"data.val_files={tmp_path / 'nope.jsonl'}"])
+    with pytest.raises(ValueError, match="not found"):  # rank 0 broadcasts the error so every rank raises it
+        build_validator(missing, ctx, _FakeCoordinator(), _CharTokenizer(), None)
+    assert ctx.broadcasts[-1].startswith(b"data file not found")

@@ -52,8 +52,10 @@ def make_chat_arith_problems(
 ) -> list[dict[str, object]]:
     """The same problems as :func:`make_arith_problems`, asked in chat format for instruct models.
 
-    ``prompt`` is a message list (``[{"role": "user", "content": "What is 23 + 48? Answer with just the number."}]``)
-    that goes through the tokenizer's chat template; the split is the same hash, so held-out problems never overlap.
+    ``prompt`` is one user message (``"What is 23 + 48? Answer with just the number."``) that goes through the
+    tokenizer's chat template (46 tokens with SmolLM2's, which adds its default system prompt). The split is the same
+    hash, so held-out problems never overlap. (A short system message instead, "Answer with just the number." with
+    "What is 23 + 48?", is 30 tokens, but SmolLM2-135M-Instruct's greedy accuracy fell from 0.12 to 0.015 with it.)
     """
     out: list[dict[str, object]] = []
     for r in make_arith_problems(n, seed=seed, digits=digits, ops=ops, split=split):

@@ -110,8 +110,9 @@ def _wait_for_groups(
             publisher.publish(learner.version, learner.iter_weights)
 
 
-def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
-    """Reward (mean and by component), response length, staleness and version span of the groups trained now."""
+def rollout_metrics(groups: list[Any], version: int, eos_token_id: int | None = None) -> dict[str, float]:
+    """Reward (mean and by component), response length, staleness and version span of the groups trained now, and
+    how completions ended: ``rollout/finish/<reason>`` fractions and ``rollout/eos_fraction`` (last token = EOS)."""
     from async_rl.transport import unpack_array
 
     rewards: list[float] = []
@@ -120,13 +121,18 @@ def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
     staleness: Counter[int] = Counter()
     spans: Counter[int] = Counter()
     gen_s: list[float] = []
+    finish: Counter[str] = Counter()
+    eos = 0
     for g in groups:
         oldest = min(c.version_min for c in g.completions)
         staleness[version - oldest] += 1
         gen_s.append(float(g.timings.get("generate_s", 0.0)))
         for c in g.completions:
             rewards.append(float(c.reward))
-            lengths.append(len(unpack_array(c.token_ids)))
+            tokens = unpack_array(c.token_ids)
+            lengths.append(len(tokens))
+            finish[str(c.finish_reason)] += 1
+            eos += int(eos_token_id is not None and len(tokens) > 0 and int(tokens[-1]) == eos_token_id)
             spans[c.version_max - c.version_min] += 1
             for name, value in (c.reward_components or {}).items():
                 components.setdefault(name, []).append(float(value))
@@ -139,6 +145,10 @@ def rollout_metrics(groups: list[Any], version: int) -> dict[str, float]:
     }
     for name, values in components.items():
         out[f"rollout/reward/{name}"] = sum(values) / len(values)
+    for reason, count in finish.items():
+        out[f"rollout/finish/{reason}"] = count / n
+    if eos_token_id is not None:
+        out["rollout/eos_fraction"] = eos / n
     total = sum(staleness.values())
     out["rollout/staleness_mean"] = sum(k * v for k, v in staleness.items()) / max(total, 1)
     out["rollout/staleness_max"] = float(max(staleness, default=0))
@@ -283,7 +293,7 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
         metrics = learner.train_step(shared)
         version = learner.version
         if coordinator is not None:
-            metrics.update(rollout_metrics(raw, version - 1))
+            metrics.update(rollout_metrics(raw, version - 1, tokenizer.eos_token_id))
             coordinator.mark_trained([g.prompt_id for g in raw])
             _audit(out_dir, step + 1, raw)
         validate = validator.schedule.due(version)

@@ -362,3 +362,26 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"mean staleness {f(summary.get('staleness_mean'), '{:.2f}')}",
         ]
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m async_rl.runtime.plot RUN_DIR [OUT.png]``: draw a run's plot and print its summary."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Plot a run from its metrics.jsonl and print a summary.")
+    parser.add_argument("run_dir", type=Path, help="run directory (holds metrics.jsonl)")
+    parser.add_argument("out", type=Path, nargs="?", help="output PNG [RUN_DIR/reward.png]")
+    args = parser.parse_args(argv)
+    metrics = args.run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        parser.error(f"{metrics} does not exist")
+    out = plot_run(metrics, args.out or args.run_dir / "reward.png")
+    print(format_summary(summarize_run(read_metrics(metrics))))
+    for rec in validation_records(read_metrics(metrics)):
+        print(f"validation at step {rec['step']}: reward {rec.get('val/reward_mean', float('nan')):.3f}")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

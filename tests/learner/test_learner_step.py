@@ -126,3 +126,32 @@ def test_step_metrics_and_version() -> None:
     assert m0["learner/actor/is_weight_max"] <= 2.0 + 1e-6  # truncated at tis_cap
     packed = Learner(settings(use_remove_padding=True), local_context(), tiny_policy).train_step(groups)
     assert packed["learner/batch/padding_waste"] < m0["learner/batch/padding_waste"]
+
+
+def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:
+    # One optimizer step per train_step (4 prompts x 4 = the whole batch): the proximal pass is redundant, since
+    # old log-probs are the update pass's own. Forcing the separate pass must give the same gradient and metrics.
+    common = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 5, "max_response_length": 12}
+    results = {}
+    for reuse in (True, False):
+        learner = Learner(settings(**common), local_context(), tiny_policy)
+        assert learner._reuses_proximal(16)
+        if not reuse:
+            learner._reuses_proximal = lambda batch_size: False  # type: ignore[method-assign]
+        grads: list[dict[str, torch.Tensor]] = []
+        learner.actor.grad_hook = lambda m, store=grads: store.append(
+            {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
+        )
+        metrics = learner.train_step(scripted_groups(4, 4, seed=21))
+        results[reuse] = (grads[0], metrics)
+    (g_reuse, m_reuse), (g_full, m_full) = results[True], results[False]
+    skipped = "learner/actor/proximal_pass_skipped"
+    assert (m_reuse[skipped], m_full[skipped]) == (1.0, 0.0)
+    assert max(float(g.abs().max()) for g in g_full.values()) > 1e-2
+    for name in g_full:
+        torch.testing.assert_close(g_reuse[name], g_full[name], atol=1e-6, rtol=0, msg=name)
+    for key in ("learner/offpolicy/ess", "learner/offpolicy/abs_log_ratio_mean", "learner/actor/pg_loss"):
+        assert math.isclose(m_reuse[key], m_full[key], rel_tol=1e-5, abs_tol=1e-7), key
+    assert m_full["learner/offpolicy/abs_log_ratio_mean"] > 1e-3  # scripted behaviour log-probs differ: not trivial
+    # two mini-batches: the second one's proximal policy is not the current weights, so the pass stays
+    assert not Learner(settings(ppo_mini_batch_size=2), local_context(), tiny_policy)._reuses_proximal(16)

@@ -5,13 +5,14 @@ dropped."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import numpy as np
 import pytest
+from _plane_helpers import collect_grants as _collect
+from _plane_helpers import wait_until as _wait
 
 from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, RolloutClient, SamplingParams
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
@@ -29,25 +30,6 @@ def fast(**overrides: Any) -> PlaneSettings:
 def _val_records(n: int) -> list[PromptRecord]:
     """Validation prompt i: tokens [100 + i, 101 + i] (disjoint from the training records' [i, ..., i + 3])."""
     return [PromptRecord(np.array([100 + i, 101 + i], dtype=np.int32), {"ground_truth": f"v{i}"}) for i in range(n)]
-
-
-def _wait(pred: Callable[[], bool], timeout_s: float = 5.0, poll: Callable[[], None] | None = None) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if poll is not None:
-            poll()
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
-
-
-def _collect(client: RolloutClient, want: int, loaded: int, timeout_s: float = 3.0) -> list[PromptGrant]:
-    got: list[PromptGrant] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < want and time.monotonic() < deadline:
-        got += client.request_work(want - len(got), loaded, timeout_s=0.05)
-    return got
 
 
 def _answer(make_group: GroupMaker, grant: PromptGrant, actor_id: str, version: int, vmax: int | None = None) -> Any:

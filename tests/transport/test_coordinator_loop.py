@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from _plane_helpers import collect_grants as _collect
+from _plane_helpers import wait_until as _wait
 
 from async_rl.transport import (
     Coordinator,
@@ -19,7 +21,7 @@ from async_rl.transport import (
     RolloutClient,
     SamplingParams,
 )
-from async_rl.transport.protocol import PromptGrant, RolloutGroup, group_seed
+from async_rl.transport.protocol import RolloutGroup, group_seed
 
 Factory = Callable[..., Coordinator]
 ClientFactory = Callable[..., RolloutClient]
@@ -29,25 +31,6 @@ GroupMaker = Callable[..., RolloutGroup]
 def fast(**overrides: Any) -> PlaneSettings:
     """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
     return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
-
-
-def _wait(pred: Callable[[], bool], timeout_s: float = 5.0, poll: Callable[[], None] | None = None) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if poll is not None:
-            poll()
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
-
-
-def _collect(client: RolloutClient, want: int, loaded: int, timeout_s: float = 3.0) -> list[PromptGrant]:
-    got: list[PromptGrant] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < want and time.monotonic() < deadline:
-        got += client.request_work(want - len(got), loaded, timeout_s=0.05)
-    return got
 
 
 def test_hello_gets_welcome_with_version_and_weight_sync(coordinator_factory: Factory, client_factory: ClientFactory):

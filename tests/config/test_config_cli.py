@@ -123,7 +123,10 @@ def test_config_to_dict_and_format() -> None:
 
 
 def test_import_is_torch_free() -> None:
-    code = "import async_rl.config, sys; assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
+    code = (
+        "import async_rl.config, sys; from async_rl.config import Config, validate_config; validate_config(Config());"
+        " assert 'torch' not in sys.modules and 'vllm' not in sys.modules"
+    )
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)
 

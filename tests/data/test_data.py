@@ -67,3 +67,13 @@ def test_parquet_loader_reads_verl_layout(tmp_path):
     assert records[0]["extra"]["data_source"] == "openai/gsm8k"
     with pytest.raises(ValueError, match="row 0: record has no key 'question'"):
         load_prompt_records(path, prompt_key="question")
+
+
+def test_chat_arithmetic_asks_the_same_held_out_problems_as_messages() -> None:
+    from async_rl.data import make_arith_problems, make_chat_arith_problems
+
+    plain = make_arith_problems(50, seed=3, split="eval")
+    chat = make_chat_arith_problems(50, seed=3, split="eval")
+    assert [r["ground_truth"] for r in chat] == [r["ground_truth"] for r in plain]
+    a, b = plain[0]["prompt"].rstrip("=").split("+")
+    assert chat[0]["prompt"] == [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}]

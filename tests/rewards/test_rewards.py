@@ -98,3 +98,14 @@ def test_worker_verl_style_signature():
     with RewardWorker(f"{FIXTURES}:verl_style", timeout_s=20, verl_style=True) as worker:
         assert worker.score("prompt", "42", "42", {"data_source": "gsm8k"}).score == 1.0
         assert worker.score("prompt", "41", "42", {"data_source": "gsm8k"}).score == 0.0
+
+
+def test_chat_arithmetic_score_takes_the_last_integer() -> None:
+    from async_rl.rewards.arith import compute_chat_score
+
+    assert compute_chat_score("71", "71") == {"score": 1.0, "bare": 1.0}
+    assert compute_chat_score("23 + 48 = 71", "71") == {"score": 1.0, "bare": 0.0}
+    assert compute_chat_score("23 + 48 = 100", "71") == {"score": 0.0, "bare": 0.0}
+    assert compute_chat_score("To solve this, we need to combine 23 and", "71")["score"] == 0.0
+    assert compute_chat_score("1,071.", "1071") == {"score": 1.0, "bare": 1.0}
+    assert compute_chat_score("", "0")["score"] == 0.0

@@ -116,7 +116,7 @@ class GenerationEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
-        chunked, budget = scheduler_budget(s, on_cpu=_on_cpu())
+        chunked, budget = scheduler_budget(s, on_cpu=not has_cuda())
         args = AsyncEngineArgs(
             model=s.model_path,
             enable_chunked_prefill=chunked,
@@ -272,13 +272,14 @@ class GenerationEngine:
             self._engine = None
 
 
-def _on_cpu() -> bool:
+def has_cuda() -> bool:
+    """Whether this process sees a CUDA device (vLLM's CUDA build) or runs vLLM's CPU build."""
     try:
         import torch
 
-        return not torch.cuda.is_available()
+        return bool(torch.cuda.is_available())
     except ImportError:
-        return True
+        return False
 
 
 def scheduler_budget(settings: EngineSettings, *, on_cpu: bool) -> tuple[bool, int | None]:

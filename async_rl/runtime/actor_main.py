@@ -81,7 +81,9 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
 
 def run_actor(cfg: Config, *, coordinator: str, actor_id: str) -> dict[str, Any]:
     """Run one actor until the coordinator says shutdown. Needs ``if __name__ == "__main__":`` (vLLM spawns)."""
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not _has_cuda():
+    from async_rl.actor.engine import has_cuda
+
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not has_cuda():
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache on CPU; the default reserves far more
     workdir = resources.run_dir(cfg)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -129,12 +131,3 @@ def run_emulated_actor(
     if not tokens_per_s > 0:
         raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
     return asyncio.run(_run_emulated(cfg, coordinator, actor_id, tokens_per_s, response_len))
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False

@@ -8,8 +8,12 @@ A run is several process trees that only make sense together, so this is a small
 * every part (the learner group, each actor) runs in its own session / process group, so one signal reaches torchrun
   *and* its worker ranks, or an actor *and* vLLM's helper processes;
 * every part logs to its own file (``<run dir>/logs/{learner,actor-i}.log``); the learner is also echoed here;
-* if any part fails, every other part is stopped (SIGTERM to its process group, SIGKILL after ``--grace-s``) and the
-  launcher exits non-zero naming the part, its exit code and its log;
+* an actor that fails (exits non-zero or is killed) is logged with its exit code and log, and the job goes on
+  (``async_training.launcher``): it is restarted after ``restart_backoff_s`` (doubling) up to ``max_actor_restarts``
+  times if ``restart_actors``, else the other actors carry on (``actor_failure: continue``; the coordinator grants its
+  leases again). When the learner fails, or the last actor fails with no restart left (or ``actor_failure: stop``),
+  every other part is stopped (SIGTERM to its process group, SIGKILL after ``--grace-s``) and the launcher exits
+  non-zero naming the part, its exit code and its log;
 * Ctrl-C / SIGTERM are forwarded to every part (a second one kills at once);
 * when the learner exits 0 (it has told the actors to shut down) the actors get ``--actor-exit-s`` to leave by
   themselves, then are stopped.
@@ -57,6 +61,22 @@ class LaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ActorPolicy:
+    """What to do when an actor fails: ``async_training.launcher`` (see its key docs)."""
+
+    actor_failure: str  # "continue" | "stop"
+    max_restarts: int  # restarts per actor (0 = none)
+    backoff_s: float  # delay before an actor's first restart, doubled for each further one
+
+    def restart_delay(self, restarts_so_far: int) -> float:
+        return self.backoff_s * 2**restarts_so_far
+
+
+# Without the package's config loader the policy cannot be read: any failure ends the job.
+STOP_ON_FAILURE = ActorPolicy(actor_failure="stop", max_restarts=0, backoff_s=0.0)
+
+
+@dataclass(frozen=True)
 class Part:
     """One supervised process tree: its command, its log file and extra environment variables."""
 
@@ -83,6 +103,8 @@ class JobSettings:
     host: str = "127.0.0.1"
     port: int = 0
     ws_port: int = 0
+    actor_policy: ActorPolicy = STOP_ON_FAILURE
+    learner_stop_s: float | None = None  # async_training.timeouts.stop_s: the learner's SIGTERM-to-exit deadline
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -125,6 +147,7 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
     except ConfigError as exc:
         raise ValueError(f"config error: {exc}") from None
     at = cfg.async_training
+    lc = at.launcher
     return JobSettings(
         num_actors=at.num_actors,
         nproc_per_node=cfg.trainer.n_gpus_per_node,
@@ -133,6 +156,12 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
         host=at.transport.host,
         port=at.transport.port,
         ws_port=at.weight_sync.master_port,
+        actor_policy=ActorPolicy(
+            actor_failure=lc.actor_failure,
+            max_restarts=lc.max_actor_restarts if lc.restart_actors else 0,
+            backoff_s=lc.restart_backoff_s,
+        ),
+        learner_stop_s=at.timeouts.stop_s,
     )
 
 
@@ -311,9 +340,12 @@ def _pump(proc: subprocess.Popen[bytes], log: IO[bytes], sink: IO[bytes]) -> Non
             pass  # terminal gone: keep logging
 
 
-def _start(part: Part, sink: IO[bytes]) -> _Running:
+def _start(part: Part, sink: IO[bytes], restart: int = 0) -> _Running:
     part.log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = part.log_path.open("wb")
+    log = part.log_path.open("ab" if restart else "wb")  # a restarted part appends to its log
+    if restart:
+        log.write(f"\n----- launch: restart {restart} of {part.name} -----\n".encode())
+        log.flush()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **part.env}
     try:
         proc = subprocess.Popen(
@@ -336,14 +368,19 @@ def _start(part: Part, sink: IO[bytes]) -> _Running:
 
 
 def _signal_group(r: _Running, sig: int) -> None:
-    """Signal the part's whole process group; also the leader itself, should it have left its group."""
+    """Signal the part's whole process group; also the leader itself, should it have left its group.
+
+    Never twice: torchrun takes a second SIGTERM that arrives while it is stopping its ranks as a new one (it signals
+    them again and unwinds out of its wait for them).
+    """
     try:
         os.killpg(r.proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
     if r.proc.poll() is None:
         try:
-            r.proc.send_signal(sig)
+            if os.getpgid(r.proc.pid) != r.proc.pid:  # it left its group, which the signal above went to
+                r.proc.send_signal(sig)
         except ProcessLookupError:
             pass
 
@@ -355,9 +392,9 @@ def _stop_all(running: list[_Running], sig: int, grace_s: float, signals: _Signa
         _signal_group(r, sig)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and len(signals.received) == already:
-        for r in running:
-            r.proc.poll()
-        if not live_groups([r.proc.pid for r in running]):
+        # Both: a multi-threaded leader (torchrun) shows as a zombie while its other threads exit, before it can be
+        # reaped; stopping the wait on the group alone then "killed" a learner that had stopped (measured).
+        if all(r.proc.poll() is not None for r in running) and not live_groups([r.proc.pid for r in running]):
             break
         time.sleep(0.05)
     live = live_groups([r.proc.pid for r in running])
@@ -377,53 +414,125 @@ def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _supervise(
-    running: list[_Running], primary: _Running, grace_s: float, actor_exit_s: float, signals: _Signals
-) -> int:
-    while True:
-        if signals.received:
-            sig = signals.received[0]
-            logger.warning("received %s; stopping every part", signal.Signals(sig).name)
-            _stop_all(running, sig, grace_s, signals)
-            return 128 + sig
-        for r in running:
-            code = r.proc.poll()
-            if code is None or r.seen_exit:
-                continue
-            r.seen_exit = True
-            if code != 0:
-                logger.error(
-                    "%s failed with exit code %d; log: %s; stopping every other part",
-                    r.part.name,
-                    code,
-                    r.part.log_path,
-                )
-                _stop_all(running, signal.SIGTERM, grace_s, signals)
-                return exit_status(code) or 1
-            logger.info("%s exited 0", r.part.name)
-        if primary.seen_exit:
-            logger.info("%s finished; giving the others %.1f s to exit", primary.part.name, actor_exit_s)
-            deadline = time.monotonic() + actor_exit_s
-            while time.monotonic() < deadline and not signals.received:
-                if all(r.proc.poll() is not None for r in running):
-                    break
-                time.sleep(0.05)
-            for r in running:
+@dataclass
+class _Supervisor:
+    """Watches the running parts: restarts or tolerates a failed actor (``policy``), ends the job when it is over.
+
+    ``running[0]`` is the primary (the learner): its exit 0 ends the run; its failure stops everything.
+    """
+
+    running: list[_Running]
+    grace_s: float
+    actor_exit_s: float
+    signals: _Signals
+    policy: ActorPolicy
+    sink: IO[bytes]
+    restarts: dict[str, int] = field(default_factory=dict)  # part name -> restarts so far
+    due: dict[str, float] = field(default_factory=dict)  # part name -> monotonic time of its pending restart
+
+    @property
+    def primary(self) -> _Running:
+        return self.running[0]
+
+    def run(self) -> int:
+        while True:
+            if self.signals.received:
+                sig = self.signals.received[0]
+                logger.warning("received %s; stopping every part", signal.Signals(sig).name)
+                self._stop_all(sig)
+                return 128 + sig
+            for r in self.running:
                 code = r.proc.poll()
-                if code not in (None, 0):
-                    logger.warning("%s exited with code %d after %s finished", r.part.name, code, primary.part.name)
-            _stop_all(running, signal.SIGTERM, grace_s, signals)
-            return 0
-        time.sleep(0.05)
+                if code is None or r.seen_exit:
+                    continue
+                r.seen_exit = True
+                if code == 0:
+                    logger.info("%s exited 0", r.part.name)
+                elif not self._tolerate(r, code):
+                    self._stop_all(signal.SIGTERM)
+                    return exit_status(code) or 1
+            if self.primary.seen_exit:
+                return self._finish()
+            self._restart_due()
+            time.sleep(0.05)
+
+    def _tolerate(self, r: _Running, code: int) -> bool:
+        """A failed part: schedule an actor's restart or carry on without it; False when the job must stop."""
+        name, done = r.part.name, self.restarts.get(r.part.name, 0)
+        failed = (
+            f"{name} failed with exit code {code}{f' after {done} restarts' if done else ''}; log: {r.part.log_path}"
+        )
+        if r is self.primary:
+            logger.error("%s; stopping every other part", failed)
+            return False
+        _signal_group(
+            r, signal.SIGKILL
+        )  # what is left of its tree (vLLM's engine process) holds memory a restart needs
+        if done < self.policy.max_restarts:
+            delay = self.policy.restart_delay(done)
+            self.restarts[name] = done + 1
+            self.due[name] = time.monotonic() + delay
+            logger.warning(
+                "%s; restarting it in %.1f s (restart %d of %d)", failed, delay, done + 1, self.policy.max_restarts
+            )
+            return True
+        left = [
+            o.part.name for o in self._actors() if o is not r and (o.proc.poll() is None or o.part.name in self.due)
+        ]
+        if self.policy.actor_failure == "continue" and left:
+            logger.warning("%s; continuing with %d other actor(s): %s", failed, len(left), ", ".join(left))
+            return True
+        reason = "no other actor is left" if self.policy.actor_failure == "continue" else "actor_failure is 'stop'"
+        logger.error("%s; %s: stopping every other part", failed, reason)
+        return False
+
+    def _actors(self) -> list[_Running]:
+        return [r for r in self.running if r is not self.primary]
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for i, r in enumerate(self.running):
+            name = r.part.name
+            if name in self.due and now >= self.due[name]:
+                del self.due[name]
+                r.log.close()
+                self.running[i] = _start(r.part, self.sink, restart=self.restarts[name])
+                logger.warning("restarted %s (restart %d of %d)", name, self.restarts[name], self.policy.max_restarts)
+
+    def _finish(self) -> int:
+        """The primary exited 0: the others get ``actor_exit_s`` to leave by themselves, then are stopped."""
+        name = self.primary.part.name
+        self.due.clear()  # no restart once the learner is done
+        logger.info("%s finished; giving the others %.1f s to exit", name, self.actor_exit_s)
+        deadline = time.monotonic() + self.actor_exit_s
+        while time.monotonic() < deadline and not self.signals.received:
+            if all(r.proc.poll() is not None for r in self.running):
+                break
+            time.sleep(0.05)
+        for r in self.running:
+            code = r.proc.poll()
+            if code not in (None, 0) and not r.seen_exit:
+                logger.warning("%s exited with code %d after %s finished", r.part.name, code, name)
+        self._stop_all(signal.SIGTERM)
+        return 0
+
+    def _stop_all(self, sig: int) -> None:
+        _stop_all(self.running, sig, self.grace_s, self.signals)
 
 
 def run_parts(
-    parts: Sequence[Part], *, grace_s: float = 15.0, actor_exit_s: float = 10.0, sink: IO[bytes] | None = None
+    parts: Sequence[Part],
+    *,
+    grace_s: float = 15.0,
+    actor_exit_s: float = 10.0,
+    sink: IO[bytes] | None = None,
+    actor_policy: ActorPolicy = STOP_ON_FAILURE,
 ) -> int:
     """Start every part, supervise them, and return the launcher's exit status (0 when the first part succeeds).
 
-    The first part is the primary (the learner): its exit 0 ends the run. Any part's non-zero exit stops all and
-    returns that exit status; a SIGINT/SIGTERM to this process is forwarded and returns 128 + signal.
+    The first part is the primary (the learner): its exit 0 ends the run, its failure stops all and returns its exit
+    status. A failed actor is restarted or tolerated as ``actor_policy`` says, else it stops all likewise. A
+    SIGINT/SIGTERM to this process is forwarded and returns 128 + signal.
     """
     if not parts:
         raise ValueError("parts must name at least one process")
@@ -440,7 +549,7 @@ def run_parts(
             if signals.received:
                 break
             running.append(_start(part, out))
-        return _supervise(running, running[0], grace_s, actor_exit_s, signals)
+        return _Supervisor(running, grace_s, actor_exit_s, signals, actor_policy, out).run()
     except LaunchError as exc:
         logger.error("%s; stopping every part", exc)
         _stop_all(running, signal.SIGTERM, grace_s, signals)
@@ -510,13 +619,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         logger.error("%s", exc)
         return 2
+    if settings.learner_stop_s is not None and args.grace_s <= settings.learner_stop_s:
+        logger.warning(
+            "--grace-s %.1f is not above async_training.timeouts.stop_s %.1f: a learner stopped by a signal may be "
+            "killed before it has written its stop checkpoint",
+            args.grace_s,
+            settings.learner_stop_s,
+        )
     parts = build_parts(args, settings, visible_gpus())
     if args.dry_run:
         for part in parts:
             print(f"# {part.name} (log: {part.log_path})")
             print(part.describe())
         return 0
-    return run_parts(parts, grace_s=args.grace_s, actor_exit_s=args.actor_exit_s)
+    policy = settings.actor_policy
+    return run_parts(parts, grace_s=args.grace_s, actor_exit_s=args.actor_exit_s, actor_policy=policy)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,13 @@ def bench_plane(args: argparse.Namespace) -> tuple[float, int]:
     """(seconds per group at the learner, bytes per group on the wire)."""
     records = [PromptRecord(np.arange(16, dtype=np.int32)) for _ in range(args.groups)]
     settings = PlaneSettings(max_staleness=1, groups_per_step=GROUPS_PER_STEP, max_inflight_groups=INFLIGHT)
-    coord = Coordinator(records, settings, sampling=SamplingParams(n=args.n, max_tokens=args.tokens), max_epochs=1)
+    coord = Coordinator(
+        records,
+        settings,
+        sampling=SamplingParams(n=args.n, max_tokens=args.tokens),
+        max_epochs=1,
+        trust_claimed_versions=True,  # no weight sync in this benchmark: the clients claim their versions
+    )
     proc = _spawn("plane-actor", coord.address, args)
     try:
         done = 0

@@ -41,8 +41,9 @@ import torch
 
 from async_rl.actor.engine import Completion, EngineStats, SamplingSpec, UpdateMode
 from async_rl.rewards import RewardResult
-from async_rl.weight_sync import WeightReceiver, WeightSyncError, WeightSyncGroup, create_store
+from async_rl.weight_sync import WeightReceiver, WeightSyncError, WeightSyncGroup
 from async_rl.weight_sync.client import init_info
+from async_rl.weight_sync.membership import announce_at, join_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -287,15 +288,10 @@ class ReceiveOnlyWeightSync:
 
     def _join(self, info: dict[str, Any]) -> None:
         self.close()
-        store = create_store(info["host"], info["port"], is_master=False, timeout_s=info["timeout_s"])
-        self.group = WeightSyncGroup(
-            store,
-            rank=info["rank_offset"],
-            world_size=info["world_size"],
-            epoch=info["epoch"],
-            backend=info["backend"],
-            timeout_s=info["timeout_s"],
-        )
+        self.group = join_epoch(info)
+
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+        await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
 
     async def update(self, version: int, *, pause: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Receive and verify one complete update of ``version`` (``pause`` is the engine's business, not ours)."""

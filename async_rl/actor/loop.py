@@ -27,10 +27,12 @@ retry would fail the same way). Waiting silently would only stall the learner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,6 +68,8 @@ class Engine(Protocol):
 class WeightSync(Protocol):
     """What the loop needs from the weight-sync driver (``AsyncEngineWeightSync``)."""
 
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None: ...
+
     async def join(self, host: str, port: int, **kwargs: Any) -> None: ...
 
     async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]: ...
@@ -84,6 +88,7 @@ class ActorLoopStats:
     grants_received: int = 0
     grants_waiting_for_weights: int = 0
     update_failures: int = 0
+    joins_left_out: int = 0  # invited to a weight-sync epoch but not in its roster (too late, or the join failed)
     idle_seconds: float = 0.0
 
 
@@ -122,6 +127,9 @@ class ActorLoop:
         self._finished: asyncio.Queue[RolloutGroup] = asyncio.Queue()
         self._epoch: int | None = None
         self._failed_epoch: int | None = None  # a group that broke under us is never rejoined; wait for a new epoch
+        self._announced: tuple[Any, ...] | None = None  # (host, port, epoch) of the last candidacy we announced
+        self._token = uuid.uuid4().hex  # with a counter: each announcement is fresh evidence of life
+        self._announcements = 0
         self._weights_valid = True
         self._stop = False
         self._fatal: ActorFailed | None = None
@@ -130,38 +138,50 @@ class ActorLoop:
     # ------------------------------------------------------------------ weights
     async def _maybe_update_weights(self) -> None:
         plan = getattr(self.client, "weight_sync", None) or {}
+        if self.weight_sync is None or not plan.get("host"):
+            return
+        sync = self.weight_sync
         version = int(plan.get("version", -1))
-        epoch = plan.get("epoch")
-        ranks = plan.get("ranks") or {}
-        if self.weight_sync is None or self.actor_id not in ranks or epoch == self._failed_epoch:
+        epoch = int(plan.get("epoch", -1))
+        if self.actor_id not in (plan.get("candidates") or ()) or epoch == self._failed_epoch:
+            await self._announce(plan, epoch)
             return
         # A newer version, or the same version re-sent to a re-formed group (a member joined or left): receive it.
         if version < self.engine.version or (version == self.engine.version and epoch == self._epoch):
             return
-        assert self.weight_sync is not None
-        sync = self.weight_sync
-        try:
-            if self._epoch != plan["epoch"]:
-                await sync.join(
-                    plan["host"],
-                    int(plan["port"]),
-                    world_size=int(plan["world_size"]),
-                    rank_offset=int(ranks[self.actor_id]),
-                    epoch=int(plan["epoch"]),
-                    backend=plan.get("backend", "auto"),
-                    timeout_s=float(plan.get("timeout_s", 120.0)),
+        if self._epoch != epoch:
+            try:
+                async with self._keepalive():
+                    await sync.join(
+                        plan["host"],
+                        int(plan["port"]),
+                        member=self.actor_id,
+                        epoch=epoch,
+                        backend=plan.get("backend", "auto"),
+                        timeout_s=float(plan["timeout_s"]),
+                        join_timeout_s=float(plan["join_timeout_s"]),
+                    )
+            except Exception as exc:  # not in the roster (too late) or the store was unreachable: weights stay valid
+                self.stats.joins_left_out += 1
+                self._epoch = None
+                self._failed_epoch = epoch
+                logger.warning(
+                    "actor %s: not in weight-sync epoch %d (%s); announcing again", self.actor_id, epoch, exc
                 )
-                self._epoch = int(plan["epoch"])
+                return
+            self._epoch = epoch
+        try:
 
             async def load() -> None:
                 await sync.update(version, pause=None)
 
-            if self._weights_valid:
-                await self.engine.update_weights(version, load, self.update_mode)
-            else:
-                await load()
-                self.engine.version = version
-                await self.engine.vllm.resume_generation()
+            async with self._keepalive():
+                if self._weights_valid:
+                    await self.engine.update_weights(version, load, self.update_mode)
+                else:
+                    await load()
+                    self.engine.version = version
+                    await self.engine.vllm.resume_generation()
             self._weights_valid = True
             logger.info("actor %s now on policy version %d", self.actor_id, version)
         except WeightMismatchError as exc:
@@ -177,6 +197,39 @@ class ActorLoop:
             if self._weights_valid:
                 self._weights_valid = False
                 await self.engine.vllm.pause_generation(mode="abort", clear_cache=True)
+
+    @contextlib.asynccontextmanager
+    async def _keepalive(self) -> AsyncIterator[None]:
+        """Keep heartbeats and acks flowing while a weight-sync step holds the main loop (a join may wait up to
+        ``join_timeout_s`` for its roster, a transfer for its buckets): the coordinator must not presume us dead."""
+
+        async def beat() -> None:
+            while True:
+                self.client.poll()
+                await asyncio.sleep(0.05)
+
+        task = asyncio.ensure_future(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _announce(self, plan: dict[str, Any], epoch: int) -> None:
+        """Tell the learner (once per epoch) that this actor can receive weights; it then invites us to an epoch."""
+        where = (plan["host"], int(plan["port"]), epoch)
+        if self._announced == where:
+            return
+        assert self.weight_sync is not None
+        self._announcements += 1
+        try:
+            await self.weight_sync.announce(
+                plan["host"], int(plan["port"]), member=self.actor_id, token=f"{self._token}-{self._announcements}"
+            )
+        except Exception as exc:  # the learner's store is unreachable now: try again with the next epoch's plan
+            logger.warning("actor %s: could not announce itself for weight sync: %s", self.actor_id, exc)
+        self._announced = where
 
     # ------------------------------------------------------------------ generation
     def _can_start(self, grant: PromptGrant) -> bool:

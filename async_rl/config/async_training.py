@@ -2,15 +2,16 @@
 
 Covers the staleness bound K (``max_staleness``), how weight updates reach actors mid-generation, the ZeroMQ rollout
 plane (``transport``, with optional CURVE encryption, required off loopback), the learner->actor weight broadcast
-(``weight_sync``), checkpointing, start-up/step timeouts and per-actor generation settings.
+(``weight_sync``), checkpointing, start-up/step/stop timeouts, per-actor generation settings and what
+``launchers/local.py`` does when an actor fails (``launcher``).
 """
 
 from typing import Annotated
 
 import msgspec
 
-from async_rl.config.fields import NonNegInt, Port, PosFloat, PosInt, doc
-from async_rl.config.names import LogprobsMode, StalePolicy, UpdateMode, WeightSyncBackend
+from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc
+from async_rl.config.names import ActorFailurePolicy, LogprobsMode, StalePolicy, UpdateMode, WeightSyncBackend
 
 
 class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -33,6 +34,14 @@ class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         30.0
     )
     lease_timeout_s: Annotated[PosFloat, doc("A granted prompt not returned within this is re-granted.")] = 600.0
+    max_invalid_groups: Annotated[
+        PosInt,
+        doc(
+            "An actor that delivers this many rollout groups failing validation (token ids outside the vocabulary,"
+            " wrong completion count, too long, bad log-probs or versions) is quarantined: it gets no more work or"
+            " weights and its groups are refused. Each invalid group's prompt is granted again."
+        ),
+    ] = 3
     curve_server_secret_key: Annotated[
         str | None, doc("CURVE: coordinator secret-key file (null = no encryption).")
     ] = None
@@ -47,7 +56,20 @@ class WeightSyncConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     backend: Annotated[WeightSyncBackend, doc("Collective backend: 'auto' = nccl on CUDA, else gloo.")] = "auto"
     bucket_size_mb: Annotated[PosFloat, doc("Size of each broadcast bucket in MiB.")] = 256.0
-    timeout_s: Annotated[PosFloat, doc("A weight transfer taking longer fails the run instead of hanging.")] = 600.0
+    timeout_s: Annotated[
+        PosFloat,
+        doc(
+            "Deadline of each collective step of a weight transfer (forming the group, each bucket's broadcast); on"
+            " expiry the transfer fails, training goes on, and the group is re-formed from the actors still alive."
+        ),
+    ] = 60.0
+    join_timeout_s: Annotated[
+        PosFloat,
+        doc(
+            "Seconds the learner waits for invited actors to be ready for a new weight-sync epoch; one that is not is"
+            " left out (it keeps its weights) until it announces itself again."
+        ),
+    ] = 10.0
     master_addr: Annotated[str, doc("Rendezvous address of the weight-sync group (learner rank 0's host).")] = (
         "127.0.0.1"
     )
@@ -75,6 +97,34 @@ class TimeoutsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             " then it logs the partial results with a warning and goes on."
         ),
     ] = 1800.0
+    stop_s: Annotated[
+        PosFloat,
+        doc(
+            "Seconds a learner rank has after SIGTERM to reach a step boundary, write a checkpoint (if checkpointing"
+            " is configured) and exit; past it the rank exits at once without one. Keep it below the launcher's"
+            " --grace-s (15 s by default), after which the launcher kills the learner."
+        ),
+    ] = 10.0
+
+
+class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What ``launchers/local.py`` does when an actor process fails (the learner failing always ends the job)."""
+
+    actor_failure: Annotated[
+        ActorFailurePolicy,
+        doc(
+            "An actor exits non-zero (or is killed) and gets no restart: 'continue' = log it and go on while another"
+            " actor is running or due a restart (its leases are granted again after transport.peer_timeout_s);"
+            " 'stop' = stop the whole job. The last actor failing always stops the job."
+        ),
+    ] = "continue"
+    restart_actors: Annotated[bool, doc("Restart a failed actor (same actor id, GPUs and log file, appended).")] = False
+    max_actor_restarts: Annotated[
+        NonNegInt, doc("Restarts allowed per actor over the whole run; then actor_failure decides.")
+    ] = 3
+    restart_backoff_s: Annotated[
+        NonNegFloat, doc("Seconds before an actor's first restart; doubled before each further restart of it.")
+    ] = 5.0
 
 
 class ActorSettingsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -111,12 +161,16 @@ class AsyncTrainingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     actor: Annotated[ActorSettingsConfig, doc("Per-actor settings.")] = msgspec.field(
         default_factory=ActorSettingsConfig
     )
+    launcher: Annotated[LauncherConfig, doc("Actor failures under launchers/local.py.")] = msgspec.field(
+        default_factory=LauncherConfig
+    )
 
 
 __all__ = [
     "ActorSettingsConfig",
     "AsyncTrainingConfig",
     "CheckpointConfig",
+    "LauncherConfig",
     "TimeoutsConfig",
     "TransportConfig",
     "WeightSyncConfig",

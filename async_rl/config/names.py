@@ -31,6 +31,7 @@ UpdateMode = Literal["inflight", "drain"]
 StalePolicy = Literal["drop", "regrant"]
 WeightSyncBackend = Literal["auto", "nccl", "gloo"]
 LogprobsMode = Literal["processed", "raw"]
+ActorFailurePolicy = Literal["stop", "continue"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 KL_KINDS: tuple[str, ...] = get_args(KLKind)
@@ -58,6 +59,7 @@ __all__ = [
     "LOGGER_BACKENDS",
     "LOSS_AGG_MODES",
     "POLICY_LOSS_MODES",
+    "ActorFailurePolicy",
     "AdvEstimator",
     "Device",
     "ISLevel",

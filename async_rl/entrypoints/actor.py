@@ -10,6 +10,9 @@ fixed R tokens/s server, see ``async_rl.actor.emulated``), for pipeline benchmar
 
 The coordinator address is rank 0's ``async_training.transport.host:port``; a non-loopback address needs the CURVE
 key settings (``async_training.transport.curve_*``). ``--dry-run`` validates the config and the wiring.
+
+The actor exits when its parent (the launcher, a node script) dies, and vLLM's engine and worker processes when the
+actor does (:mod:`async_rl.runtime.parent_watch`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--emulate-response-len needs --emulate-tokens-per-s and must be >= 1, got {length}")
     import os
 
+    from async_rl.runtime.parent_watch import watch_parent
+
+    watch_parent(forked_children=True)  # vLLM's engine and workers, when forked (when spawned: see the end of the file)
     actor_id = known.actor_id or f"{socket.gethostname()}-{os.getpid()}"
     from async_rl.runtime.actor_main import run_actor, run_emulated_actor
 
@@ -69,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, default=str))
     return 0
 
+
+if __name__ == "__mp_main__":
+    # A helper process that vLLM spawned from this actor (its engine, its workers; the "spawn" start method re-imports
+    # the parent's main module) leaves when the process that started it dies, instead of running on as an orphan.
+    from async_rl.runtime.parent_watch import watch_parent
+
+    watch_parent(grace_s=2.0)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,9 @@ Multi-node (every learner node)::
         -m async_rl.entrypoints.train --config configs/qwen2.5-0.5b_gsm8k_grpo.yaml trainer.nnodes=2
 
 ``--dry-run`` validates the config and the wiring built from it (no model load, no generation) and prints it.
+
+Each rank exits when torchrun (its parent) dies (:mod:`async_rl.runtime.parent_watch`). On SIGTERM it stops at the next
+step boundary, checkpoints if checkpointing is configured, and exits 143 (128 + SIGTERM).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 
 from async_rl.config import parse_cli
@@ -32,9 +36,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if flags.print_config:
         return 0
+    from async_rl.runtime.parent_watch import watch_parent
+
+    # Past its stop deadline the rank exits by itself; this only backs that up should the SIGTERM be lost.
+    watch_parent(grace_s=cfg.async_training.timeouts.stop_s + 5.0)
     from async_rl.runtime.learner_main import run_learner
 
     summary = run_learner(cfg)
+    if summary.get("stopped"):
+        return 128 + signal.SIGTERM
     if summary:
         print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=str))
     return 0
@@ -45,6 +55,9 @@ if __name__ == "__main__":
     # Everything is written and the process group is destroyed: skip interpreter finalization, where gloo's worker
     # threads can abort a finished rank ("terminate called without an active exception", a torch/gloo teardown race).
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass  # the reader is gone (torchrun and the launcher were killed): exit all the same
     os._exit(code)

@@ -7,6 +7,10 @@ and the logits at positions ``P-1 .. P+T-2`` predict the response tokens. The re
 token of ``token_level_scores``. Rows keep the order of the groups (group-major), and ``index`` holds the dense group
 id every group-based advantage estimator needs.
 
+:func:`mask_out_of_vocab` is the last line of defence before the embedding: a group holding a token id outside the
+vocabulary (the coordinator validates groups, but the learner must not crash if one slips through) is dropped from
+the update, not from the batch, so the mini-batch split still holds.
+
 Groups also travel between learner ranks (rank 0 pulls, every rank trains); :func:`encode_groups` /
 :func:`decode_groups` turn them into msgpack bytes for :meth:`DistContext.broadcast_bytes` (never pickle).
 """
@@ -28,6 +32,7 @@ __all__ = [
     "collate_groups",
     "decode_groups",
     "encode_groups",
+    "mask_out_of_vocab",
     "to_rollout_groups",
 ]
 
@@ -211,3 +216,28 @@ def collate_groups(
             "response_lengths": t_lens,
         }
     )
+
+
+def mask_out_of_vocab(batch: RolloutBatch, vocab_size: int, pad_token_id: int = 0) -> list[int]:
+    """Drop every group holding a token id outside ``[0, vocab_size)`` from the update, in place; returns their dense
+    group ids (``index``), ``[]`` in the normal case (one vectorized check over ``input_ids`` ``[B, P+T]``).
+
+    Such ids would crash the embedding lookup. The groups' rows stay in the batch (it must still split into whole
+    mini-batches) but become inert: bad ids are replaced by ``pad_token_id``, ``response_mask`` and
+    ``token_level_scores`` are zeroed, so they add no loss, no gradient and no token or sequence to any count.
+    """
+    if not 0 <= pad_token_id < vocab_size:
+        raise ValueError(f"pad_token_id={pad_token_id} is outside the vocabulary [0, {vocab_size})")
+    ids = batch["input_ids"]
+    bad_ids = (ids < 0) | (ids >= vocab_size)
+    bad_rows = bad_ids.any(dim=1)
+    if not bool(bad_rows.any()):
+        return []
+    groups = torch.unique(batch["index"][bad_rows])
+    rows = torch.isin(batch["index"], groups)
+    ids.masked_fill_(bad_ids, pad_token_id)
+    responses = batch["responses"]
+    responses.masked_fill_((responses < 0) | (responses >= vocab_size), pad_token_id)
+    batch["response_mask"][rows] = 0
+    batch["token_level_scores"][rows] = 0.0
+    return [int(g) for g in groups.tolist()]

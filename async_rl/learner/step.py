@@ -2,7 +2,8 @@
 
 Per step, on every rank with the same groups (rank 0 pulls them and :func:`share_groups` broadcasts them):
 
-1. collate to padded tensors; every rank holds the whole batch;
+1. collate to padded tensors; every rank holds the whole batch; a group with a token id outside the vocabulary is
+   dropped from the update (``learner/batch/invalid_groups``) instead of crashing the embedding;
 2. no-grad passes, each rank on its balanced share, all-gathered to ``[B, T]`` everywhere: the *proximal*
    ``old_log_probs`` under the current weights, reference log-probs (only for a KL term), critic values (GAE only);
 3. rewards (minus the KL penalty when ``use_kl_in_reward``) and advantages from the *whole* batch, identically on
@@ -45,6 +46,7 @@ from async_rl.learner.batching import (
     collate_groups,
     decode_groups,
     encode_groups,
+    mask_out_of_vocab,
     to_rollout_groups,
 )
 from async_rl.learner.checkpoint import load_learner, save_learner
@@ -98,6 +100,7 @@ class Learner:
         self.actor = TrainedModel(
             actor, optimizer, scheduler, NonFiniteGuard(s.max_consecutive_nonfinite), s.grad_clip, "actor"
         )
+        self.vocab_size = embedding_rows(actor)
         self.ref = None
         if s.needs_ref:
             self.ref = build_model(ref if ref is not None else policy, ctx, role="ref", trainable=False)
@@ -259,6 +262,12 @@ class Learner:
             max_response_length=s.max_response_length,
         )
         out: dict[str, float] = {}
+        invalid = mask_out_of_vocab(batch, self.vocab_size, s.pad_token_id) if self.vocab_size is not None else []
+        if invalid:
+            bad = [groups[i].group_id for i in invalid]
+            what = "dropped %d group(s) with token ids outside the vocabulary of %d: %s"
+            log_rank0(ctx, logger, what, len(bad), self.vocab_size, bad, level=logging.ERROR)
+        out["learner/batch/invalid_groups"] = float(len(invalid))
         acc = MetricAccumulator()
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
@@ -354,6 +363,13 @@ class Learner:
             "learner/offpolicy/ess": ess,
             "learner/offpolicy/abs_log_ratio_mean": abs_sum / count if count else 0.0,
         }
+
+
+def embedding_rows(model: torch.nn.Module) -> int | None:
+    """The rows of a model's input embedding (Qwen pads them past the tokenizer); None when it has no embedding."""
+    get = getattr(model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    return int(embedding.num_embeddings) if isinstance(embedding, torch.nn.Embedding) else None
 
 
 def _accumulate_offpolicy(

@@ -163,6 +163,12 @@ class RewardWorker:
 
 
 def _child_main(spec: str, verl_style: bool) -> None:
+    from async_rl.runtime.parent_watch import watch_parent
+
+    # In its own session (a hung function must not take signals meant for the actor), so it would outlive a killed
+    # actor while stuck in user code; EOF on stdin ends it otherwise. (It is started from the actor's scoring thread,
+    # so PDEATHSIG also fires when that thread ends: only at the actor's shutdown, when the worker is closed anyway.)
+    watch_parent(grace_s=1.0)
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # user prints go to stderr, never into the reply pipe
     sys.stdout = sys.stderr

@@ -4,4 +4,6 @@
 ``metrics``     per-step metrics sinks (JSON lines, TensorBoard, console) and the end-of-run plot
 ``learner_main`` the learner process (every torchrun rank; rank 0 also runs the coordinator)
 ``actor_main``  an actor process (one vLLM engine)
+``parent_watch`` a process (rank, actor, reward worker) exits when its parent dies: no orphans
+``graceful_stop`` SIGTERM on a learner rank: stop at a step boundary, checkpoint, exit within a deadline
 """

@@ -13,6 +13,11 @@ One training step, in order (rank 0 drives, the other ranks follow through colle
 5. every ``save_every_n_steps`` a checkpoint holds the model, optimizer, scheduler, RNG states and the coordinator's
    ledger, so a resumed run neither repeats nor skips prompt groups;
 6. rank 0 logs the step's metrics (learner, transport, sync, rewards) to the configured sinks.
+
+SIGTERM (from the launcher through torchrun, or on torchrun's death, see :mod:`async_rl.runtime.parent_watch`) is
+checked before each step and while waiting for rollouts: every rank stops at the same step, writes a checkpoint if
+checkpointing is configured, tells the actors to shut down and returns ``{"stopped": True}``; a rank that cannot get
+there within ``async_training.timeouts.stop_s`` exits without one (:mod:`async_rl.runtime.graceful_stop`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from async_rl.config import Config
 from async_rl.runtime import resources
+from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
 from async_rl.runtime.metrics import ActorActivity
 
 logger = logging.getLogger(__name__)
@@ -65,6 +71,7 @@ def _wait_for_groups(
     timeout_s: float,
     poll_s: float = 2.0,
     validator: Any = None,
+    stop: GracefulStop | None = None,
 ) -> list[Any]:
     """Rank 0 waits for ``num_groups`` groups; every rank follows its decisions, broadcast every ``poll_s``.
 
@@ -72,6 +79,7 @@ def _wait_for_groups(
     new or restarted actor can start work the staleness bound allows; the other ranks join that publish (the weight
     gather is collective). Returns the groups on rank 0 and ``[]`` elsewhere; raises TimeoutError on every rank.
     A re-publish of a newer version than an open validation round's first waits for that round (``validator``).
+    Every poll also checks ``stop`` (a collective): once any rank got SIGTERM, every rank raises StopRequested.
 
     When the data runs out the coordinator hands over what is left, fewer than ``num_groups``: like verl's
     ``drop_last=True`` that final incomplete batch is not trained (it would not split into the configured mini-batches)
@@ -79,6 +87,8 @@ def _wait_for_groups(
     """
     deadline = time.monotonic() + timeout_s
     while True:
+        if stop is not None and stop.agreed(ctx):
+            raise StopRequested("stop requested while waiting for rollouts")
         raw: list[Any] = []
         decision = None
         if ctx.rank == 0:
@@ -196,18 +206,22 @@ def run_learner(cfg: Config) -> dict[str, Any]:
     """
     from async_rl.learner.dist import init_distributed, teardown
 
-    ctx = init_distributed(backend="auto")
+    stop = GracefulStop(cfg.async_training.timeouts.stop_s).install()  # SIGTERM: see runtime/graceful_stop.py
     try:
-        result = _train(cfg, ctx)
-    except BaseException:
-        logger.exception("learner rank %d failed", ctx.rank)
-        teardown(ctx, failed=True)
-        raise
-    teardown(ctx)
-    return result
+        ctx = init_distributed(backend="auto")
+        try:
+            result = _train(cfg, ctx, stop)
+        except BaseException:
+            logger.exception("learner rank %d failed", ctx.rank)
+            teardown(ctx, failed=True)
+            raise
+        teardown(ctx)
+        return result
+    finally:
+        stop.close()
 
 
-def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
+def _train(cfg: Config, ctx: Any, stop: GracefulStop) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from async_rl.learner.export import export_hf
@@ -231,6 +245,7 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
         critic_path = resources.resolve_model_path(cfg.critic.model.path or policy_path, out_dir)
         settings = settings.replace(critic=dataclasses.replace(settings.critic, model_path=critic_path))
 
+    learner = Learner(settings, ctx, policy_path)
     coordinator = None
     if records is not None:
         coordinator = Coordinator(
@@ -241,9 +256,9 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
             shuffle_seed=cfg.data.seed if cfg.data.shuffle else None,
             max_epochs=cfg.trainer.total_epochs,
             autostart=False,
+            vocab_size=learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
-    learner = Learner(settings, ctx, policy_path)
     ws = cfg.async_training.weight_sync
     publisher = WeightPublisher(
         ctx,
@@ -253,6 +268,7 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
         backend=ws.backend,
         bucket_size_mb=ws.bucket_size_mb,
         timeout_s=ws.timeout_s,
+        join_timeout_s=ws.join_timeout_s,
     )
     ckpt = cfg.async_training.checkpoint
     ckpt_dir = out_dir / "checkpoints"
@@ -275,14 +291,26 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
         validator.start(learner.version)
     actor_activity = ActorActivity()
     summary: dict[str, Any] = {}
+    saved_step = start_step  # the newest step a checkpoint holds (or the run started from)
     for step in range(start_step, total_steps):
         step_started = time.monotonic()
         t = cfg.async_training.timeouts
         # The first step also waits for the actors to start (engine start-up, model load).
         timeout_s = t.step_s + (t.actor_start_s if step == start_step else 0.0)
-        raw = _wait_for_groups(
-            ctx, coordinator, publisher, learner, cfg.data.train_batch_size, timeout_s, validator=validator
-        )
+        try:
+            if stop.agreed(ctx):
+                raise StopRequested("stop requested between steps")
+            batch = cfg.data.train_batch_size
+            raw = _wait_for_groups(
+                ctx, coordinator, publisher, learner, batch, timeout_s, validator=validator, stop=stop
+            )
+        except StopRequested:
+            due = bool(ckpt.save_every_n_steps) and step > saved_step
+            checkpoint = _save(learner, coordinator, ckpt_dir, step, ckpt.keep_last) if due else None
+            if ctx.rank == 0:
+                logger.warning("stopped by signal after step %d; checkpoint: %s", step, checkpoint or "none written")
+            _close_run(coordinator, publisher, sink)
+            return {"stopped": True, "steps": step, "checkpoint": str(checkpoint) if checkpoint else None}
         groups = _learner_groups(raw, coordinator) if coordinator is not None else None
         wait_s = time.monotonic() - step_started
         shared = share_groups(ctx, groups)
@@ -307,8 +335,8 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
             coordinator.set_policy_version(version)
         save_every = ckpt.save_every_n_steps
         if save_every and (version % save_every == 0 or step + 1 == total_steps):
-            extra = {"coordinator": coordinator.state_dict() if coordinator is not None else None, "step": step + 1}
-            learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=ckpt.keep_last or 1_000_000)
+            _save(learner, coordinator, ckpt_dir, step + 1, ckpt.keep_last)
+            saved_step = step + 1
         validator.poll()  # a finished round is logged at its own (earlier) step before this step's line
         if sink is not None and coordinator is not None:
             metrics.update(coordinator.metrics())
@@ -323,17 +351,28 @@ def _train(cfg: Config, ctx: Any) -> dict[str, Any]:
             publisher.publish(learner.version, learner.iter_weights)
         validator.start(learner.version)
     validator.wait()
-    if coordinator is not None:
-        coordinator.close(notify_actors=True)
-    publisher.close()
-    if sink is not None:
-        sink.close()
+    _close_run(coordinator, publisher, sink)
     final_dir = out_dir / "final_hf"
     export_hf(learner.model, ctx, final_dir)  # collective; rank 0 writes
     if ctx.rank == 0:
         tokenizer.save_pretrained(final_dir)
         return {"steps": learner.version, "last": summary, "run_dir": str(out_dir), "final_model": str(final_dir)}
     return {}
+
+
+def _save(learner: Any, coordinator: Any, ckpt_dir: Path, step: int, keep_last: int | None) -> Path:
+    """Checkpoint after ``step`` steps (every rank): model, optimizer and RNG states plus the coordinator's ledger."""
+    extra = {"coordinator": coordinator.state_dict() if coordinator is not None else None, "step": step}
+    return Path(learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=keep_last or 1_000_000))
+
+
+def _close_run(coordinator: Any, publisher: Any, sink: Any) -> None:
+    """The run is over (finished or stopped): tell the actors to shut down, close the weight sync and the sinks."""
+    if coordinator is not None:
+        coordinator.close(notify_actors=True)
+    publisher.close()
+    if sink is not None:
+        sink.close()
 
 
 def _audit(out_dir: Path, step: int, groups: list[Any]) -> None:

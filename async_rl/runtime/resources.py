@@ -182,6 +182,7 @@ def plane_settings(cfg: Config, **overrides: Any) -> Any:
         "heartbeat_interval_s": t.heartbeat_interval_s,
         "peer_timeout_s": t.peer_timeout_s,
         "lease_timeout_s": t.lease_timeout_s,
+        "max_invalid_groups": t.max_invalid_groups,
         "curve_server_secret_file": t.curve_server_secret_key,
         "curve_server_public_file": t.curve_server_public_key,
         "curve_authorized_keys_dir": t.curve_client_keys_dir,

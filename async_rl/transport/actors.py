@@ -12,12 +12,14 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+_TRUSTED = 2**62  # a confirmed version no claim exceeds
+
 
 @dataclass
 class ActorState:
     actor_id: str
     rid: bytes  # zmq routing id (the actor id in ASCII)
-    loaded_version: int
+    claimed_version: int  # what the actor says it has loaded (hello, work requests, heartbeats)
     last_seen: float
     last_heartbeat_sent: float
     alive: bool = True
@@ -25,6 +27,16 @@ class ActorState:
     granted_total: int = 0
     died_at: float | None = None
     reported: dict[str, float] = field(default_factory=dict)  # the last cumulative counters the actor reported
+    confirmed_version: int = _TRUSTED  # the newest version the learner sent this actor (the registry sets the base)
+
+    @property
+    def loaded_version(self) -> int:
+        """The version grants may assume: the actor's claim, never beyond the weights it was actually sent."""
+        return min(self.claimed_version, self.confirmed_version)
+
+    @loaded_version.setter
+    def loaded_version(self, version: int) -> None:
+        self.claimed_version = version
 
     def set_credit(self, max_groups: int, grants_seen: int) -> None:
         in_transit = max(0, self.granted_total - grants_seen)
@@ -45,9 +57,11 @@ class ActorStatus:
 class ActorRegistry:
     """Bounded map of actor id -> state; dead entries are forgotten after ``forget_after_s``."""
 
-    def __init__(self, max_actors: int, peer_timeout_s: float) -> None:
+    def __init__(self, max_actors: int, peer_timeout_s: float, base_version: int | None = 0) -> None:
         self.max_actors = max_actors
         self.peer_timeout_s = peer_timeout_s
+        # Every actor starts from these weights without any transfer; None: every claim is trusted (no weight sync).
+        self.base_version = _TRUSTED if base_version is None else base_version
         self.forget_after_s = 10 * peer_timeout_s
         self._actors: OrderedDict[str, ActorState] = OrderedDict()
         self._rr = 0
@@ -70,6 +84,7 @@ class ActorRegistry:
             if len(self._actors) >= self.max_actors:
                 return None
             state = ActorState(actor_id, actor_id.encode("ascii"), loaded_version, now, now)
+            state.confirmed_version = self.base_version
             self._actors[actor_id] = state
         state.alive, state.died_at = True, None
         state.loaded_version = loaded_version

@@ -8,6 +8,8 @@ work, to actors whose loaded version is the round's, within their credit, and ne
 
 Only the coordinator thread touches the ROUTER. Learner calls mutate shared state under one lock and wake the
 thread through an inproc PAIR socket. Bad input never raises out of the loop: it is counted by reason and dropped.
+A delivered group is checked against its grant (transport.validation) before it is accepted; an invalid one is acked
+"invalid" and its prompt granted again, and an actor with ``max_invalid_groups`` of them is quarantined.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from async_rl.transport.protocol import (
     pack_array,
 )
 from async_rl.transport.settings import PlaneSettings
+from async_rl.transport.validation import InvalidReason, Quarantine, check_group
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +75,18 @@ class Coordinator:
         weight_sync_info: dict[str, Any] | None = None,
         limits: WireLimits | None = None,
         autostart: bool = True,
+        vocab_size: int | None = None,
+        trust_claimed_versions: bool = False,
     ) -> None:
+        """``trust_claimed_versions``: grant on an actor's claimed loaded version alone, for planes tested or
+        benchmarked without a weight sync. By default an actor's version counts only up to what the learner
+        confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``."""
         self.settings = settings or PlaneSettings()
+        if vocab_size is not None and (
+            isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
+        ):
+            raise ValueError(f"vocab_size must be an int >= 1 or None, got {vocab_size!r}")
+        self.vocab_size = vocab_size  # the learner's embedding rows; None: token ids are not checked
         if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
             raise ValueError(f"initial_version must be an int >= 0, got {initial_version!r}")
         self.source = PromptSource(records, shuffle_seed=shuffle_seed, max_epochs=max_epochs)
@@ -88,8 +101,11 @@ class Coordinator:
         msgspec.msgpack.encode(self._weight_sync)  # fail now, not at the first Welcome, if it is not msgpack-able
         self._ledger = Ledger(self.source.total)
         self._admission = adm.Admission(self.k, self.settings.inflight_cap, self.settings.groups_per_step)
-        self._actors = ActorRegistry(self.settings.max_actors, self.settings.peer_timeout_s)
+        self._actors = ActorRegistry(
+            self.settings.max_actors, self.settings.peer_timeout_s, None if trust_claimed_versions else initial_version
+        )
         self._metrics = TransportMetrics(self.k)
+        self._quarantine = Quarantine(self.settings.max_invalid_groups)
         self._taken_staleness: dict[int, int] = {}
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -168,6 +184,18 @@ class Coordinator:
             self._purge_stale_locked()
             self._cv.notify_all()
         self._io.wake()
+
+    def confirm_weights(self, version: int, actor_ids: list[str]) -> None:
+        """The learner sent ``version`` to ``actor_ids``: they may now be granted work that needs it.
+
+        Grants follow weights actually sent: an actor's claimed loaded version counts only up to this.
+        """
+        with self._lock:
+            for actor_id in actor_ids:
+                state = self._actors.get(actor_id)
+                if state is not None:
+                    state.confirmed_version = max(state.confirmed_version, version)
+        self._io.wake()  # credit waiting for these weights can be served now
 
     def set_weight_sync_info(self, info: dict[str, Any]) -> None:
         msgspec.msgpack.encode(info)
@@ -290,6 +318,7 @@ class Coordinator:
                 "data_epoch": epoch,
                 "data_position": position,
                 "eval/open_prompts": 0 if self._eval is None else self._eval.open_count,
+                "actors_quarantined": len(self._quarantine),
             }
             decode_errors, send_failures = self._io.stats()
             return self._metrics.snapshot(gauges, decode_errors, send_failures)
@@ -297,7 +326,7 @@ class Coordinator:
     def live_actor_ids(self) -> list[str]:
         """Ids of the actors currently presumed alive, sorted (the weight-sync membership)."""
         with self._lock:
-            return sorted(s.actor_id for s in self._actors.alive())
+            return sorted(s.actor_id for s in self._actors.alive() if s.actor_id not in self._quarantine)
 
     def actors(self) -> dict[str, ActorStatus]:
         now = time.monotonic()
@@ -476,6 +505,8 @@ class Coordinator:
         if isinstance(msg, WorkRequest):
             state.loaded_version = msg.loaded_version
             state.set_credit(msg.max_groups, msg.grants_seen)
+            if actor_id in self._quarantine:
+                state.credit = 0
             if state.credit > 0 and self._allowance_locked(state.loaded_version) == 0:
                 self._metrics.count("credit_waits")
         elif isinstance(msg, Heartbeat):
@@ -484,7 +515,15 @@ class Coordinator:
                 self._metrics.record_actor_report(state.reported, msg.stats)
                 state.reported = dict(msg.stats)
         elif isinstance(msg, RolloutGroup):
-            status = self._deliver_eval_locked(msg, now) if msg.eval_round >= 0 else self._deliver_locked(msg, nbytes)
+            if actor_id in self._quarantine:
+                self._metrics.drops["quarantined"] += 1
+                status: AckStatus = "invalid"
+            elif msg.eval_round >= 0:
+                status = self._deliver_eval_locked(msg, now)
+            else:
+                status = self._deliver_locked(msg, nbytes)
+            if status == "invalid" and actor_id not in self._quarantine:
+                self._strike_locked(actor_id)
             acks.setdefault(rid, []).append(AckEntry(msg.prompt_id, msg.lease_id, status, msg.eval_round))
 
     def _deliver_eval_locked(self, group: RolloutGroup, now: float) -> AckStatus:
@@ -493,6 +532,10 @@ class Coordinator:
         if rnd is None or rnd.round_id != group.eval_round:
             self._metrics.count("eval/late" if group.eval_round < self._next_eval_round else "eval/unknown")
             return "unknown"
+        # versions are the round's to judge: anything but exactly its version is "stale" and granted again
+        reason = check_group(group, rnd.sampling, policy_version=None, vocab_size=self.vocab_size)
+        if reason is not None and rnd.reject(group.prompt_id, group.lease_id):
+            return self._invalid_locked(group, reason)
         verdict = rnd.deliver(group.prompt_id, group.lease_id, group.completions, now)
         if verdict == "stale":
             self._metrics.count("eval/wrong_version")
@@ -511,9 +554,13 @@ class Coordinator:
         if verdict == "duplicate":
             self._metrics.count("duplicates")
             return "duplicate"
-        if group.newest_version > self._version:
-            self._metrics.count("unknown_groups")  # claims a policy version the learner never published
-            return "unknown"
+        min_version = self._ledger.leases[group.prompt_id].min_version if verdict == "ok" else None
+        reason = check_group(
+            group, self.sampling, policy_version=self._version, min_version=min_version, vocab_size=self.vocab_size
+        )
+        if reason is not None:
+            self._ledger.reject_invalid(group.prompt_id)
+            return self._invalid_locked(group, reason)
         if verdict == "late":
             self._metrics.count("late_accepted")
         version = group.version
@@ -526,6 +573,28 @@ class Coordinator:
         self._metrics.bytes.add(nbytes)
         self._metrics.record_span(group.newest_version - version)
         return "accepted"
+
+    def _invalid_locked(self, group: RolloutGroup, reason: InvalidReason) -> AckStatus:
+        """Count a group that failed validation (its prompt is already back to be granted again)."""
+        self._metrics.drops[f"invalid_{reason}"] += 1
+        logger.warning("rejected rollout group of prompt %d from %s: %s", group.prompt_id, group.actor_id, reason)
+        return "invalid"
+
+    def _strike_locked(self, actor_id: str) -> None:
+        """One more invalid group from ``actor_id``; the last one allowed quarantines it and releases its leases."""
+        if not self._quarantine.record(actor_id):
+            return
+        logger.warning(
+            "actor %s quarantined after %d invalid rollout groups: it gets no more work or weights, its groups are "
+            "refused",
+            actor_id,
+            self._quarantine.max_invalid,
+        )
+        state = self._actors.get(actor_id)
+        if state is not None:
+            state.credit = 0
+        self._expire_locked(self._ledger.expire_actor(actor_id), f"actor {actor_id} quarantined")
+        self._expire_eval_locked(actor_id)
 
     def _expire_locked(self, leases: list[Lease], why: str) -> None:
         if leases:
@@ -542,6 +611,7 @@ class Coordinator:
             dead = self._actors.newly_dead(now)
             for state in dead:
                 logger.warning("actor %s silent > %.1f s: presumed dead", state.actor_id, self.settings.peer_timeout_s)
+                self._metrics.count("actors_presumed_dead")
                 self._expire_locked(self._ledger.expire_actor(state.actor_id), f"actor {state.actor_id} presumed dead")
                 self._expire_eval_locked(state.actor_id)
             self._expire_locked(self._ledger.expire_due(now), "lease timeout")
@@ -633,6 +703,8 @@ class Coordinator:
         """Encode and send; whatever cannot be sent goes back to the front of the re-grant queue."""
         with self._lock:
             version = self._version
+            for lease in leases:
+                lease.min_version = min_version  # deliveries are checked against it (transport.validation)
         prompts = [self._prompt_grant(lease, min_version) for lease in leases]
         unsent, too_big = self._io.send_grant(actor.rid, prompts, version)
         if not unsent and not too_big:

@@ -7,8 +7,8 @@ leases the round's prompts to actors whose loaded weights are exactly v: an eval
     PENDING --grant--> LEASED --delivered, every completion at exactly v--> DONE
        ^                 |
        +-----------------+  the lease expired (actor dead, left or rejoined; lease timeout; the actor moved past v),
-                            was never sent (revoked), or came back under another version (a weight update during
-                            the request): the index is granted again
+                            was never sent (revoked), came back under another version (a weight update during
+                            the request) or failed validation (transport.validation): the index is granted again
 
 Deliveries are judged by (index, lease id): a lease this round issued for that index, on an index not yet done ->
 "accepted" when every completion ran under exactly v (an expired lease's result is valid work and is accepted too),
@@ -212,6 +212,18 @@ class EvalRound:
         if self.complete and self.finished_at is None:
             self.finished_at = now
         return "accepted"
+
+    def reject(self, index: int, lease_id: int) -> bool:
+        """A delivery that failed validation: True when `deliver` would have judged it (not unknown or a duplicate);
+        the index is then granted again if that lease was still current."""
+        if self.closed or self._lease_index.get(lease_id) != index or index in self.done or index in self.dropped:
+            return False
+        current = self.leases.get(index)
+        if current is not None and current.lease_id == lease_id:
+            del self.leases[index]
+            self.pending.appendleft(index)
+        self.counters["invalid"] += 1
+        return True
 
     # ---- the learner side ----------------------------------------------------------------------------------------
     def close(self, now: float) -> EvalResult:

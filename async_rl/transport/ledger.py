@@ -3,7 +3,8 @@
 Each prompt id below the data cursor is in exactly one state:
 
     LEASED    granted to an actor under a lease (lease id, actor, deadline)
-    REGRANT   its lease expired or was revoked; waits in the re-grant queue, served before new data
+    REGRANT   its lease expired or was revoked, or its group failed validation; waits in the re-grant queue,
+              served before new data
     RECEIVED  its group arrived and waits in the buffer
     TAKEN     handed to the learner by get_groups, not yet marked trained
     DONE      trained, or dropped for good (stale with stale_policy="drop", or too large to ever send)
@@ -37,6 +38,7 @@ class Lease:
     prompt_id: int
     actor_id: str
     deadline: float
+    min_version: int = 0  # the oldest policy the grant allows its group to start under (set when it is sent)
 
 
 @dataclass
@@ -158,6 +160,11 @@ class Ledger:
         """A delivery (ok/late) that is already over the staleness bound: re-grant its prompt or drop it for good."""
         self._settle(prompt_id)
         self._requeue_or_drop(prompt_id, regrant)
+
+    def reject_invalid(self, prompt_id: int) -> None:
+        """A delivery (ok/late) that failed validation: the prompt is fine, the actor was not; grant it again."""
+        self._settle(prompt_id)
+        self.regrant[prompt_id] = NO_LEASE
 
     def drop_leased(self, prompt_id: int) -> None:
         """A leased prompt that can never be served (its grant cannot fit in a message): DONE as dropped."""

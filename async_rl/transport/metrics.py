@@ -11,6 +11,8 @@ import math
 import time
 from collections import Counter, OrderedDict
 
+from async_rl.transport.validation import INVALID_REASONS
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "transport/"
@@ -29,6 +31,11 @@ EVAL_COUNTERS = (
     "eval/late",
     "eval/unknown",
 )
+# Rollout groups refused by the coordinator (``transport/drops/<reason>``, always reported): each reason of
+# transport.validation as ``invalid_<reason>`` (its prompt is granted again), and ``quarantined``, a group from a
+# sender quarantined after ``max_invalid_groups`` invalid ones. ``actors_quarantined`` counts those senders.
+INVALID_DROPS = tuple(f"invalid_{reason}" for reason in INVALID_REASONS)
+DECLARED_DROPS = (*INVALID_DROPS, "quarantined")
 
 
 class RateMeter:
@@ -138,12 +145,22 @@ class TransportMetrics:
         out[PREFIX + "grants_total"] = int(self.grants.total)
         out[PREFIX + "groups_received_total"] = int(self.groups.total)
         out[PREFIX + "bytes_received_total"] = int(self.bytes.total)
-        for name in ("lease_expiries", "duplicates", "late_accepted", "unknown_groups", "credit_waits", "trained"):
+        for name in (
+            "lease_expiries",
+            "duplicates",
+            "late_accepted",
+            "unknown_groups",
+            "credit_waits",
+            "trained",
+            "actors_presumed_dead",
+        ):
             out[PREFIX + name] = self.counters[name]
         for name in EVAL_COUNTERS:
             out[PREFIX + name] = self.counters[name]
         for name, value in self.counters.items():
             out.setdefault(PREFIX + name, value)
+        for reason in DECLARED_DROPS:
+            out[PREFIX + "drops/" + reason] = self.drops[reason]
         for reason, value in self.drops.items():
             out[PREFIX + "drops/" + reason] = value
         out[PREFIX + "drops_total"] = sum(self.drops.values())

@@ -35,8 +35,10 @@ ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
 # A validation round id (see transport.evaluation); -1 marks training work.
 EvalRoundId = Annotated[int, msgspec.Meta(ge=-1)]
 NO_EVAL = -1
-AckStatus = Literal["accepted", "duplicate", "stale", "unknown"]
-ACK_STATUSES: tuple[str, ...] = ("accepted", "duplicate", "stale", "unknown")
+# "invalid": the group failed validation (transport.validation) or its sender is quarantined; like every status,
+# final (the actor stops re-sending it), and the prompt is granted again.
+AckStatus = Literal["accepted", "duplicate", "stale", "unknown", "invalid"]
+ACK_STATUSES: tuple[str, ...] = ("accepted", "duplicate", "stale", "unknown", "invalid")
 
 
 class WireArray(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):

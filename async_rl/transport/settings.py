@@ -33,6 +33,8 @@ class PlaneSettings:
     lease_timeout_s: a granted prompt not delivered within this time goes back to the re-grant queue.
     socket_hwm: zmq send/receive high-water marks, in messages, on every socket of the plane.
     max_actors: the most actor identities the coordinator tracks at once.
+    max_invalid_groups: an actor that delivers this many groups failing validation (transport.validation) is
+        quarantined: no more grants, no weight updates, its groups refused.
     curve_*: key files made by ``python -m async_rl.transport.keys DIR`` (see keys.py for the layout).
     """
 
@@ -48,6 +50,7 @@ class PlaneSettings:
     lease_timeout_s: float = 900.0
     socket_hwm: int = 256
     max_actors: int = 4096
+    max_invalid_groups: int = 3
     curve_server_secret_file: str | None = None
     curve_authorized_keys_dir: str | None = None
     curve_server_public_file: str | None = None
@@ -80,6 +83,7 @@ class PlaneSettings:
             )
         _check_int("socket_hwm", self.socket_hwm, 1)
         _check_int("max_actors", self.max_actors, 1)
+        _check_int("max_invalid_groups", self.max_invalid_groups, 1)
         for name in (
             "curve_server_secret_file",
             "curve_authorized_keys_dir",

@@ -20,6 +20,7 @@ with the ``weight_sync_state`` RPC and re-raised as the matching exception type.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -42,31 +43,48 @@ def init_info(
     host: str,
     port: int,
     *,
-    world_size: int,
+    world_size: int | None = None,
     rank_offset: int = 1,
     epoch: int = 0,
     backend: str = "auto",
     timeout_s: float = 120.0,
+    member: str | None = None,
+    join_timeout_s: float = 10.0,
 ) -> dict[str, Any]:
-    """The ``init_info`` payload of ``init_weight_transfer_engine`` (validated here, before any RPC)."""
-    if world_size < 2:
+    """The ``init_info`` payload of ``init_weight_transfer_engine`` (validated here, before any RPC).
+
+    Either ``member`` (this actor's id: rank and world size come from the epoch's roster, see
+    ``weight_sync.membership``) or a fixed ``world_size`` and ``rank_offset``.
+    """
+    if member is not None:
+        if not member:
+            raise ValueError("member must be a non-empty actor id")
+        if world_size is not None:
+            raise ValueError("give either member (the roster decides the ranks) or world_size, not both")
+    elif world_size is None:
+        raise ValueError("give member (an actor id) or world_size")
+    elif world_size < 2:
         raise ValueError(f"world_size must be >= 2, got {world_size}")
-    if not 1 <= rank_offset < world_size:
+    elif not 1 <= rank_offset < world_size:
         raise ValueError(f"rank_offset must be in [1, {world_size}), got {rank_offset}")
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if join_timeout_s <= 0:
+        raise ValueError(f"join_timeout_s must be > 0, got {join_timeout_s}")
     if backend not in ("auto", "gloo", "nccl"):
         raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
     return {
         "host": host,
         "port": int(port),
-        "world_size": int(world_size),
+        "world_size": 0 if world_size is None else int(world_size),
         "rank_offset": int(rank_offset),
         "epoch": int(epoch),
         "backend": backend,
         "timeout_s": float(timeout_s),
+        "member": member or "",
+        "join_timeout_s": float(join_timeout_s),
     }
 
 
@@ -101,6 +119,12 @@ class EngineWeightSync:
             self.llm.init_weight_transfer_engine({"init_info": payload})
         except Exception as exc:
             raise _structured_error({}, exc) from exc
+
+    def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+        """Tell learner rank 0 that this actor can receive weights (see ``weight_sync.membership``)."""
+        from async_rl.weight_sync.membership import announce_at
+
+        announce_at(host, port, member, token, timeout_s)
 
     def update(self, version: int, **kwargs: Any) -> dict[str, Any]:
         """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks)."""
@@ -138,6 +162,12 @@ class AsyncEngineWeightSync:
             await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
         except Exception as exc:
             raise _structured_error({}, exc) from exc
+
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+        """Tell learner rank 0 that this actor can receive weights (a store write, off the event loop)."""
+        from async_rl.weight_sync.membership import announce_at
+
+        await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
 
     async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest

@@ -83,6 +83,9 @@ class WeightSyncGroup:
             torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         )
         self.broken = False
+        # Checked while a collective is in flight: a reason string ends the wait early (a member the coordinator
+        # presumes dead cannot complete it, so waiting for the full timeout would only stall the learner).
+        self.abort_if: Callable[[], str | None] | None = None
         self._pg = self._connect()
 
     def _connect(self) -> Any:
@@ -136,17 +139,54 @@ class WeightSyncGroup:
                 self.broken = True
                 raise
         try:
-            if self.backend == "gloo":
-                work.wait(timeout)
-            else:  # NCCL's wait() does not block the host; poll the completion event against our deadline
-                deadline = time.monotonic() + self.timeout_s
-                while not work.is_completed():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"Operation timed out after {self.timeout_s} s")
-                    time.sleep(0.0002)
-                work.wait()
+            # Poll the completion (NCCL's wait() does not block the host anyway) against our deadline, and every
+            # 0.1 s check whether the transfer was given up: rank 0 by abort_if, the others by rank 0's store key.
+            deadline = time.monotonic() + self.timeout_s
+            pause, next_check = 0.0002, time.monotonic() + 0.1
+            while not work.is_completed():
+                now = time.monotonic()
+                if now > deadline:
+                    raise RuntimeError(f"Operation timed out after {self.timeout_s} s")
+                if now >= next_check:
+                    next_check = now + 0.1
+                    reason = self._abandoned()
+                    if reason:
+                        raise WeightSyncError(f"broadcast of {what} abandoned (epoch {self.epoch}): {reason}")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
+            work.wait(timeout) if self.backend == "gloo" else work.wait()
         except RuntimeError as exc:
+            if isinstance(exc, WeightSyncError):
+                self.broken = True
+                raise
             raise self._failure(what, exc) from exc
+
+    def _abandoned(self) -> str | None:
+        """Why the transfer in flight is given up, if it is (see :meth:`abandon`)."""
+        if self.rank == 0:
+            reason = self.abort_if() if self.abort_if is not None else None
+            if reason:
+                self.abandon(reason)
+            return reason
+        try:
+            if self.store.check([self._abandoned_key]):
+                return f"given up by the learner: {self.store.get(self._abandoned_key).decode()}"
+        except RuntimeError:  # the learner's store is gone: the learner is; our own deadline still applies
+            return None
+        return None
+
+    @property
+    def _abandoned_key(self) -> str:
+        return f"{_PREFIX}/{self.epoch}/abandoned"
+
+    def abandon(self, reason: str) -> None:
+        """Rank 0: give up this epoch's transfer, and tell the members through the store (they stop waiting within
+        0.1 s instead of at their timeout, e.g. when one member is frozen and the others wait on it)."""
+        self.broken = True
+        try:
+            self.store.set(self._abandoned_key, reason)
+        except RuntimeError as exc:
+            logger.debug("could not mark weight-sync epoch %d abandoned: %s", self.epoch, exc)
 
     def mark_broken(self, reason: str) -> None:
         """Declare the group unusable (a member left the collective sequence); rejoin before the next update."""

@@ -3,15 +3,17 @@
 Every learner rank calls :meth:`WeightPublisher.publish` after an optimizer step (the FSDP gather is a collective of
 the learner world); only rank 0 talks to the actors. The order of one publish:
 
-1. rank 0 takes the live actors from the coordinator (sorted ids -> ranks 1..N) and tells every learner rank whether
-   there is anyone to send to;
-2. if the membership changed, or the last transfer broke the group, rank 0 starts a new *epoch*;
-3. rank 0 announces the plan ``{version, epoch, world_size, ranks, host, port, backend, timeout_s}`` through the
-   coordinator (it rides on the VersionUpdate message), so each actor knows to (re)join and receive;
-4. rank 0 (re)forms the group if needed (blocks until every member joined, or the timeout);
-5. all learner ranks walk the full-weight iterator bucket by bucket; rank 0 broadcasts, the actors load and verify
-   the digest;
-6. the report (seconds, bytes, bandwidth) becomes ``sync/...`` metrics.
+1. rank 0 takes the live actors from the coordinator and keeps those it may invite: the current members, and actors
+   that announced themselves in the store since they last missed a join (``weight_sync.membership``);
+2. if that set changed, or the last transfer broke the group, rank 0 starts a new *epoch*: it announces the plan
+   ``{version, epoch, candidates, host, port, backend, timeout_s, join_timeout_s}`` through the coordinator (it rides
+   on the VersionUpdate message), waits at most ``join_timeout_s`` for the candidates to say they are ready, and
+   forms the group from those that did (the roster); the rest are left out until they announce themselves again;
+3. rank 0 tells every learner rank whether there is anyone to send to;
+4. all learner ranks walk the full-weight iterator bucket by bucket; rank 0 broadcasts (each bucket bounded by
+   ``timeout_s``), the actors load and verify the digest;
+5. rank 0 tells the coordinator which actors received the version (grants follow weights actually sent, not an
+   actor's claim), and the report (seconds, bytes, bandwidth, members) becomes ``sync/...`` metrics.
 
 A failure (an actor died mid-transfer, a timeout) never stops training: the group is marked broken, the rest of the
 iterator is still drained so the learner ranks stay in step, and the next publish re-forms the group from the actors
@@ -28,7 +30,8 @@ from typing import Any, Protocol
 
 import torch
 
-from async_rl.weight_sync.group import WeightSyncGroup, create_store, open_group, resolve_backend
+from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
+from async_rl.weight_sync.membership import collect_roster, read_candidates
 from async_rl.weight_sync.sender import WeightSender
 
 logger = logging.getLogger(__name__)
@@ -45,6 +48,10 @@ class _Coordinator(Protocol):
 
     def set_policy_version(self, version: int, weight_sync: dict[str, Any] | None = None) -> None: ...
 
+    def set_weight_sync_info(self, info: dict[str, Any]) -> None: ...
+
+    def confirm_weights(self, version: int, actor_ids: list[str]) -> None: ...
+
 
 class WeightPublisher:
     """Publishes each new policy version to the live actors. Construct on every learner rank."""
@@ -58,7 +65,8 @@ class WeightPublisher:
         port: int = 0,
         backend: str = "auto",
         bucket_size_mb: float = 256.0,
-        timeout_s: float = 600.0,
+        timeout_s: float = 60.0,
+        join_timeout_s: float = 10.0,
     ) -> None:
         if ctx.rank == 0 and coordinator is None:
             raise ValueError("learner rank 0 needs the coordinator to announce weight updates")
@@ -68,72 +76,134 @@ class WeightPublisher:
         self.backend = resolve_backend(backend)
         self.bucket_size_mb = bucket_size_mb
         self.timeout_s = timeout_s
+        self.join_timeout_s = join_timeout_s
         self.store = create_store(host, port, is_master=True, timeout_s=timeout_s) if ctx.rank == 0 else None
         self.port = int(self.store.port) if self.store is not None else 0
         self.epoch = -1
         self.members: list[str] = []
         self.group: WeightSyncGroup | None = None
         self.failures = 0
+        self.left_out = 0  # invitations not answered within join_timeout_s
+        self._missed: dict[str, str] = {}  # actor -> the announcement it missed a join with (not invited again)
         self.last: dict[str, float] = {}
+        if self.coordinator is not None and ctx.rank == 0:  # where actors announce themselves before any epoch
+            self.coordinator.set_weight_sync_info(self._plan(version=-1, candidates=[]))
+
+    def _plan(self, *, version: int, candidates: list[str]) -> dict[str, Any]:
+        return {
+            "version": version,
+            "epoch": self.epoch,
+            "candidates": candidates,
+            "host": self.host,
+            "port": self.port,
+            "backend": self.backend,
+            "timeout_s": self.timeout_s,
+            "join_timeout_s": self.join_timeout_s,
+        }
+
+    def _eligible(self) -> list[str]:
+        """Rank 0: live actors that may be in the next epoch (members, and fresh announcements)."""
+        assert self.coordinator is not None and self.store is not None
+        live = self.coordinator.live_actor_ids()
+        announced = read_candidates(self.store, [a for a in live if a not in self.members])
+        fresh = [a for a, token in announced.items() if self._missed.get(a) != token]
+        return sorted({a for a in live if a in self.members} | set(fresh))
+
+    def _reform(self, version: int, candidates: list[str]) -> dict[str, float]:
+        """Rank 0: a new epoch for ``candidates``; only those ready within ``join_timeout_s`` become members."""
+        assert self.coordinator is not None and self.store is not None
+        self._close_group()
+        self.epoch += 1
+        t0 = time.monotonic()
+        self.coordinator.set_policy_version(version, weight_sync=self._plan(version=version, candidates=candidates))
+        roster = collect_roster(self.store, self.epoch, candidates, self.join_timeout_s)
+        announced = read_candidates(self.store, candidates)
+        for actor in candidates:
+            if actor in roster.ranks:
+                self._missed.pop(actor, None)
+            else:
+                self.left_out += 1
+                self._missed[actor] = announced.get(actor, "")
+                logger.warning(
+                    "actor %s was not ready for weight-sync epoch %d within %.1f s: left out until it announces "
+                    "itself again",
+                    actor,
+                    self.epoch,
+                    self.join_timeout_s,
+                )
+        self.members = roster.members
+        if self.members:
+            self.group = WeightSyncGroup(
+                self.store,
+                rank=0,
+                world_size=roster.world_size,
+                epoch=self.epoch,
+                backend=self.backend,
+                timeout_s=self.timeout_s,
+            )
+            self.group.abort_if = self._member_gone
+        return {"sync/join_seconds": time.monotonic() - t0}
+
+    def _member_gone(self) -> str | None:
+        """Why the transfer in flight cannot complete: a member the coordinator now presumes dead (or quarantined)."""
+        assert self.coordinator is not None
+        live = set(self.coordinator.live_actor_ids())
+        gone = [actor for actor in self.members if actor not in live]
+        return f"actor(s) {', '.join(gone)} no longer alive" if gone else None
 
     def publish(self, version: int, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> dict[str, float]:
         """Announce ``version`` and stream ``weights()`` to the actors. Returns ``sync/...`` metrics (rank 0)."""
         started = time.monotonic()
-        members = self.coordinator.live_actor_ids() if self.coordinator is not None and self.ctx.rank == 0 else []
-        send = self.ctx.broadcast_bytes(b"1" if members else b"0") == b"1"
+        metrics: dict[str, float] = {}
+        if self.ctx.rank == 0:
+            assert self.coordinator is not None
+            candidates = self._eligible()
+            try:
+                if candidates != self.members or (candidates and (self.group is None or self.group.broken)):
+                    metrics.update(self._reform(version, candidates))
+                else:
+                    self.coordinator.set_policy_version(
+                        version, weight_sync=self._plan(version=version, candidates=self.members)
+                    )
+            except Exception as exc:  # the group failed to form although its members said they were ready
+                self.failures += 1
+                logger.warning("weight-sync epoch %d failed to form (%s); re-formed next time", self.epoch, exc)
+                self._close_group()
+        send = self.ctx.broadcast_bytes(b"1" if self.group is not None else b"0") == b"1"
         if self.ctx.rank != 0:
             if send:
                 for _ in weights():  # the gather is collective: stay in step with rank 0
                     pass
             return {}
         assert self.coordinator is not None
-        if not members:
-            self.coordinator.set_policy_version(version, weight_sync={})
-            return {"sync/actors": 0.0}
-        if members != self.members or self.group is None or self.group.broken:
-            self._close_group()
-            self.epoch += 1
-            self.members = members
-        plan = {
-            "version": version,
-            "epoch": self.epoch,
-            "world_size": len(members) + 1,
-            "ranks": {actor: i + 1 for i, actor in enumerate(members)},
-            "host": self.host,
-            "port": self.port,
-            "backend": self.backend,
-            "timeout_s": self.timeout_s,
-        }
-        self.coordinator.set_policy_version(version, weight_sync=plan)
+        metrics.update(
+            {
+                "sync/actors": float(len(self.members) if send else 0),
+                "sync/epoch": float(self.epoch),
+                "sync/left_out": float(self.left_out),
+                "sync/failures": float(self.failures),
+            }
+        )
+        if not send:
+            self.last = metrics
+            return metrics
+        assert self.group is not None
         it = weights()
-        metrics: dict[str, float] = {"sync/actors": float(len(members)), "sync/epoch": float(self.epoch)}
         try:
-            if self.group is None:
-                self.group = open_group(
-                    self.host,
-                    self.port,
-                    rank=0,
-                    world_size=len(members) + 1,
-                    epoch=self.epoch,
-                    backend=self.backend,
-                    timeout_s=self.timeout_s,
-                    store=self.store,
-                )
             report = WeightSender(self.group, bucket_size_mb=self.bucket_size_mb).send(it, version=version)
             info = report.as_dict()
+            self.coordinator.confirm_weights(version, list(self.members))
             metrics.update(
                 {
                     "sync/seconds": time.monotonic() - started,
                     "sync/bytes": float(info.get("bytes", 0.0)),  # type: ignore[arg-type]
                     "sync/bandwidth_MBps": float(info.get("bandwidth_MBps", 0.0)),  # type: ignore[arg-type]
-                    "sync/failures": float(self.failures),
                 }
             )
         except Exception as exc:  # a dead or slow actor: re-form next time, keep training
             self.failures += 1
             logger.warning("weight publish of version %d failed (%s); the group is re-formed next time", version, exc)
-            if self.group is not None:
-                self.group.mark_broken(str(exc))
+            self.group.abandon(str(exc))  # members still waiting on a peer stop at once
             for _ in it:  # keep the other learner ranks' collective gathers in step
                 pass
             metrics.update({"sync/seconds": time.monotonic() - started, "sync/failures": float(self.failures)})
@@ -141,16 +211,16 @@ class WeightPublisher:
         return metrics
 
     def needs_refresh(self) -> bool:
-        """Rank 0: should the current version be re-published now (an actor joined, or the last transfer broke)?
+        """Rank 0: should the current version be re-published now (an actor announced itself, or a transfer broke)?
 
         The learner asks this while it waits for rollouts: a new or restarted actor holds only the initial weights
         and cannot start work the staleness bound forbids until it receives the current ones.
         """
         if self.coordinator is None or self.ctx.rank != 0:
             return False
-        live = self.coordinator.live_actor_ids()
+        eligible = self._eligible()
         broken = self.group is not None and self.group.broken
-        return any(actor not in self.members for actor in live) or (broken and bool(live))
+        return any(actor not in self.members for actor in eligible) or (broken and bool(eligible))
 
     def _close_group(self) -> None:
         if self.group is not None:

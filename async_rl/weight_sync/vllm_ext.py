@@ -35,6 +35,7 @@ the learner announces a version, and the learner only runs ``WeightSender``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
-from async_rl.weight_sync.group import WeightSyncGroup, create_store
+from async_rl.weight_sync.group import WeightSyncGroup
+from async_rl.weight_sync.membership import join_epoch
 from async_rl.weight_sync.receiver import WeightReceiver
 from async_rl.weight_sync.verify import LoadVerifier
 
@@ -74,11 +76,13 @@ class BroadcastInitInfo(WeightTransferInitInfo):
 
     host: str
     port: int
-    world_size: int
+    world_size: int = 0  # 0: taken from the epoch's roster (``member`` set)
     rank_offset: int = 1
     epoch: int = 0
     backend: str = "auto"
     timeout_s: float = 120.0
+    member: str = ""  # this actor's id: join through the roster handshake (weight_sync.membership)
+    join_timeout_s: float = 10.0
 
 
 @dataclass
@@ -123,19 +127,11 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
     def init_transfer_engine(self, init_info: BroadcastInitInfo) -> None:
         """Join (or rejoin under ``init_info.epoch``) the weight-sync group. Blocks until every member has joined."""
         pc = self.parallel_config
-        rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
         if self.group is not None:
             self.group.close()
             self.group = None
-        store = create_store(init_info.host, init_info.port, is_master=False, timeout_s=init_info.timeout_s)
-        self.group = WeightSyncGroup(
-            store,
-            rank=rank,
-            world_size=init_info.world_size,
-            epoch=init_info.epoch,
-            backend=init_info.backend,
-            timeout_s=init_info.timeout_s,
-        )
+        local_rank = pc.data_parallel_index * pc.world_size + pc.rank
+        self.group = join_epoch(dataclasses.asdict(init_info), local_rank=local_rank)
 
     def start_weight_update(self) -> None:
         try:

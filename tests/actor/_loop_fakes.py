@@ -48,7 +48,14 @@ class ScriptedClient:
     def poll(self, timeout_s: float = 0.0) -> None:
         self.polls += 1
         if self._publish is not None and self._publish_when(self):
-            plan = {"host": "127.0.0.1", "port": 1, "world_size": 2, "ranks": {"a0": 1}, "epoch": 0}
+            plan = {
+                "host": "127.0.0.1",
+                "port": 1,
+                "candidates": ["a0"],
+                "epoch": 0,
+                "timeout_s": 5.0,
+                "join_timeout_s": 1.0,
+            }
             self.weight_sync = {**plan, "version": self._publish}
             self._publish = None
 
@@ -68,9 +75,14 @@ class InstantWeightSync:
 
     def __init__(self) -> None:
         self.updates: list[int] = []
+        self.joins: list[dict[str, Any]] = []
+        self.announced: list[str] = []
+
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+        self.announced.append(token)
 
     async def join(self, host: str, port: int, **kwargs: Any) -> None:
-        return None
+        self.joins.append(kwargs)
 
     async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
         await asyncio.sleep(0.05)

@@ -88,3 +88,43 @@ def test_a_broken_transfer_still_only_pauses_the_actor() -> None:
 
     asyncio.run(run_a_while())
     assert sync.attempts == 1 and loop.stats.update_failures == 1
+
+
+def _plan(candidates: list[str], epoch: int, version: int) -> dict[str, Any]:
+    return {
+        "host": "127.0.0.1",
+        "port": 1,
+        "candidates": candidates,
+        "epoch": epoch,
+        "version": version,
+        "timeout_s": 5.0,
+        "join_timeout_s": 1.0,
+    }
+
+
+def test_an_actor_not_invited_announces_itself_once_per_epoch_and_keeps_generating() -> None:
+    sync = InstantWeightSync()
+    client = ScriptedClient([make_grant(i, min_version=0) for i in range(3)])
+    client.weight_sync = _plan(["other"], epoch=0, version=1)
+    loop = _loop(EmulatedEngine(2000.0, response_len=4), client, sync, max_groups=3)
+    asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
+    assert len(sync.announced) == 1 and sync.joins == [] and sync.updates == []
+    assert [g.prompt_id for g in client.sent] == [0, 1, 2]  # version 0 weights are still good for these grants
+
+
+class _LeftOutWeightSync(InstantWeightSync):
+    async def join(self, host: str, port: int, **kwargs: Any) -> None:
+        self.joins.append(kwargs)
+        raise WeightSyncError("actor a0 was not ready in time for weight-sync epoch 3; it announces itself again")
+
+
+def test_an_actor_left_out_of_an_epoch_keeps_its_weights_and_announces_again() -> None:
+    sync = _LeftOutWeightSync()
+    client = ScriptedClient([make_grant(i, min_version=0) for i in range(3)])
+    client.weight_sync = _plan(["a0"], epoch=3, version=1)
+    loop = _loop(EmulatedEngine(2000.0, response_len=4), client, sync, max_groups=3)
+    asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
+    assert [j["member"] for j in sync.joins] == ["a0"] and sync.joins[0]["epoch"] == 3  # one try per epoch
+    assert loop.stats.joins_left_out == 1 and loop.stats.update_failures == 0
+    assert len(sync.announced) == 1  # a fresh announcement: the learner may invite it to a later epoch
+    assert [g.prompt_id for g in client.sent] == [0, 1, 2] and loop.engine.version == 0

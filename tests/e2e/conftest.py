@@ -1,10 +1,18 @@
-"""Shared checks for the end-to-end tests."""
+"""Shared checks for the end-to-end tests: the ledger identity, and that no process a test started outlives it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+
+MARKER = "ASYNC_RL_E2E_TEST"  # set in each test's environment: every process it starts (and theirs) inherits it
+LEFTOVER_GRACE_S = 20.0  # processes still running this long after the test body are left behind
 
 
 def _assert_nothing_lost(metrics: list[dict]) -> None:
@@ -26,3 +34,68 @@ def _assert_nothing_lost(metrics: list[dict]) -> None:
 @pytest.fixture
 def assert_nothing_lost() -> Callable[[list[dict]], None]:
     return _assert_nothing_lost
+
+
+class TestProcesses:
+    """The live processes started by the running test, found by the marker in their environment (``/proc``).
+
+    A process that left its parent's process group or was orphaned (a learner rank whose torchrun was killed) is
+    still found: the environment is inherited across fork, exec, setsid and re-parenting.
+    """
+
+    __test__ = False  # not a test class
+
+    def __init__(self, marker: str) -> None:
+        self.entry = f"{MARKER}={marker}".encode()
+
+    def alive(self) -> dict[int, str]:
+        """pid -> command line of every live (non-zombie) process carrying the marker, this one excepted."""
+        found: dict[int, str] = {}
+        if not Path("/proc/self/environ").exists():
+            return found  # no /proc (not Linux): nothing can be checked
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if self.entry not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if stat[stat.rfind(")") + 2 :].split()[0] == "Z":
+                continue
+            if "from multiprocessing." in cmdline and int(stat[stat.rfind(")") + 2 :].split()[1]) == os.getpid():
+                continue  # the test process's own multiprocessing helper (resource tracker): it lives as long as pytest
+            found[int(entry.name)] = cmdline
+        return found
+
+    def wait_gone(self, timeout_s: float) -> dict[int, str]:
+        """Wait up to ``timeout_s`` for every marked process to exit; returns those still alive."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.alive()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+    def kill(self, pids: dict[int, str]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(autouse=True)
+def e2e_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestProcesses]:
+    """Every e2e test: mark the processes it starts; afterwards fail it if any is still alive (and kill those)."""
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv(MARKER, marker)
+    tracker = TestProcesses(marker)
+    yield tracker
+    left = tracker.wait_gone(LEFTOVER_GRACE_S)
+    if left:
+        tracker.kill(left)
+        lines = "\n".join(f"  {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))
+        pytest.fail(
+            f"{len(left)} process(es) started by the test still alive {LEFTOVER_GRACE_S:.0f} s after it:\n{lines}"
+        )

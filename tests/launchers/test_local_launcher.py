@@ -1,8 +1,9 @@
 """launchers/local.py: command construction, --dry-run, and failure/signal handling with tiny stand-in children.
 
 The stand-ins replace torchrun and vLLM through the launcher's hidden --learner-cmd/--actor-cmd options; each one reads
-its behaviour from plan.json, writes its pid (and its grandchild's) to files, and records a SIGTERM it received, so the
-tests can check by PID that every process tree is gone afterwards and that signals were forwarded, not just SIGKILLed.
+its behaviour from plan.json, writes its pid (and its grandchild's) to files, appends a line to ``<role>.starts`` each
+time it starts, and records a SIGTERM it received, so the tests can check by PID that every process tree is gone
+afterwards, that signals were forwarded, not just SIGKILLed, and how often an actor was restarted.
 """
 
 from __future__ import annotations
@@ -32,10 +33,18 @@ from pathlib import Path
 role, run = sys.argv[1], Path(sys.argv[2])
 plan = json.loads((run / "plan.json").read_text())[role]
 (run / f"{role}.pid").write_text(str(os.getpid()))
+with open(run / f"{role}.starts", "a") as f:
+    f.write("start\n")
 
 
 def on_term(signum, frame):
     (run / f"{role}.term").write_text("TERM")
+    if plan.get("exit_like_torchrun"):
+        # The main thread exits first and another thread ends the process 0.5 s later: meanwhile the leader shows as
+        # a zombie but cannot be reaped yet, as a multi-threaded torchrun does while it exits.
+        import ctypes, threading
+        threading.Thread(target=lambda: (time.sleep(0.5), os._exit(0))).start()
+        ctypes.CDLL(None).syscall(plan["exit_like_torchrun"], 0)  # SYS_exit: this thread only
     if not plan.get("ignore_term"):
         sys.exit(0)
 
@@ -44,9 +53,16 @@ signal.signal(signal.SIGTERM, on_term)
 if plan.get("grandchild"):
     g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run)])
     (run / f"{role}.grandchild.pid").write_text(str(g.pid))
+def lines(name):
+    return len((run / name).read_text().splitlines()) if (run / name).exists() else 0
+
+
 deadline = time.monotonic() + 20
 while any(not (run / f).exists() for f in plan.get("wait_for", [])) and time.monotonic() < deadline:
     time.sleep(0.02)
+while any(lines(f) < n for f, n in plan.get("wait_lines", {}).items()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(plan.get("sleep_s", 0))
 print(f"{role} says {plan.get('say', 'hi')}", flush=True)
 if plan["mode"] == "exit":
     sys.exit(plan["code"])
@@ -78,7 +94,11 @@ def _alive(pid: int) -> bool:
 
 
 def _start(
-    tmp_path: Path, plan: Mapping[str, Any], actors: int, launched: list[subprocess.Popen[str]]
+    tmp_path: Path,
+    plan: Mapping[str, Any],
+    actors: int,
+    launched: list[subprocess.Popen[str]],
+    overrides: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     child = tmp_path / "child.py"
@@ -90,7 +110,7 @@ def _start(
         "--learner-cmd",
         shlex.join([sys.executable, str(child), "learner", str(tmp_path)]),
     ]
-    cmd += ["--actor-cmd", shlex.join([sys.executable, str(child), "actor-{i}", str(tmp_path)])]
+    cmd += ["--actor-cmd", shlex.join([sys.executable, str(child), "actor-{i}", str(tmp_path)]), *overrides]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     launched.append(proc)
     return proc
@@ -126,17 +146,21 @@ def _wait_files(paths: list[Path], timeout: float = 15.0) -> None:
         time.sleep(0.02)
 
 
+STOP = "async_training.launcher.actor_failure=stop"
+RESTART = "async_training.launcher.restart_actors=true"
+
+
 def test_failing_part_stops_everything_and_is_named(tmp_path: Path, launched: list[subprocess.Popen[str]]) -> None:
     plan = {
         "learner": {"mode": "sleep"},
         "actor-0": {"mode": "exit", "code": 3, "say": "boom", "wait_for": ["learner.pid", "actor-1.grandchild.pid"]},
         "actor-1": {"mode": "sleep", "grandchild": True},
     }
-    proc = _start(tmp_path, plan, actors=2, launched=launched)
+    proc = _start(tmp_path, plan, actors=2, launched=launched, overrides=(STOP,))
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err  # the failing part's own exit status
     log = tmp_path / "logs" / "actor-0.log"
-    assert "actor-0 failed with exit code 3" in err and str(log) in err
+    assert f"actor-0 failed with exit code 3; log: {log}; actor_failure is 'stop': stopping every other part" in err
     assert log.read_text() == "actor-0 says boom\n"
     pids = _pids(tmp_path)
     assert set(pids) == {"learner", "actor-0", "actor-1", "actor-1.grandchild"}
@@ -170,6 +194,22 @@ def test_sigterm_to_launcher_is_forwarded_then_escalated(tmp_path: Path, launche
             os.kill(pid, 0)
 
 
+SYS_EXIT = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or SYS_EXIT is None, reason="raw exit syscall, Linux")
+def test_a_part_that_is_still_exiting_is_waited_for_not_reported_hung(
+    tmp_path: Path, launched: list[subprocess.Popen[str]]
+) -> None:
+    plan = {"learner": {"mode": "sleep", "exit_like_torchrun": SYS_EXIT}, "actor-0": {"mode": "sleep"}}
+    proc = _start(tmp_path, plan, actors=1, launched=launched)
+    _wait_files([tmp_path / f"{n}.pid" for n in plan])
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "did not stop" not in err  # it stopped within 0.5 s of a 1 s grace; nothing was killed
+
+
 def test_learner_success_stops_actors_and_exits_zero(tmp_path: Path, launched: list[subprocess.Popen[str]]) -> None:
     plan = {
         "learner": {"mode": "exit", "code": 0, "say": "done", "wait_for": ["actor-0.pid"]},
@@ -183,6 +223,84 @@ def test_learner_success_stops_actors_and_exits_zero(tmp_path: Path, launched: l
     assert (tmp_path / "actor-0.term").exists()
     with pytest.raises(ProcessLookupError):
         os.kill(_pids(tmp_path)["actor-0"], 0)
+
+
+def test_a_failed_actor_is_named_and_the_job_goes_on(tmp_path: Path, launched: list[subprocess.Popen[str]]) -> None:
+    plan = {  # the learner finishes well after actor-0 has failed; actor-1 keeps working
+        "learner": {"mode": "exit", "code": 0, "wait_for": ["actor-0.pid", "actor-1.pid"], "sleep_s": 1.0},
+        "actor-0": {"mode": "exit", "code": 3, "say": "boom"},
+        "actor-1": {"mode": "sleep"},
+    }
+    proc = _start(tmp_path, plan, actors=2, launched=launched)  # default: actor_failure continue, no restarts
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    log = tmp_path / "logs" / "actor-0.log"
+    assert f"actor-0 failed with exit code 3; log: {log}; continuing with 1 other actor(s): actor-1" in err
+    assert "stopping every other part" not in err
+    assert (tmp_path / "actor-0.starts").read_text() == "start\n"  # not restarted
+    assert (tmp_path / "actor-1.term").exists()  # stopped only once the learner had finished
+    assert not (tmp_path / "learner.term").exists()
+
+
+def test_a_failed_actor_is_restarted_with_backoff_until_its_restarts_run_out(
+    tmp_path: Path, launched: list[subprocess.Popen[str]]
+) -> None:
+    plan = {
+        "learner": {"mode": "exit", "code": 0, "wait_lines": {"actor-0.starts": 3}, "sleep_s": 1.0},
+        "actor-0": {"mode": "exit", "code": 3, "say": "boom"},  # fails every time it is started
+        "actor-1": {"mode": "sleep"},
+    }
+    backoff = ("async_training.launcher.max_actor_restarts=2", "async_training.launcher.restart_backoff_s=0.2")
+    proc = _start(tmp_path, plan, actors=2, launched=launched, overrides=(RESTART, *backoff))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    log = tmp_path / "logs" / "actor-0.log"
+    # backoff 0.2 s, then doubled; after the second restart the third failure leaves actor-1 to carry on
+    assert f"actor-0 failed with exit code 3; log: {log}; restarting it in 0.2 s (restart 1 of 2)" in err
+    assert (
+        f"actor-0 failed with exit code 3 after 1 restarts; log: {log}; restarting it in 0.4 s (restart 2 of 2)" in err
+    )
+    assert "restarted actor-0 (restart 1 of 2)" in err and "restarted actor-0 (restart 2 of 2)" in err
+    assert f"actor-0 failed with exit code 3 after 2 restarts; log: {log}; continuing with 1 other actor(s)" in err
+    assert (tmp_path / "actor-0.starts").read_text() == "start\n" * 3
+    text = log.read_text()  # one log per actor: each restart appends under a header
+    assert text.count("actor-0 says boom") == 3
+    assert "----- launch: restart 1 of actor-0 -----" in text and "----- launch: restart 2 of actor-0 -----" in text
+    assert (tmp_path / "actor-1.starts").read_text() == "start\n"
+
+
+@pytest.mark.parametrize("failing", ["learner", "actor-0"])
+def test_the_learner_or_the_last_actor_failing_stops_the_job(
+    failing: str, tmp_path: Path, launched: list[subprocess.Popen[str]]
+) -> None:
+    plan: dict[str, Any] = {"learner": {"mode": "sleep"}, "actor-0": {"mode": "sleep"}}
+    plan[failing] = {"mode": "exit", "code": 5, "wait_for": ["learner.pid", "actor-0.pid"]}
+    proc = _start(tmp_path, plan, actors=1, launched=launched)  # actor_failure continue, but nothing to continue with
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 5, err
+    log = tmp_path / "logs" / f"{failing}.log"
+    reason = "" if failing == "learner" else " no other actor is left:"
+    assert f"{failing} failed with exit code 5; log: {log};{reason} stopping every other part" in err
+    other = "actor-0" if failing == "learner" else "learner"
+    assert (tmp_path / f"{other}.term").exists()
+    for pid in _pids(tmp_path).values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_the_actor_policy_and_stop_deadline_come_from_the_config(caplog: pytest.LogCaptureFixture) -> None:
+    settings = local.read_settings([], [])
+    assert settings.actor_policy == local.ActorPolicy(actor_failure="continue", max_restarts=0, backoff_s=5.0)
+    assert settings.learner_stop_s == 10.0
+    settings = local.read_settings(
+        ["configs/smoke_grpo.yaml"], [RESTART, STOP, "async_training.launcher.max_actor_restarts=4"]
+    )
+    assert settings.actor_policy == local.ActorPolicy(actor_failure="stop", max_restarts=4, backoff_s=5.0)
+    assert [settings.actor_policy.restart_delay(n) for n in range(3)] == [5.0, 10.0, 20.0]
+    assert local.main(["--dry-run", "--grace-s", "5"]) == 0
+    assert "--grace-s 5.0 is not above async_training.timeouts.stop_s 10.0" in caplog.text
+    assert local.main(["--dry-run", "async_training.launcher.actor_failure=maybe"]) == 2
+    assert "async_training.launcher.actor_failure" in caplog.text
 
 
 def test_unstartable_part_is_reported(tmp_path: Path) -> None:

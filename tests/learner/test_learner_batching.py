@@ -13,6 +13,7 @@ from async_rl.learner.batching import (
     collate_groups,
     decode_groups,
     encode_groups,
+    mask_out_of_vocab,
     to_rollout_groups,
 )
 
@@ -109,3 +110,30 @@ def test_duck_typed_groups_convert_and_collate_identically() -> None:
     a, b = collate_groups(other), collate_groups(converted)
     for key in a.tensors:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_a_group_with_an_out_of_vocab_id_is_made_inert_in_place() -> None:
+    groups = two_groups()
+    bad = groups[1].responses[0]
+    groups[1] = RolloutGroup("b", [11], [Response([12, 1_000_000, -1], bad.logprobs, bad.reward, bad.version)])
+    batch = collate_groups(groups, pad_token_id=0)
+    assert mask_out_of_vocab(batch, vocab_size=20, pad_token_id=0) == [1]  # group "b", dense id 1
+    # row 2 (group b): ids 1_000_000 and -1 became the pad id 0, and it adds no loss token, no reward
+    assert batch["responses"][2].tolist() == [12, 0, 0]
+    assert batch["input_ids"][2].tolist() == [0, 0, 11, 12, 0, 0]
+    assert batch["response_mask"][2].tolist() == [0, 0, 0]
+    assert batch["token_level_scores"][2].tolist() == [0.0, 0.0, 0.0]
+    # group a (rows 0 and 1) is untouched
+    assert batch["response_mask"][:2].tolist() == [[1, 1, 0], [1, 0, 0]]
+    assert batch["token_level_scores"][0].tolist() == [0.0, 1.0, 0.0]
+    assert len(batch) == 3  # the batch keeps its rows: it must still split into whole mini-batches
+
+
+def test_a_batch_within_the_vocabulary_is_left_alone() -> None:
+    batch = collate_groups(two_groups(), pad_token_id=0)
+    before = {k: v.clone() for k, v in batch.tensors.items()}
+    assert mask_out_of_vocab(batch, vocab_size=15, pad_token_id=0) == []  # the largest id is 14
+    assert all(torch.equal(before[k], batch[k]) for k in before)
+    assert mask_out_of_vocab(batch, vocab_size=14, pad_token_id=0) == [1]  # 14 itself is one past a vocab of 14
+    with pytest.raises(ValueError, match="pad_token_id=20"):
+        mask_out_of_vocab(batch, vocab_size=20, pad_token_id=20)

@@ -155,3 +155,29 @@ def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:
     assert m_full["learner/offpolicy/abs_log_ratio_mean"] > 1e-3  # scripted behaviour log-probs differ: not trivial
     # two mini-batches: the second one's proximal policy is not the current weights, so the pass stays
     assert not Learner(settings(ppo_mini_batch_size=2), local_context(), tiny_policy)._reuses_proximal(16)
+
+
+def test_a_group_with_an_out_of_vocab_id_is_dropped_not_a_crash() -> None:
+    # the incident: one completion with token id 1,000,000 (the tiny policy has 64 embedding rows)
+    groups = scripted_groups(4, 4, seed=31)
+    bad = groups[1].responses[2]
+    groups[1].responses[2] = type(bad)([*bad.token_ids[:-1], 1_000_000], bad.logprobs, bad.reward, bad.version)
+    store: list[dict[str, torch.Tensor]] = []
+
+    def first_update(learner: Learner, batch: list) -> dict[str, float]:  # type: ignore[type-arg]
+        learner.actor.grad_hook = lambda m: store.append({n: p.grad.clone() for n, p in m.named_parameters()})
+        return learner.train_step(batch)
+
+    common = {"ppo_micro_batch_size_per_gpu": 4, "max_response_length": 12}
+    learner = Learner(settings(ppo_mini_batch_size=4, **common), local_context(), tiny_policy)
+    assert learner.vocab_size == 64
+    metrics = first_update(learner, groups)
+    assert metrics["learner/batch/invalid_groups"] == 1.0 and learner.version == 1
+    # the update is exactly the one of the other three groups alone (token-mean: group 1 adds no token)
+    alone = Learner(settings(ppo_mini_batch_size=3, **common), local_context(), tiny_policy)
+    clean = first_update(alone, [g for i, g in enumerate(groups) if i != 1])
+    assert clean["learner/batch/invalid_groups"] == 0.0
+    with_bad, without = store
+    assert max(float(g.abs().max()) for g in without.values()) > 1e-2  # a real update, not two zero gradients
+    for name in without:
+        torch.testing.assert_close(with_bad[name], without[name], atol=1e-6, rtol=0, msg=name)

@@ -65,7 +65,7 @@ def test_k0_gate_opens_only_at_the_next_version() -> None:
 
 
 def test_credit_counts_prompts_in_transit() -> None:
-    actor = ActorState("a", b"a", loaded_version=0, last_seen=0.0, last_heartbeat_sent=0.0)
+    actor = ActorState("a", b"a", claimed_version=0, last_seen=0.0, last_heartbeat_sent=0.0)
     actor.granted_total = 10
     actor.set_credit(max_groups=4, grants_seen=8)  # 2 granted prompts not seen yet: 4 - 2 = 2 more
     assert actor.credit == 2

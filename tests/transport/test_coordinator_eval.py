@@ -149,7 +149,10 @@ def test_a_dead_actors_eval_work_is_granted_to_another_actor(
         victim.send_group(_answer(make_group, g, "victim", version=0))
     assert victim.wait_acked(3.0)
     assert victim.metrics()["transport/client/acks/duplicate"] == 2
-    assert coord.metrics()["transport/eval/duplicates"] == 2
+    # the coordinator counts every copy it receives: the victim's client may re-send one after its reconnect
+    assert coord.metrics()["transport/eval/duplicates"] >= 2
+    result = coord.finish_eval(round_id)
+    assert result.complete and sorted(result.completions) == [0, 1]
 
 
 def test_a_result_under_another_version_is_granted_again(

@@ -245,3 +245,25 @@ def test_settings_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="unknown transport setting"):
         PlaneSettings.from_mapping({"hots": "127.0.0.1"})
     assert PlaneSettings(max_staleness=2, groups_per_step=4).inflight_cap == 12  # (2 + 1) x 4
+
+
+def test_grants_follow_weights_actually_sent_not_an_actors_claim(
+    coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
+) -> None:
+    s = fast(max_staleness=0, groups_per_step=2)  # K = 0: work at version 1 needs version 1 weights
+    coord = coordinator_factory(8, s, trust_claimed_versions=False)
+    liar = client_factory(coord.address, "liar", settings=s)
+    honest = client_factory(coord.address, "honest", settings=s)
+    liar.hello(loaded_version=0)
+    honest.hello(loaded_version=0)
+    first = _collect(liar, 2, loaded=0, timeout_s=1.0)  # version 0 is where every actor starts: no transfer needed
+    assert [g.min_version for g in first] == [0, 0]
+    for g in first:
+        liar.send_group(make_group(g, "liar", version=0))
+    assert liar.wait_acked(3.0)
+    coord.mark_trained([g.prompt_id for g in coord.get_groups(2, timeout_s=2.0)])
+    coord.set_policy_version(1)
+    assert _collect(liar, 2, loaded=1, timeout_s=0.5) == []  # claims version 1, but was never sent it
+    coord.confirm_weights(1, ["honest"])
+    assert {g.min_version for g in _collect(honest, 2, loaded=1, timeout_s=2.0)} == {1}
+    assert coord.actors()["liar"].loaded_version == 0 and coord.actors()["honest"].loaded_version == 1

@@ -124,10 +124,10 @@ def test_closing_early_returns_partial_results_and_stops_the_round() -> None:
 
 def test_serve_only_actors_on_the_pinned_version_within_their_credit() -> None:
     rnd = _round(5)
-    on_v = ActorState("on_v", b"on_v", loaded_version=V, last_seen=0.0, last_heartbeat_sent=0.0, credit=3)
-    older = ActorState("older", b"older", loaded_version=V - 1, last_seen=0.0, last_heartbeat_sent=0.0, credit=8)
-    newer = ActorState("newer", b"newer", loaded_version=V + 1, last_seen=0.0, last_heartbeat_sent=0.0, credit=8)
-    broke = ActorState("broke", b"broke", loaded_version=V, last_seen=0.0, last_heartbeat_sent=0.0, credit=0)
+    on_v = ActorState("on_v", b"on_v", claimed_version=V, last_seen=0.0, last_heartbeat_sent=0.0, credit=3)
+    older = ActorState("older", b"older", claimed_version=V - 1, last_seen=0.0, last_heartbeat_sent=0.0, credit=8)
+    newer = ActorState("newer", b"newer", claimed_version=V + 1, last_seen=0.0, last_heartbeat_sent=0.0, credit=8)
+    broke = ActorState("broke", b"broke", claimed_version=V, last_seen=0.0, last_heartbeat_sent=0.0, credit=0)
     served = rnd.serve([older, on_v, newer, broke], max_per_grant=16, deadline=200.0)
     assert [(s.actor_id, [x.index for x in leases]) for s, leases in served] == [("on_v", [0, 1, 2])]
     assert (on_v.credit, on_v.granted_total) == (0, 3)

@@ -59,6 +59,8 @@ def test_sync_update_call_order_and_payloads() -> None:
         "epoch": 1,
         "backend": "auto",
         "timeout_s": 120.0,
+        "member": "",
+        "join_timeout_s": 10.0,
     }
     assert llm.calls[2][1] == {"update_info": {"version": 3, "verify_load": True, "require_complete": True}}
     assert llm.calls[3][1] == "3"
@@ -81,6 +83,12 @@ def test_invalid_join_arguments() -> None:
         init_info("h", 1, world_size=2, rank_offset=2)
     with pytest.raises(ValueError, match="world_size"):
         init_info("h", 1, world_size=1)
+    with pytest.raises(ValueError, match="member .* or world_size"):
+        init_info("h", 1)
+    with pytest.raises(ValueError, match="not both"):
+        init_info("h", 1, member="actor-0", world_size=2)
+    roster_mode = init_info("h", 1, member="actor-0", epoch=2, join_timeout_s=3.0)
+    assert (roster_mode["member"], roster_mode["world_size"], roster_mode["join_timeout_s"]) == ("actor-0", 0, 3.0)
     with pytest.raises(ValueError, match="backend"):
         init_info("h", 1, world_size=2, backend="mpi")
 

@@ -1,0 +1,115 @@
+"""Checks a delivered rollout group against the grant it answers, and quarantines actors that keep failing them.
+
+The codec (codec.py) guarantees a group is well-formed msgpack of the right shape; it cannot know what the group must
+hold to be trainable. `check_group` does, before the coordinator accepts a group: exactly the grant's ``n``
+completions; each response non-empty (the learner cannot train an empty one) and at most ``max_tokens`` long; every
+token id in ``[0, vocab_size)`` (the learner's embedding rows: one id past them crashes the embedding); one finite
+behaviour log-prob ``<= 0`` per token (``LOGPROB_EPS`` allows float error); versions ordered, no older than the
+grant's ``min_version`` and no newer than the policy the learner has published. It returns None or one short reason
+(`INVALID_REASONS`, a metrics key: ``transport/drops/invalid_<reason>``) and never raises on what a peer sent.
+
+`Quarantine` counts invalid groups per sender; the ``max_invalid``-th one quarantines it for the coordinator's
+lifetime (it gets no more grants and its groups are refused). Pure logic: no sockets, threads or clocks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import numpy as np
+
+from async_rl.transport.protocol import FLOAT_DTYPES, TOKEN_DTYPES, RolloutGroup, SamplingParams, WireArray
+
+InvalidReason = Literal[
+    "malformed",
+    "wrong_completion_count",
+    "bad_version",
+    "empty_response",
+    "response_too_long",
+    "token_out_of_vocab",
+    "bad_logprobs",
+]
+INVALID_REASONS: tuple[InvalidReason, ...] = get_args(InvalidReason)
+LOGPROB_EPS = 1e-4  # a log-prob may exceed 0 by this much (float rounding of a probability of 1)
+
+
+def check_group(
+    group: RolloutGroup,
+    sampling: SamplingParams,
+    *,
+    policy_version: int | None,
+    min_version: int | None = None,
+    vocab_size: int | None = None,
+) -> InvalidReason | None:
+    """Why ``group`` cannot be trained (None: it can), judged against the grant's ``sampling`` (``n``, ``max_tokens``)
+    and ``min_version``, the newest published ``policy_version`` and the learner's ``vocab_size``; each of the last
+    three is not checked when None."""
+    if len(group.completions) != sampling.n:
+        return "wrong_completion_count"
+    for c in group.completions:
+        if c.version_min > c.version_max or (policy_version is not None and c.version_max > policy_version):
+            return "bad_version"
+        if min_version is not None and c.version_min < min_version:
+            return "bad_version"
+        tokens = _as_array(c.token_ids, TOKEN_DTYPES)
+        logprobs = _as_array(c.logprobs, FLOAT_DTYPES)
+        if tokens is None or logprobs is None:
+            return "malformed"
+        if tokens.shape[0] == 0:
+            return "empty_response"
+        if tokens.shape[0] > sampling.max_tokens:
+            return "response_too_long"
+        if int(tokens.min()) < 0 or (vocab_size is not None and int(tokens.max()) >= vocab_size):
+            return "token_out_of_vocab"
+        if logprobs.shape[0] != tokens.shape[0] or not _logprobs_ok(logprobs):
+            return "bad_logprobs"
+    return None
+
+
+def _as_array(wire: WireArray, dtypes: frozenset[str]) -> np.ndarray | None:
+    """The wire array as numpy, or None when its dtype is not allowed or its bytes do not match its length."""
+    if wire.dtype not in dtypes or wire.length < 0:
+        return None
+    dtype = np.dtype(wire.dtype)
+    try:
+        if len(wire.data) != wire.length * dtype.itemsize:
+            return None
+        return np.frombuffer(wire.data, dtype=dtype, count=wire.length)
+    except (TypeError, ValueError):  # data that is not a buffer (a group built in Python, not decoded)
+        return None
+
+
+def _logprobs_ok(logprobs: np.ndarray) -> bool:
+    # NaN fails both comparisons, +inf the second; -inf (a token sampled with probability 0) the isfinite check.
+    return bool(np.isfinite(logprobs).all() and (logprobs <= LOGPROB_EPS).all())
+
+
+class Quarantine:
+    """Invalid groups per sender; a sender reaching ``max_invalid`` of them is quarantined for good."""
+
+    def __init__(self, max_invalid: int) -> None:
+        if isinstance(max_invalid, bool) or not isinstance(max_invalid, int) or max_invalid < 1:
+            raise ValueError(f"max_invalid must be an int >= 1, got {max_invalid!r}")
+        self.max_invalid = max_invalid
+        self.invalid: dict[str, int] = {}
+        self.quarantined: set[str] = set()
+
+    def __contains__(self, actor_id: object) -> bool:
+        return actor_id in self.quarantined
+
+    def __len__(self) -> int:
+        return len(self.quarantined)
+
+    def record(self, actor_id: str) -> bool:
+        """Count one invalid group from ``actor_id``; True exactly when this one quarantines it."""
+        if actor_id in self.quarantined:
+            return False
+        count = self.invalid.get(actor_id, 0) + 1
+        self.invalid[actor_id] = count
+        if count < self.max_invalid:
+            return False
+        self.quarantined.add(actor_id)
+        return True
+
+
+__all__ = ["INVALID_REASONS", "LOGPROB_EPS", "InvalidReason", "Quarantine", "check_group"]

@@ -1,0 +1,166 @@
+"""Who is in a weight-sync epoch: candidacy, readiness and the roster, agreed through learner rank 0's TCPStore.
+
+A gloo/NCCL group has a fixed size and its rendezvous blocks until every member arrives, so a member that never
+arrives (a client that said hello and went silent, an actor that died after its hello, a frozen process) used to hold
+the learner for the whole group timeout. Membership is therefore settled *before* the collective group forms, with
+deadlines, in three steps:
+
+1. **Candidacy.** An actor that wants weights writes ``candidate/<actor id>`` (a token that changes with every
+   announcement) once its engine is up. Rank 0 only ever invites live actors that did, so a client that never gets
+   that far costs nothing.
+2. **Readiness.** Rank 0 announces epoch ``e`` with its invited actors (on the rollout plane's VersionUpdate). Each
+   invited actor writes ``e/ready/<actor id>`` and waits for the roster. Rank 0 waits at most ``join_timeout_s``
+   (a few heartbeats) for the ready keys.
+3. **Roster.** Rank 0 writes ``e/roster``: the actors that were ready, with their ranks 1..N. Only they form the
+   group, so its rendezvous never waits on an absent member. An invited actor left out of the roster learns so at
+   once (:class:`LeftOut`), keeps its current weights, and announces itself again; rank 0 invites it again only
+   after such a fresh announcement, never in a loop on a silent one.
+
+Everything here is plain store traffic (no collective), so each step is bounded by its own timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import torch.distributed as dist
+
+from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
+from async_rl.weight_sync.group import WeightSyncGroup, create_store
+
+__all__ = [
+    "LeftOut",
+    "Roster",
+    "announce",
+    "announce_at",
+    "await_roster",
+    "collect_roster",
+    "join_epoch",
+    "read_candidates",
+]
+
+_ROOT = "async_rl/weight_sync/membership"
+
+
+class LeftOut(WeightSyncError):
+    """This actor was invited to an epoch but was not ready in time: it is not in the roster (announce again)."""
+
+
+class Roster(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The members of one epoch and their ranks (1..N; rank 0 is the learner)."""
+
+    epoch: int
+    ranks: dict[str, int]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks) + 1
+
+    @property
+    def members(self) -> list[str]:
+        return sorted(self.ranks, key=self.ranks.__getitem__)
+
+    def encode(self) -> bytes:
+        return msgspec.json.encode(self)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Roster:
+        return msgspec.json.decode(data, type=cls)
+
+
+def _candidate_key(member: str) -> str:
+    return f"{_ROOT}/candidate/{member}"
+
+
+def _ready_key(epoch: int, member: str) -> str:
+    return f"{_ROOT}/{epoch}/ready/{member}"
+
+
+def _roster_key(epoch: int) -> str:
+    return f"{_ROOT}/{epoch}/roster"
+
+
+def announce(store: dist.Store, member: str, token: str) -> None:
+    """Actor: declare that ``member`` can receive weights now. ``token`` must change with every announcement."""
+    store.set(_candidate_key(member), token)
+
+
+def read_candidates(store: dist.Store, members: Iterable[str]) -> dict[str, str]:
+    """Rank 0: the current announcement token of each of ``members`` that has announced itself (non-blocking)."""
+    out: dict[str, str] = {}
+    for member in members:
+        key = _candidate_key(member)
+        if store.check([key]):
+            out[member] = store.get(key).decode()
+    return out
+
+
+def collect_roster(
+    store: dist.Store, epoch: int, invited: Iterable[str], join_timeout_s: float, *, poll_s: float = 0.02
+) -> Roster:
+    """Rank 0: wait up to ``join_timeout_s`` for the invited actors' ready keys, then publish and return the roster."""
+    waiting = sorted(set(invited))
+    ready: list[str] = []
+    deadline = time.monotonic() + join_timeout_s
+    while waiting:
+        for member in list(waiting):
+            if store.check([_ready_key(epoch, member)]):
+                waiting.remove(member)
+                ready.append(member)
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    roster = Roster(epoch, {member: i + 1 for i, member in enumerate(sorted(ready))})
+    store.set(_roster_key(epoch), roster.encode().decode())
+    return roster
+
+
+def await_roster(store: dist.Store, epoch: int, member: str, timeout_s: float) -> Roster:
+    """Actor: say ``member`` is ready for ``epoch`` and wait for the roster. Raises :class:`LeftOut` if not in it."""
+    store.set(_ready_key(epoch, member), "1")
+    try:
+        store.wait([_roster_key(epoch)], timedelta(seconds=timeout_s))
+    except RuntimeError as exc:  # DistStoreError: the learner never published this epoch's roster
+        raise WeightSyncTimeout(f"no roster for weight-sync epoch {epoch} within {timeout_s:.1f} s: {exc}") from exc
+    roster = Roster.decode(store.get(_roster_key(epoch)))
+    if member not in roster.ranks:
+        raise LeftOut(f"actor {member} was not ready in time for weight-sync epoch {epoch}; it announces itself again")
+    return roster
+
+
+def announce_at(host: str, port: int, member: str, token: str, timeout_s: float = 30.0) -> None:
+    """Actor process: connect to rank 0's store and :func:`announce` (no collective, bounded by ``timeout_s``)."""
+    announce(create_store(host, port, is_master=False, timeout_s=timeout_s), member, token)
+
+
+def roster_wait_s(join_timeout_s: float) -> float:
+    """How long an invited actor waits for the roster: rank 0 publishes it at most ``join_timeout_s`` after inviting."""
+    return 2.0 * join_timeout_s + 5.0
+
+
+def join_epoch(info: Mapping[str, Any], *, local_rank: int = 0) -> WeightSyncGroup:
+    """Actor worker: join the group described by an ``init_info`` payload (see ``weight_sync.client.init_info``).
+
+    With ``member`` set, the rank and world size come from the epoch's roster (the deadline handshake above);
+    without it, they are the payload's ``rank_offset`` and ``world_size`` (a fixed group, as in the unit tests).
+    ``local_rank`` is this worker's index inside its engine (tensor parallelism).
+    """
+    store = create_store(info["host"], int(info["port"]), is_master=False, timeout_s=float(info["timeout_s"]))
+    member = info.get("member")
+    if member:
+        roster = await_roster(store, int(info["epoch"]), str(member), roster_wait_s(float(info["join_timeout_s"])))
+        rank, world_size = roster.ranks[str(member)] + local_rank, roster.world_size
+    else:
+        rank, world_size = int(info["rank_offset"]) + local_rank, int(info["world_size"])
+    return WeightSyncGroup(
+        store,
+        rank=rank,
+        world_size=world_size,
+        epoch=int(info["epoch"]),
+        backend=str(info["backend"]),
+        timeout_s=float(info["timeout_s"]),
+    )

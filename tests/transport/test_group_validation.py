@@ -1,0 +1,144 @@
+"""The coordinator's group validator, one reason at a time with concrete values, and the quarantine count."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+import pytest
+
+from async_rl.transport.protocol import Completion, RolloutGroup, SamplingParams, WireArray, make_completion
+from async_rl.transport.validation import INVALID_REASONS, Quarantine, check_group
+
+GRANT = SamplingParams(n=2, max_tokens=4)
+VOCAB = 100
+
+
+def comp(
+    tokens: list[int] | None = None, logprobs: list[float] | None = None, vmin: int = 1, vmax: int = 2
+) -> Completion:
+    tokens = [3, 99, 0] if tokens is None else tokens
+    logprobs = [-0.5] * len(tokens) if logprobs is None else logprobs
+    return make_completion(tokens, logprobs, version_min=vmin, version_max=vmax)
+
+
+def group(*completions: Completion) -> RolloutGroup:
+    return RolloutGroup(prompt_id=7, lease_id=1, actor_id="a", completions=list(completions or (comp(), comp())))
+
+
+def check(g: RolloutGroup, min_version: int | None = 1, vocab_size: int | None = VOCAB) -> str | None:
+    return check_group(g, GRANT, policy_version=2, min_version=min_version, vocab_size=vocab_size)
+
+
+def test_a_group_that_fits_its_grant_is_valid() -> None:
+    # ids 0 and 99 are the vocabulary's ends; 4 tokens = max_tokens; versions 1..2 within min_version 1, policy 2
+    assert check(group(comp([0, 1, 2, 99]), comp([5]))) is None
+    assert check(group(comp(logprobs=[0.0, -1e-5, 5e-5]), comp())) is None  # log(1) with float error
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_the_completion_count_must_be_the_grants_n(count: int) -> None:
+    assert check(group(*[comp() for _ in range(count)])) == "wrong_completion_count"
+
+
+@pytest.mark.parametrize("bad_id", [100, 1_000_000, -1])
+def test_every_token_id_must_be_in_the_vocabulary(bad_id: int) -> None:
+    assert check(group(comp(), comp([5, bad_id]))) == "token_out_of_vocab"
+
+
+def test_without_a_vocab_size_only_negative_ids_are_refused() -> None:
+    assert check(group(comp(), comp([5, 1_000_000])), vocab_size=None) is None
+    assert check(group(comp(), comp([5, -3])), vocab_size=None) == "token_out_of_vocab"
+
+
+def test_an_unsigned_id_past_int32_is_out_of_vocab() -> None:
+    big = make_completion(np.array([5, 2**32 - 1], dtype=np.uint32), [-1.0, -1.0], version_min=1, token_dtype="<u4")
+    assert check(group(comp(), big)) == "token_out_of_vocab"
+
+
+def test_responses_must_be_non_empty_and_at_most_max_tokens() -> None:
+    assert check(group(comp([]), comp())) == "empty_response"  # the learner cannot train an empty response
+    assert check(group(comp(), comp([1, 2, 3, 4, 5]))) == "response_too_long"  # 5 > max_tokens 4
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0.01, 3.0])
+def test_log_probs_must_be_finite_and_at_most_zero(value: float) -> None:
+    assert check(group(comp(), comp([1, 2], [-0.5, value]))) == "bad_logprobs"
+
+
+def test_there_is_one_log_prob_per_token() -> None:
+    ok = comp([1, 2])
+    short = msgspec.structs.replace(ok, logprobs=comp([1]).logprobs)  # 1 log-prob for 2 tokens
+    assert check(group(comp(), short)) == "bad_logprobs"
+
+
+@pytest.mark.parametrize(
+    ("vmin", "vmax", "why"),
+    [
+        (2, 1, "version_min > version_max"),
+        (1, 3, "newer than the published policy 2"),
+        (0, 2, "older than the grant's min_version 1"),
+    ],
+)
+def test_versions_must_be_ordered_and_within_the_grant(vmin: int, vmax: int, why: str) -> None:
+    bad = msgspec.structs.replace(comp(), version_min=vmin, version_max=vmax)  # make_completion refuses vmin > vmax
+    assert check(group(comp(), bad)) == "bad_version", why
+
+
+def test_min_version_is_only_checked_when_known() -> None:
+    assert check(group(comp(), comp(vmin=0, vmax=2)), min_version=None) is None  # e.g. a late delivery
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        WireArray(data=memoryview(b"\x00" * 7), dtype="<i4", length=2),  # 7 bytes for 2 x 4
+        WireArray(data=memoryview(b"\x00" * 8), dtype="<f4", length=2),  # a float dtype for token ids
+        WireArray(data=memoryview(b"\x00" * 8), dtype="|b1", length=8),  # not a wire dtype at all
+        WireArray(data=[1, 2], dtype="<i4", length=2),  # type: ignore[arg-type]  # not a buffer
+    ],
+)
+def test_a_malformed_token_array_is_a_reason_not_an_exception(array: WireArray) -> None:
+    bad = msgspec.structs.replace(comp([1, 2]), token_ids=array)
+    assert check(group(comp(), bad)) == "malformed"
+
+
+def test_a_malformed_logprob_array_is_a_reason_not_an_exception() -> None:
+    bad = msgspec.structs.replace(comp([1, 2]), logprobs=WireArray(data=memoryview(b"\x00" * 8), dtype="<i4", length=2))
+    assert check(group(comp(), bad)) == "malformed"
+
+
+def test_every_reason_is_reachable_and_a_metric_name() -> None:
+    seen = {
+        check(group(comp())),
+        check(group(comp(), comp([1, 200]))),
+        check(group(comp(), comp([]))),
+        check(group(comp(), comp([1, 2, 3, 4, 5]))),
+        check(group(comp(), comp([1], [1.0]))),
+        check(group(comp(), comp(vmin=0))),
+        check(group(comp(), msgspec.structs.replace(comp(), token_ids=WireArray(memoryview(b"x"), "<i4", 1)))),
+    }
+    assert seen == set(INVALID_REASONS)
+    assert all(r.isidentifier() and r == r.lower() for r in INVALID_REASONS)
+
+
+def test_quarantine_after_max_invalid_groups_once() -> None:
+    q = Quarantine(max_invalid=3)
+    assert [q.record("bad") for _ in range(2)] == [False, False]
+    assert q.record("other") is False
+    assert "bad" not in q and len(q) == 0
+    assert q.record("bad") is True  # the third one
+    assert "bad" in q and "other" not in q and len(q) == 1
+    assert q.record("bad") is False  # reported once
+    assert q.invalid == {"bad": 3, "other": 1}
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0])
+def test_quarantine_threshold_must_be_a_positive_int(value: object) -> None:
+    with pytest.raises(ValueError, match="max_invalid"):
+        Quarantine(value)  # type: ignore[arg-type]
+
+
+def test_the_newest_version_is_only_checked_when_given() -> None:
+    assert check_group(group(comp(), comp(vmin=1, vmax=9)), GRANT, policy_version=None) is None  # an eval round's

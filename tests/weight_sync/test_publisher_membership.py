@@ -1,0 +1,178 @@
+"""The publisher's weight-sync membership over a real TCPStore and gloo group (actors are threads here).
+
+What is checked: a client that said hello but never announced itself costs nothing; an actor that announced itself
+but never got ready costs one ``join_timeout_s`` once, is left out, and is invited again only after a fresh
+announcement; the coordinator is told which actors received each version (grants follow weights actually sent).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from async_rl.weight_sync import WeightReceiver
+from async_rl.weight_sync.client import init_info
+from async_rl.weight_sync.membership import announce_at, join_epoch
+from async_rl.weight_sync.publisher import WeightPublisher
+
+JOIN_S = 0.5
+
+
+class _Ctx:
+    rank = 0
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        assert data is not None
+        return data
+
+
+class _Coordinator:
+    def __init__(self, live: list[str]) -> None:
+        self.live = live
+        self.plan: dict[str, Any] = {}
+        self.versions: list[int] = []
+        self.confirmed: list[tuple[int, list[str]]] = []
+
+    def live_actor_ids(self) -> list[str]:
+        return sorted(self.live)
+
+    def set_policy_version(self, version: int, weight_sync: dict[str, Any] | None = None) -> None:
+        self.versions.append(version)
+        if weight_sync is not None:
+            self.plan = dict(weight_sync)
+
+    def set_weight_sync_info(self, info: dict[str, Any]) -> None:
+        self.plan = dict(info)
+
+    def confirm_weights(self, version: int, actor_ids: list[str]) -> None:
+        self.confirmed.append((version, list(actor_ids)))
+
+
+def _weights(version: int) -> Iterator[tuple[str, torch.Tensor]]:
+    yield "w", torch.full((64,), float(version))
+
+
+def _receiving_actor(coord: _Coordinator, member: str, versions: list[int], got: list[float]) -> threading.Thread:
+    """Announce, wait to be invited, join through the roster, then receive ``versions`` in order."""
+
+    def run() -> None:
+        plan = coord.plan
+        announce_at(plan["host"], plan["port"], member, "token-1")
+        while member not in coord.plan.get("candidates", []):
+            time.sleep(0.01)
+        plan = coord.plan
+        info = init_info(
+            plan["host"],
+            plan["port"],
+            member=member,
+            epoch=plan["epoch"],
+            backend="gloo",
+            timeout_s=10.0,
+            join_timeout_s=plan["join_timeout_s"],
+        )
+        group = join_epoch(info)
+        for v in versions:
+            WeightReceiver(group).receive(lambda batch: got.extend(float(t[0]) for _, t in batch), expect_version=v)
+        group.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
+    coord = _Coordinator(["good", "silent", "stuck"])
+    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=10.0, join_timeout_s=JOIN_S)
+    try:
+        announce_at("127.0.0.1", pub.port, "stuck", "stuck-1")  # announces itself, then never gets ready
+        got: list[float] = []
+        actor = _receiving_actor(coord, "good", [1, 2], got)
+        time.sleep(0.2)  # let "good" announce itself
+        t0 = time.monotonic()
+        first = pub.publish(1, lambda: _weights(1))
+        first_s = time.monotonic() - t0
+        assert coord.plan["candidates"] == ["good", "stuck"]  # "silent" never announced: never invited
+        assert first["sync/actors"] == 1.0 and first["sync/left_out"] == 1.0
+        assert JOIN_S <= first["sync/join_seconds"] < JOIN_S + 2.0 and first_s < JOIN_S + 5.0
+        assert not pub.needs_refresh()  # "stuck" is not invited again on its old announcement
+        t0 = time.monotonic()
+        second = pub.publish(2, lambda: _weights(2))
+        assert time.monotonic() - t0 < JOIN_S  # the same members: no new epoch, no waiting
+        assert "sync/join_seconds" not in second and second["sync/epoch"] == first["sync/epoch"] == 0.0
+        actor.join(timeout=10.0)
+        assert got == [1.0, 2.0]
+        assert coord.confirmed == [(1, ["good"]), (2, ["good"])]
+        announce_at("127.0.0.1", pub.port, "stuck", "stuck-2")  # a fresh announcement: worth another invitation
+        assert pub.needs_refresh()
+    finally:
+        pub.close()
+
+
+def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
+    coord = _Coordinator(["a", "b"])
+    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=10.0, join_timeout_s=JOIN_S)
+    try:
+        got_a: list[float] = []
+        got_b: list[float] = []
+        ta = _receiving_actor(coord, "a", [1], got_a)
+        tb = _receiving_actor(coord, "b", [1], got_b)
+        time.sleep(0.2)
+        assert pub.publish(1, lambda: _weights(1))["sync/actors"] == 2.0
+        ta.join(10.0)
+        tb.join(10.0)
+        assert got_a == got_b == [1.0]
+        coord.live = ["a"]  # "b" presumed dead by the coordinator; "a" left its group too (thread ended)
+        got_a2: list[float] = []
+        announce_at("127.0.0.1", pub.port, "a", "token-2")
+        coord.plan = {**coord.plan, "candidates": []}
+        ta2 = _receiving_actor(coord, "a", [2], got_a2)
+        metrics = pub.publish(2, lambda: _weights(2))
+        ta2.join(10.0)
+        assert coord.plan["candidates"] == ["a"] and metrics["sync/epoch"] == 1.0 and metrics["sync/actors"] == 1.0
+        assert got_a2 == [2.0] and coord.confirmed[-1] == (2, ["a"])
+    finally:
+        pub.close()
+
+
+def test_a_transfer_to_a_member_presumed_dead_is_abandoned_without_waiting_for_the_timeout() -> None:
+    coord = _Coordinator(["frozen"])
+    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=30.0, join_timeout_s=JOIN_S)
+    joined = threading.Event()
+
+    def frozen() -> None:  # joins, then never reads the broadcast (a SIGSTOPped actor)
+        plan = coord.plan
+        announce_at(plan["host"], plan["port"], "frozen", "token-1")
+        while "frozen" not in coord.plan.get("candidates", []):
+            time.sleep(0.01)
+        plan = coord.plan
+        info = init_info(plan["host"], plan["port"], member="frozen", epoch=plan["epoch"], backend="gloo",
+                         timeout_s=30.0, join_timeout_s=JOIN_S)  # fmt: skip
+        group = join_epoch(info)
+        joined.set()
+        time.sleep(8.0)
+        group.close()
+
+    threading.Thread(target=frozen, daemon=True).start()
+    time.sleep(0.2)
+    big = torch.zeros(16 * 2**20)  # 64 MiB: more than the sockets buffer, so the sender blocks on the frozen reader
+
+    def presume_dead() -> None:
+        joined.wait(10.0)
+        time.sleep(1.0)
+        coord.live = []
+
+    threading.Thread(target=presume_dead, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        metrics = pub.publish(1, lambda: iter([("w", big)]))
+        elapsed = time.monotonic() - t0
+        assert metrics["sync/failures"] == 1.0 and coord.confirmed == []  # nothing confirmed: it was not received
+        assert 1.0 <= elapsed < 6.0  # abandoned once the member was presumed dead, not after the 30 s timeout
+        assert pub.group is not None and pub.group.broken
+        assert pub.publish(2, lambda: _weights(2))["sync/actors"] == 0.0  # re-formed without it: nobody to wait on
+    finally:
+        pub.close()

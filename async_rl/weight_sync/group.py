@@ -154,7 +154,10 @@ class WeightSyncGroup:
                         raise WeightSyncError(f"broadcast of {what} abandoned (epoch {self.epoch}): {reason}")
                 time.sleep(pause)
                 pause = min(pause * 2, 0.005)
-            work.wait(timeout) if self.backend == "gloo" else work.wait()
+            if self.backend == "gloo":
+                work.wait(timeout)
+            else:
+                work.wait()
         except RuntimeError as exc:
             if isinstance(exc, WeightSyncError):
                 self.broken = True

@@ -11,38 +11,21 @@ Faulty actors live in tests/e2e/chaos_actor.py; (d) is a plain emulated actor (`
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, free_port, read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 CHAOS = Path(__file__).with_name("chaos_actor.py")
 K = 1
 BATCH = 8
 STEPS = 30
 STOP_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _jsonl(path: Path) -> list[dict]:
-    """The complete lines of a JSONL file that is being written (a last line still in flight is left out)."""
-    if not path.exists():
-        return []
-    text = path.read_text()
-    complete = text[: text.rfind("\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -66,7 +49,7 @@ class _StepClock:
 
     def poll(self) -> int:
         now = time.monotonic()
-        for m in _jsonl(self.path):
+        for m in read_jsonl(self.path):
             self.seen.setdefault(int(m["step"]), now)
         return len(self.seen)
 
@@ -85,7 +68,7 @@ class _StepClock:
 def test_one_faulty_actor_at_a_time_never_stops_training(tmp_path, assert_nothing_lost):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    port, ws_port = _free_port(), _free_port()
+    port, ws_port = free_port(), free_port()
     config = str(ROOT / "configs" / "smoke_grpo.yaml")
     overrides = [
         f"trainer.default_local_dir={run_dir}",
@@ -146,7 +129,7 @@ def test_one_faulty_actor_at_a_time_never_stops_training(tmp_path, assert_nothin
         silent_at = wait_for("the silent client's hello", lambda: "hello sent" in (tmp_path / "silent.log").read_text())
 
         def metric(key: str) -> float:
-            lines = _jsonl(run_dir / "metrics.jsonl")
+            lines = read_jsonl(run_dir / "metrics.jsonl")
             return float(lines[-1].get(key, 0)) if lines else 0.0
 
         # (a) and (b) start together; (a) ends when the coordinator presumes the silent client dead
@@ -180,7 +163,7 @@ def test_one_faulty_actor_at_a_time_never_stops_training(tmp_path, assert_nothin
             _signal_group(proc, signal.SIGCONT)
             _signal_group(proc, signal.SIGKILL)
 
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     last = metrics[-1]
     print("\nlongest gap between steps during each fault:")
     for name, (start, end) in windows.items():
@@ -190,7 +173,7 @@ def test_one_faulty_actor_at_a_time_never_stops_training(tmp_path, assert_nothin
 
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(m["rollout/staleness_max"] <= K for m in metrics)
-    ids = [i for rec in _jsonl(run_dir / "trained_groups.jsonl") for i in rec["prompt_ids"]]
+    ids = [i for rec in read_jsonl(run_dir / "trained_groups.jsonl") for i in rec["prompt_ids"]]
     assert len(ids) == len(set(ids)) == STEPS * BATCH  # nothing trained twice
     assert_nothing_lost(metrics)  # nothing lost: every granted prompt is accounted for at every step
     assert last["transport/dropped_total"] == 0

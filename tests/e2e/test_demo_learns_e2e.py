@@ -12,14 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 60
 K = 2  # configs/demo_grpo.yaml
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.slow
@@ -47,11 +43,11 @@ def test_short_demo_run_raises_the_reward(tmp_path, assert_nothing_lost):
     assert summary["reward_delta"] >= 0.05, summary
     assert Path(summary["plot"]).stat().st_size > 10_000
 
-    metrics = _jsonl(out / "run" / "metrics.jsonl")
+    metrics = read_jsonl(out / "run" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(m["rollout/staleness_max"] <= K for m in metrics)  # every trained group within the bound
     assert all(m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0 for m in metrics)
     assert_nothing_lost(metrics)
-    audit = _jsonl(out / "run" / "trained_groups.jsonl")
+    audit = read_jsonl(out / "run" / "trained_groups.jsonl")
     ids = [i for rec in audit for i in rec["prompt_ids"]]
     assert len(ids) == len(set(ids)) == STEPS * 64  # 64 prompts per step, none twice

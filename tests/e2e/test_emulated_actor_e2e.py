@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, launcher_command, read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 K = 1
 BATCH = 8
 N = 2
@@ -25,42 +24,23 @@ WARMUP = 2
 TOKENS_PER_S = 256.0  # 8 groups x 2 x 8 tokens = 128 tokens per step: 2 steps/s of generation, 16 groups/s
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 def test_emulated_actor_drives_the_real_pipeline_at_its_rate(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        str(ROOT / "launchers" / "local.py"),
-        "--config",
-        str(ROOT / "configs" / "demo_grpo.yaml"),
-        "--nproc-per-node",
-        "2",
-        "--actors",
-        "1",
-        "--run-dir",
-        str(run_dir),
-        "--emulate-tokens-per-s",
-        str(TOKENS_PER_S),
-        "--emulate-response-len",
-        str(LENGTH),
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.logger=['jsonl']",
+    flags = ["--emulate-tokens-per-s", str(TOKENS_PER_S), "--emulate-response-len", str(LENGTH)]
+    overrides = [
         f"data.train_batch_size={BATCH}",
         f"actor_rollout_ref.rollout.n={N}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N // 2}",
         f"async_training.max_staleness={K}",
     ]
+    cmd = launcher_command("demo_grpo.yaml", run_dir, steps=STEPS, flags=flags, overrides=overrides)
     # subprocess.run kills only the launcher on timeout; the launcher's own SIGTERM handling stops its parts.
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"launcher failed:\n{done.stderr[-4000:]}"
 
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for m in metrics:
         assert m["rollout/staleness_max"] <= K, m  # every trained group within the bound
@@ -68,7 +48,7 @@ def test_emulated_actor_drives_the_real_pipeline_at_its_rate(tmp_path: Path) -> 
         assert m["rollout/response_length_mean"] == LENGTH
         assert m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0
         assert 0.0 <= m["rollout/reward_mean"] < 1.0  # the emulated scorer's pseudo-random rewards
-    audit = _jsonl(run_dir / "trained_groups.jsonl")
+    audit = read_jsonl(run_dir / "trained_groups.jsonl")
     assert all(rec["step"] - 1 - v <= K for rec in audit for v in rec["start_versions"])
     ids = [i for rec in audit for i in rec["prompt_ids"]]
     assert len(ids) == len(set(ids)) == STEPS * BATCH

@@ -8,41 +8,23 @@ seconds, not a vLLM start-up. Faults next to a real vLLM actor are in tests/e2e/
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, launcher_command, read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCH = 4
 N = 2
 LENGTH = 8
 
 
 def _command(run_dir: Path, steps: int, actors: int, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        str(ROOT / "launchers" / "local.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke_grpo.yaml"),
-        "--nproc-per-node",
-        "2",
-        "--actors",
-        str(actors),
-        "--run-dir",
-        str(run_dir),
-        "--emulate-tokens-per-s",
-        "256",
-        "--emulate-response-len",
-        str(LENGTH),
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.total_training_steps={steps}",
-        "trainer.logger=['jsonl']",
+    flags = ["--emulate-tokens-per-s", "256", "--emulate-response-len", str(LENGTH)]
+    overrides = [
         f"data.train_batch_size={BATCH}",
         f"actor_rollout_ref.rollout.n={N}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
@@ -52,10 +34,7 @@ def _command(run_dir: Path, steps: int, actors: int, *extra: str) -> list[str]:
         "async_training.transport.peer_timeout_s=3.0",
         *extra,
     ]
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return launcher_command("smoke_grpo.yaml", run_dir, steps=steps, actors=actors, flags=flags, overrides=overrides)
 
 
 def _wait(predicate, what: str, job: subprocess.Popen[bytes], timeout_s: float = 300.0) -> None:
@@ -99,9 +78,9 @@ def test_a_killed_actor_is_restarted_rejoins_and_the_run_finishes(tmp_path: Path
     restart = ("async_training.launcher.restart_actors=true", "async_training.launcher.restart_backoff_s=0.5")
     job, err = _start(_command(run_dir, steps, 2, *restart), tmp_path)
     try:
-        _wait(lambda: len(_jsonl(run_dir / "metrics.jsonl")) >= 2, "step 2", job)
+        _wait(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, "step 2", job)
         os.killpg(_actor_group(run_dir, "actor-1"), signal.SIGKILL)
-        killed_at = len(_jsonl(run_dir / "metrics.jsonl"))
+        killed_at = len(read_jsonl(run_dir / "metrics.jsonl"))
         rc = job.wait(timeout=300)
     finally:
         if job.poll() is None:
@@ -112,9 +91,9 @@ def test_a_killed_actor_is_restarted_rejoins_and_the_run_finishes(tmp_path: Path
     log = run_dir / "logs" / "actor-1.log"
     assert f"actor-1 failed with exit code -9; log: {log}; restarting it in 0.5 s (restart 1 of 3)" in text
     assert "restarted actor-1 (restart 1 of 3)" in text and "stopping every other part" not in text
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    ids = [i for rec in _jsonl(run_dir / "trained_groups.jsonl") for i in rec["prompt_ids"]]
+    ids = [i for rec in read_jsonl(run_dir / "trained_groups.jsonl") for i in rec["prompt_ids"]]
     assert len(ids) == len(set(ids)) == steps * BATCH  # nothing trained twice
     assert_nothing_lost(metrics)
     # the restarted actor (same id) rejoined the weight sync: it received versions published after the kill
@@ -130,7 +109,7 @@ def test_sigterm_stops_the_learner_with_a_checkpoint_inside_the_grace(tmp_path: 
     ckpt = "async_training.checkpoint.save_every_n_steps=1000"  # configured, but only the stop writes one here
     job, err = _start(_command(run_dir, 200, 1, ckpt), tmp_path)
     try:
-        _wait(lambda: len(_jsonl(run_dir / "metrics.jsonl")) >= 3, "step 3", job)
+        _wait(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 3, "step 3", job)
         sent = time.monotonic()
         job.send_signal(signal.SIGTERM)
         rc = job.wait(timeout=60)
@@ -143,6 +122,6 @@ def test_sigterm_stops_the_learner_with_a_checkpoint_inside_the_grace(tmp_path: 
     assert "did not stop within" not in text  # nothing had to be killed
     assert took < 15.0, took  # the launcher's default --grace-s
     learner_log = (run_dir / "logs" / "learner.log").read_text()
-    done = len(_jsonl(run_dir / "metrics.jsonl"))
+    done = len(read_jsonl(run_dir / "metrics.jsonl"))
     assert f"stopped by signal after step {done}; checkpoint: {run_dir / 'checkpoints' / f'step_{done}'}" in learner_log
     assert (run_dir / "checkpoints" / f"step_{done}" / "COMMITTED").exists()

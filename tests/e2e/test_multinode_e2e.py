@@ -6,27 +6,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
 def test_two_learner_nodes_and_a_separate_actor(tmp_path):
     run_dir = tmp_path / "run"
-    rdzv, port, ws_port = _free_port(), _free_port(), _free_port()
+    rdzv, port, ws_port = free_port(), free_port(), free_port()
     overrides = [
         "--config",
         str(ROOT / "configs" / "smoke_grpo.yaml"),

@@ -8,14 +8,12 @@ wiring and the guarantees, not learning.
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, launcher_command, read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 K = 1
 BATCH = 8
 VAL_PROMPTS = 8
@@ -29,35 +27,19 @@ VALIDATION = (
 
 
 def _command(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
-    return [
-        sys.executable,
-        str(ROOT / "launchers" / "local.py"),
-        "--config",
-        str(ROOT / "configs" / "smoke_grpo.yaml"),
-        "--nproc-per-node",
-        "2",
-        "--actors",
-        "1",
-        "--run-dir",
-        str(run_dir),
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.total_training_steps={steps}",
+    overrides = [
         f"async_training.max_staleness={K}",
         "async_training.stale_policy=regrant",  # over-stale groups go back to the queue, so no prompt is skipped
         f"data.train_batch_size={BATCH}",
         "async_training.checkpoint.save_every_n_steps=3",
         "async_training.weight_sync.timeout_s=120",
-        "trainer.logger=['jsonl']",
         *extra,
     ]
+    return launcher_command("smoke_grpo.yaml", run_dir, steps=steps, overrides=overrides)
 
 
 def _launch(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     return subprocess.run(_command(run_dir, steps, extra), cwd=ROOT, capture_output=True, text=True, timeout=900)
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.slow
@@ -66,7 +48,7 @@ def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
     first = _launch(run_dir, steps=6, extra=VALIDATION)
     assert first.returncode == 0, f"launcher failed:\n{first.stderr[-4000:]}"
 
-    lines = _jsonl(run_dir / "metrics.jsonl")
+    lines = read_jsonl(run_dir / "metrics.jsonl")
     metrics = [m for m in lines if "val/version" not in m]  # training steps; validation rounds are lines of their own
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
     # Each round is logged at the step of the version it evaluated, before any later step's line.
@@ -84,7 +66,7 @@ def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
         assert m["transport/duplicates"] == 0
         assert m["learner/batch/size"] == BATCH * 6  # rollout.n = 6 in the demo config
         assert m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0  # weights reached the actor every step
-    audit = _jsonl(run_dir / "trained_groups.jsonl")
+    audit = read_jsonl(run_dir / "trained_groups.jsonl")
     for rec in audit:
         assert all(rec["step"] - 1 - v <= K for v in rec["start_versions"])
     first_ids = [i for rec in audit for i in rec["prompt_ids"]]
@@ -97,9 +79,9 @@ def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
     # Resume: the same run continues from the step-6 checkpoint to step 9.
     second = _launch(run_dir, steps=9)  # smoke_grpo.yaml alone: val_before_train false, test_freq -1, no rounds
     assert second.returncode == 0, f"resume failed:\n{second.stderr[-4000:]}"
-    metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if "val/version" not in m]
+    metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "val/version" not in m]
     assert [m["step"] for m in metrics][6:] == [7, 8, 9]
-    audit = _jsonl(run_dir / "trained_groups.jsonl")
+    audit = read_jsonl(run_dir / "trained_groups.jsonl")
     all_ids = [i for rec in audit for i in rec["prompt_ids"]]
     assert len(all_ids) == len(set(all_ids)) == 9 * BATCH  # no prompt group trained twice
     # Nothing skipped: the restored ledger still accounts for every prompt granted before the stop, and for all since.
@@ -128,7 +110,7 @@ def test_learner_killed_mid_run_resumes_without_repeating_or_skipping(tmp_path, 
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 600
-        while not (run_dir / "checkpoints" / "step_6").exists() or len(_jsonl(run_dir / "metrics.jsonl")) < 7:
+        while not (run_dir / "checkpoints" / "step_6").exists() or len(read_jsonl(run_dir / "metrics.jsonl")) < 7:
             assert job.poll() is None, "the job ended before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.2)
@@ -146,17 +128,17 @@ def test_learner_killed_mid_run_resumes_without_repeating_or_skipping(tmp_path, 
     # No orphan: the ranks stop (a stop checkpoint if a step was trained since the last one) and exit.
     left = e2e_processes.wait_gone(15.0)
     assert not left, f"still alive 15 s after the job was killed: {left}"
-    killed_after = len(_jsonl(run_dir / "metrics.jsonl"))
+    killed_after = len(read_jsonl(run_dir / "metrics.jsonl"))
     assert killed_after >= 7
 
     resumed = _launch(run_dir, steps=12)
     assert resumed.returncode == 0, f"resume failed:\n{resumed.stderr[-4000:]}"
     assert "resumed from" in (run_dir / "logs" / "learner.log").read_text()
-    audit = _jsonl(run_dir / "trained_groups.jsonl")
+    audit = read_jsonl(run_dir / "trained_groups.jsonl")
     assert [rec["step"] for rec in audit] == list(range(1, 13))  # steps after the checkpoint were redone once
     ids = [i for rec in audit for i in rec["prompt_ids"]]
     assert len(ids) == len(set(ids)) == 12 * BATCH  # no prompt group trained twice in the model's history
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
     # the resumed run's ledger (restored at step 6, or at the stop checkpoint the orphaned ranks wrote on their way)
     assert_nothing_lost([m for m in metrics if m["step"] > 6])
     assert metrics[-1]["transport/dropped_total"] == 0

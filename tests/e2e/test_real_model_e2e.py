@@ -8,14 +8,11 @@ CPU engine died on seeded chunked prefills, and the first weight update stalled 
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from _e2e_helpers import ROOT, launcher_command, read_jsonl
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 PROMPTS = 4
 N = 4
@@ -23,27 +20,11 @@ VAL_PROMPTS = 4
 EOS = 2  # <|im_end|> in SmolLM2's vocabulary
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 def test_real_model_grpo_steps_with_validation(tmp_path, assert_nothing_lost):
     pytest.importorskip("gguf", reason="the 'models' extra converts the real model")
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        str(ROOT / "launchers" / "local.py"),
-        "--config",
-        str(ROOT / "configs" / "smollm2_arith_grpo.yaml"),
-        "--nproc-per-node",
-        "2",
-        "--actors",
-        "1",
-        "--run-dir",
-        str(run_dir),
-        f"trainer.default_local_dir={run_dir}",
-        f"trainer.total_training_steps={STEPS}",
+    overrides = [
         f"data.train_batch_size={PROMPTS}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
@@ -52,12 +33,12 @@ def test_real_model_grpo_steps_with_validation(tmp_path, assert_nothing_lost):
         "trainer.test_freq=2",
         "async_training.max_staleness=1",
         "async_training.actor.max_concurrent_groups=8",
-        "trainer.logger=['jsonl']",
     ]
+    cmd = launcher_command("smollm2_arith_grpo.yaml", run_dir, steps=STEPS, overrides=overrides)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"launcher failed:\n{done.stderr[-4000:]}"
 
-    lines = _jsonl(run_dir / "metrics.jsonl")
+    lines = read_jsonl(run_dir / "metrics.jsonl")
     steps = [m for m in lines if "val/version" not in m]
     assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
     assert_nothing_lost(steps)

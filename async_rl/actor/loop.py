@@ -6,7 +6,9 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
         poll the coordinator (acks, heartbeats, version updates)
         if a weight update for this actor is announced: pause -> receive + verify -> resume   (engine.update_weights)
         keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
-        each finished group: score its completions in the reward worker, send it (tracked until acked)
+        each finished group: score its completions in the reward worker (then the optional length shaping,
+        ``reward_shaping``: DAPO's overlong penalty, so the reward on the wire is the shaped one), send it
+        (tracked until acked)
 
 A grant is started only on weights at least as new as its ``min_version`` (the staleness bound); otherwise it waits
 for the next update. An eval grant (a validation round, ``grant.is_eval``) starts only on EXACTLY its ``min_version``:
@@ -40,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from async_rl.actor.engine import Completion, EngineDead, EngineStats, SamplingSpec, UpdateMode
-from async_rl.rewards import RewardResult
+from async_rl.rewards import OverlongShaping, RewardResult
 from async_rl.transport.protocol import PromptGrant, RolloutGroup, make_completion, unpack_array
 from async_rl.weight_sync.errors import WeightMismatchError
 
@@ -103,6 +105,7 @@ class ActorLoop:
         engine: Engine,
         scorer: Scorer,
         weight_sync: WeightSync | None,
+        reward_shaping: OverlongShaping | None = None,
         max_concurrent_groups: int,
         update_mode: UpdateMode = "inflight",
         detokenize: Any = None,
@@ -115,6 +118,7 @@ class ActorLoop:
         self.client = client
         self.engine = engine
         self.scorer = scorer
+        self.reward_shaping = reward_shaping
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
         self.update_mode = update_mode
@@ -263,8 +267,13 @@ class ActorLoop:
             c.text if c.text or self.detokenize is None else self.detokenize(c.token_ids.tolist()) for c in completions
         ]
 
+        shaping = self.reward_shaping
+
         def score_group() -> list[RewardResult]:
-            return [self.scorer.score(prompt_text, t, ground_truth, extras.get("extra")) for t in texts]
+            results = [self.scorer.score(prompt_text, t, ground_truth, extras.get("extra")) for t in texts]
+            if shaping is None:
+                return results
+            return [shaping.apply(r, len(c.token_ids)) for r, c in zip(results, completions, strict=True)]
 
         # One scoring thread: the reward worker is a single child process and is not thread-safe.
         rewards = await asyncio.get_running_loop().run_in_executor(self._score_pool, score_group)

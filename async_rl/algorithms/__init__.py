@@ -1,4 +1,4 @@
-"""Pure algorithm core of async_rl: advantages, KL penalties/controllers, policy/value losses, IS correction.
+"""Pure algorithm core of async_rl: advantages, KL penalties/controllers, policy/value losses, rollout correction.
 
 Everything here is a pure function (or a tiny controller object) on ``[B, T]`` torch tensors -- no model, no
 ``torch.distributed``, no config -- so the learner, the tests and users porting a verl configuration all share one
@@ -14,6 +14,8 @@ from async_rl.algorithms.advantages import (
     compute_advantages,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_rloo_outcome_advantage,
@@ -31,7 +33,17 @@ from async_rl.algorithms.kl import (
 )
 from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, value_loss
 from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, masked_whiten
-from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss
+from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss, reinforce_loss
+from async_rl.algorithms.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    RS_OPTIONS,
+    normalize_is_weights,
+    parse_is_threshold,
+    parse_rs_options,
+    parse_rs_thresholds,
+    rejection_mask,
+    rollout_is_weights,
+)
 from async_rl.algorithms.token_logprobs import (
     DEFAULT_LOGPROB_CHUNK_SIZE,
     ENTROPY_MODES,
@@ -49,6 +61,8 @@ __all__ = [
     "KL_KINDS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "ROLLOUT_IS_LEVELS",
+    "RS_OPTIONS",
     "AdaptiveKLController",
     "AdvantageEstimatorSpec",
     "AdvantageInputs",
@@ -60,6 +74,8 @@ __all__ = [
     "compute_advantages",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
     "compute_is_weights",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -72,7 +88,14 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "needs_critic",
+    "normalize_is_weights",
+    "parse_is_threshold",
+    "parse_rs_options",
+    "parse_rs_thresholds",
     "policy_loss",
+    "reinforce_loss",
+    "rejection_mask",
+    "rollout_is_weights",
     "token_log_probs_and_entropy",
     "token_log_probs_and_entropy_reference",
     "value_loss",

@@ -1,4 +1,4 @@
-"""Advantage estimators (GAE, GRPO, REINFORCE++, REINFORCE++-baseline, RLOO) behind one dispatching entry point.
+"""Advantage estimators (GAE, GRPO, GRPO pass@k, REINFORCE++(-baseline), RLOO, OPO) behind one dispatching entry point.
 
 The learner turns per-token rewards into per-token advantages (and returns, the value-model target) before computing
 the policy loss. Every estimator reproduces verl's ``core_algos`` numerics so a verl configuration ports unchanged;
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from async_rl.algorithms._checks import check_2d, check_choice, check_same_shape, float_mask
-from async_rl.algorithms.masking import masked_whiten
+from async_rl.algorithms.masking import masked_whiten, safe_count
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -28,6 +28,8 @@ __all__ = [
     "compute_advantages",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rloo_outcome_advantage",
@@ -153,18 +155,21 @@ def compute_reinforce_plus_plus_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go per token, whitened over the batch's valid tokens.
 
-    Backward recursion ``running = r_t + gamma * running; G_t = running; running *= m_t`` (the carry resets at padding
-    so nothing leaks past the end of a response). ``advantages = masked_whiten(G, mask) * mask``; ``returns = G``
-    (unwhitened). Shapes: all ``[B, T]``.
+    Backward recursion (verl 0.9.1): ``new = r_t + gamma * running``; ``G_t = new * m_t``;
+    ``running = new * m_t + running * (1 - m_t)``. A masked position is skipped: it gets ``G_t = 0``, its reward is
+    dropped and the carry passes through it unchanged, so trailing padding contributes nothing and a masked span
+    inside a response (e.g. observation tokens) does not break the return of the tokens before it.
+    ``advantages = masked_whiten(G, mask) * mask``; ``returns = G`` (unwhitened). Shapes: all ``[B, T]``.
     """
     _check_rewards_mask(token_level_rewards, response_mask)
     mask = float_mask(response_mask, token_level_rewards)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros(token_level_rewards.shape[0], dtype=returns.dtype, device=returns.device)
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]
+        m_t = mask[:, t]
+        new = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = new * m_t
+        running = new * m_t + running * (1 - m_t)
     advantages = masked_whiten(returns, mask) * mask
     return advantages, returns
 
@@ -229,6 +234,73 @@ def compute_rloo_vectorized_outcome_advantage(
     return adv, adv
 
 
+@torch.no_grad()
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: GroupIndex,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO pass@k (arXiv 2503.19595): only the best response of each group is reinforced.
+
+    ``score_i = sum_t r_{i,t}``. In each group (size >= 2, else ``ValueError`` naming ``index``) the best row gets
+    ``adv = max - second_max`` of the group's scores, divided by ``std + epsilon`` (unbiased sample std of the
+    group's scores) when ``norm_adv_by_std_in_grpo``; every other row gets 0. On a tie for the maximum the
+    difference is 0, so which tied row is "best" does not matter. Returns ``(adv[:, None] * mask, same)``.
+    verl 0.9.1 reads ``norm_adv_by_std_in_grpo`` from its ``config`` argument instead of the keyword.
+    """
+    _check_rewards_mask(token_level_rewards, response_mask)
+    scores = token_level_rewards.sum(dim=-1)
+    ids, num_groups = group_ids(index, scores.shape[0], scores.device)
+    counts = _group_count(ids, num_groups, scores.dtype)
+    if bool((counts < 2).any()):
+        raise ValueError("index: grpo_passk needs at least 2 responses per group (rollout.n >= 2)")
+    batch = scores.shape[0]
+    neg_inf = torch.full((num_groups,), float("-inf"), dtype=scores.dtype, device=scores.device)
+    group_max = neg_inf.scatter_reduce(0, ids, scores, reduce="amax")
+    # The best row of each group: the first row (lowest index) that attains the group maximum.
+    rows = torch.arange(batch, device=scores.device)
+    at_max = scores == group_max[ids]
+    sentinel = torch.full((num_groups,), batch, dtype=torch.long, device=scores.device)
+    best_row = sentinel.scatter_reduce(0, ids, torch.where(at_max, rows, batch), reduce="amin")
+    is_best = rows == best_row[ids]
+    second_max = neg_inf.scatter_reduce(0, ids, torch.where(is_best, float("-inf"), scores), reduce="amax")
+    gap = group_max - second_max
+    if norm_adv_by_std_in_grpo:
+        centred = scores - (_group_sum(scores, ids, num_groups) / counts)[ids]
+        std = torch.sqrt(_group_sum(centred * centred, ids, num_groups) / (counts - 1))
+        gap = gap / (std + epsilon)
+    adv = torch.where(is_best, gap[ids], torch.zeros_like(scores))
+    adv = adv.unsqueeze(-1) * float_mask(response_mask, scores)
+    return adv, adv
+
+
+@torch.no_grad()
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: GroupIndex
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO (arXiv 2505.23585): score minus the group's *length-weighted* mean score.
+
+    With ``score_i = sum_t r_{i,t}`` and ``len_i = sum_t m_{i,t}``, a group of size > 1 has baseline
+    ``b = sum_j len_j * score_j / sum_j len_j``; a group of one has ``b = 0`` (its raw score is the advantage).
+    ``adv_i = score_i - b`` tiled over the valid tokens: returns ``(adv[:, None] * mask, same)``. A group whose rows
+    are all empty gets ``b = 0`` and advantages 0 (verl 0.9.1 divides 0 by 0 there, and its NaN survives the
+    multiplication by the mask).
+    """
+    _check_rewards_mask(token_level_rewards, response_mask)
+    mask = float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    lengths = mask.sum(dim=-1)
+    ids, num_groups = group_ids(index, scores.shape[0], scores.device)
+    counts = _group_count(ids, num_groups, scores.dtype)
+    total_len = _group_sum(lengths, ids, num_groups)
+    weighted = _group_sum(lengths * scores, ids, num_groups)
+    baseline = torch.where(counts > 1, weighted / safe_count(total_len), torch.zeros_like(weighted))
+    adv = (scores - baseline[ids]).unsqueeze(-1) * mask
+    return adv, adv
+
+
 @dataclass(frozen=True)
 class AdvantageInputs:
     """Everything ``compute_advantages`` received, handed to a registered estimator."""
@@ -264,6 +336,18 @@ def _grpo(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
+def _grpo_passk(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert a.index is not None
+    return compute_grpo_passk_outcome_advantage(
+        a.token_level_rewards, a.response_mask, a.index, a.epsilon, a.norm_adv_by_std_in_grpo
+    )
+
+
+def _opo(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert a.index is not None
+    return compute_opo_outcome_advantage(a.token_level_rewards, a.response_mask, a.index)
+
+
 def _rpp(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return compute_reinforce_plus_plus_outcome_advantage(a.token_level_rewards, a.response_mask, a.gamma)
 
@@ -286,6 +370,8 @@ def _rloo_vectorized(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 ADV_ESTIMATORS: dict[str, AdvantageEstimatorSpec] = {
     "gae": AdvantageEstimatorSpec(_gae, needs_values=True),
     "grpo": AdvantageEstimatorSpec(_grpo, needs_index=True),
+    "grpo_passk": AdvantageEstimatorSpec(_grpo_passk, needs_index=True),
+    "opo": AdvantageEstimatorSpec(_opo, needs_index=True),
     "reinforce_plus_plus": AdvantageEstimatorSpec(_rpp),
     "reinforce_plus_plus_baseline": AdvantageEstimatorSpec(_rpp_baseline, needs_index=True),
     "rloo": AdvantageEstimatorSpec(_rloo, needs_index=True),

@@ -1,9 +1,10 @@
 """Loss aggregation, the clipped value (critic) loss and the entropy of token distributions.
 
 ``agg_loss`` is where per-token losses become the scalar the learner backpropagates, and it decides how tokens and
-sequences are weighted (token-mean, per-sequence means, Dr. GRPO's constant-normaliser sum). Because the learner splits
-a mini-batch into micro-batches across ranks and accumulates gradients, ``agg_loss`` optionally normalises by counts of
-the *whole* mini-batch so the accumulated gradient does not depend on how it was split. Numerics follow verl.
+sequences are weighted (token-mean, token-sum, per-sequence means, Dr. GRPO's constant-normaliser sum). Because the
+learner splits a mini-batch into micro-batches across ranks and accumulates gradients, ``agg_loss`` optionally
+normalises by counts of the *whole* mini-batch so the accumulated gradient does not depend on how it was split.
+Numerics follow verl 0.9.1.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from async_rl.algorithms.masking import masked_mean, masked_sum, safe_count
 __all__ = ["LOSS_AGG_MODES", "agg_loss", "entropy_from_logits", "value_loss"]
 
 LOSS_AGG_MODES: frozenset[str] = frozenset(
-    {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+    {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
 )
 """Accepted ``loss_agg_mode`` names (verl's)."""
 
@@ -30,46 +31,58 @@ def agg_loss(
     *,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a per-token loss ``loss_mat [B, T]`` over the valid positions of ``loss_mask [B, T]`` to a scalar.
 
-    Without global counts (verl's numbers), with ``s_i = sum_t loss_it * m_it`` and ``n_i = sum_t m_it``:
+    Notation: ``s_i = sum_t loss_it * m_it`` (row sum), ``n_i = sum_t m_it`` (row length), ``N = sum_i n_i`` and
+    ``S = #{i : n_i > 0}`` (rows with at least one valid token; fully padded rows are not sequences). Without global
+    counts (verl 0.9.1's numbers with ``dp_size=1``):
 
-    - ``token-mean``: ``sum_i s_i / sum_i n_i`` (0 if no token is valid)
-    - ``seq-mean-token-sum``: ``mean_i s_i`` (over all B rows, including fully padded ones)
-    - ``seq-mean-token-mean``: ``mean_i (s_i / n_i)`` (a row with ``n_i = 0`` contributes 0 instead of NaN)
-    - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``sum_i s_i / T`` with ``T = loss_mask.shape[-1]`` -- a *sum* over rows
-      divided by the padded length, not a mean.
+    - ``token-mean``: ``sum_i s_i / N`` (0 if no token is valid)
+    - ``token-sum``: ``sum_i s_i``
+    - ``seq-mean-token-sum``: ``sum_i s_i / S``
+    - ``seq-mean-token-mean``: ``sum_{i: n_i > 0} (s_i / n_i) / S``
+    - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``sum_i s_i / S / loss_scale_factor``; ``loss_scale_factor`` defaults
+      to the padded length ``T = loss_mask.shape[-1]`` (verl's default). Pass a constant (e.g. the maximum response
+      length) so the normaliser does not change with the padding of each micro-batch.
 
-    Global counts (for micro-batching): ``global_num_tokens`` = valid tokens in the whole mini-batch over all ranks,
-    ``global_num_seqs`` = its number of rows. When given they replace the local denominators:
-    ``token-mean`` -> ``sum_i s_i / global_num_tokens``; ``seq-mean-token-sum`` -> ``sum_i s_i / global_num_seqs``;
-    ``seq-mean-token-mean`` -> ``sum_i (s_i / n_i) / global_num_seqs``. ``seq-mean-token-sum-norm`` is already additive
-    over rows and ignores both counts; it is split-invariant only if every micro-batch is padded to the same T (pad
-    to the maximum response length). Each mode only reads its own count; the other may be ``None``. Summing the
-    micro-batch losses then equals the full mini-batch loss. Under data parallelism, gradients are *averaged* across
-    ranks, so the learner must multiply by the world size to get the sum (or pre-divide the counts accordingly).
+    The three ``seq-mean`` modes return 0 when ``S = 0``. ``loss_scale_factor`` is read by
+    ``seq-mean-token-sum-norm`` only.
+
+    Global counts (for micro-batching): ``global_num_tokens`` = valid tokens of the whole mini-batch over all ranks,
+    ``global_num_seqs`` = its number of non-empty sequences (the learner's ``mini_batch_counts``). When given they
+    replace ``N`` and ``S`` above; ``token-sum`` is a plain sum and reads neither. Each mode only reads its own
+    count; the other may be ``None``. Summing the micro-batch losses then equals the loss of the mini-batch taken as
+    one batch (for ``seq-mean-token-sum-norm`` provided ``loss_scale_factor`` is given or every micro-batch is padded
+    to the same T). Unlike verl's ``agg_loss`` this function never multiplies by the data-parallel size: gradients
+    are *averaged* across ranks, and the learner multiplies each micro-batch loss by the world size itself.
     """
     check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     check_2d("loss_mat", loss_mat)
     check_same_shape("loss_mask", loss_mask, "loss_mat", loss_mat)
     check_positive_count("global_num_tokens", global_num_tokens)
     check_positive_count("global_num_seqs", global_num_seqs)
+    check_positive_count("loss_scale_factor", loss_scale_factor)
     mask = float_mask(loss_mask, loss_mat)
     if loss_agg_mode == "token-mean":
         if global_num_tokens is None:
             return masked_mean(loss_mat, mask)
         return masked_sum(loss_mat, mask) / global_num_tokens
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, mask)
     seq_sums = masked_sum(loss_mat, mask, dim=-1)
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return seq_sums.sum() / loss_mask.shape[-1]
+    lengths = mask.sum(dim=-1)
     if loss_agg_mode == "seq-mean-token-mean":
-        per_seq = seq_sums / safe_count(mask.sum(dim=-1))
-    else:
-        per_seq = seq_sums
+        seq_sums = seq_sums / safe_count(lengths)  # an empty row contributes 0
+    total = seq_sums.sum()
     if global_num_seqs is None:
-        return per_seq.mean()
-    return per_seq.sum() / global_num_seqs
+        total = total / safe_count((lengths > 0).sum().to(total.dtype))
+    else:
+        total = total / global_num_seqs
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        total = total / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    return total
 
 
 def value_loss(
@@ -82,12 +95,14 @@ def value_loss(
     *,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped value loss; all inputs ``[B, T]``. Returns ``(loss, clipfrac)`` (both 0-d; clipfrac detached).
 
     ``vclip = clamp(vpreds, values - c, values + c)``; ``l1 = (vpreds - returns)^2``; ``l2 = (vclip - returns)^2``;
     ``loss = 0.5 * agg_loss(max(l1, l2))``; ``clipfrac = masked_mean(l2 > l1)``. ``values`` are the old predictions
-    recorded at rollout time, ``c = cliprange_value``.
+    recorded at rollout time, ``c = cliprange_value``. ``global_num_tokens``, ``global_num_seqs`` and
+    ``loss_scale_factor`` are passed to ``agg_loss`` unchanged (verl ``compute_value_loss`` with ``dp_size=1``).
     """
     check_2d("vpreds", vpreds)
     check_same_shape("returns", returns, "vpreds", vpreds)
@@ -105,6 +120,7 @@ def value_loss(
         loss_agg_mode,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     clipfrac = masked_mean(torch.gt(losses2, losses1).to(vpreds.dtype), response_mask).detach()
     return loss, clipfrac

@@ -1,10 +1,12 @@
-"""Clipped policy-gradient losses (PPO with dual clip, GMPO) with decoupled off-policy importance correction.
+"""Policy-gradient losses (PPO with dual clip, GMPO, GSPO, CISPO, REINFORCE) with off-policy importance correction.
 
 This is the objective the learner minimises. The PPO ratio is taken against ``old_log_prob``, the *proximal* policy the
 learner recomputed under the weights version it trains from; when the actor's behaviour log-probs
 (``rollout_log_prob``) are supplied with a ``tis_cap``, each token's clipped loss is additionally reweighted by the
 detached importance weight ``pi_old / pi_rollout`` (see ``importance.py``), which corrects both weight staleness and
-inference/training numeric mismatch. Loss modes live in the ``POLICY_LOSSES`` registry under verl's names.
+inference/training numeric mismatch; alternatively the learner passes weights it computed once per step
+(``is_weights``, e.g. from ``rollout_correction.rollout_is_weights``). Loss modes live in the ``POLICY_LOSSES``
+registry under verl's names; ``reinforce_loss`` (verl's bypass-mode REINFORCE) is a separate function.
 Metrics are returned as detached 0-d tensors (no device synchronisation; call ``.item()`` when logging).
 """
 
@@ -15,14 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from async_rl.algorithms._checks import check_2d, check_choice, check_same_shape, float_mask
+from async_rl.algorithms._checks import check_2d, check_choice, check_positive_count, check_same_shape, float_mask
 from async_rl.algorithms.importance import IS_LEVELS, IS_MODES, compute_is_weights
 from async_rl.algorithms.losses import LOSS_AGG_MODES, Count, agg_loss
-from async_rl.algorithms.masking import masked_mean, safe_count
+from async_rl.algorithms.masking import masked_mean, masked_sum, safe_count
 
-__all__ = ["POLICY_LOSSES", "PolicyLossInputs", "policy_loss"]
+__all__ = ["POLICY_LOSSES", "PolicyLossInputs", "policy_loss", "reinforce_loss"]
 
 _LOG_CLAMP = 20.0
+_GSPO_LOG_MAX = 10.0  # verl clamps GSPO's combined log-ratio from above only
+_GEO_W_EPS = 1e-10  # verl's epsilon inside log(w) when GMPO turns token IS weights into a sequence weight
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,26 @@ class PolicyLossInputs:
     loss_agg_mode: str
     global_num_tokens: Count | None
     global_num_seqs: Count | None
+    loss_scale_factor: float | None = None
 
 
 PolicyLossFn = Callable[[PolicyLossInputs], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def _agg(p: PolicyLossInputs, loss_mat: torch.Tensor) -> torch.Tensor:
+    """``agg_loss`` of a per-token loss with the mode, global counts and scale factor of ``p``."""
+    return agg_loss(
+        loss_mat,
+        p.response_mask,
+        p.loss_agg_mode,
+        global_num_tokens=p.global_num_tokens,
+        global_num_seqs=p.global_num_seqs,
+        loss_scale_factor=p.loss_scale_factor,
+    )
+
+
+def _detached(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in metrics.items()}
 
 
 def _vanilla(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -63,15 +84,8 @@ def _vanilla(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]
     pg_losses = torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1)
     if p.is_weights is not None:
         pg_losses = pg_losses * p.is_weights
-    loss = agg_loss(
-        pg_losses,
-        mask,
-        p.loss_agg_mode,
-        global_num_tokens=p.global_num_tokens,
-        global_num_seqs=p.global_num_seqs,
-    )
-    metrics = {"pg_clipfrac": pg_clipfrac, "pg_clipfrac_lower": pg_clipfrac_lower, "ppo_kl": ppo_kl}
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    loss = _agg(p, pg_losses)
+    return loss, _detached({"pg_clipfrac": pg_clipfrac, "pg_clipfrac_lower": pg_clipfrac_lower, "ppo_kl": ppo_kl})
 
 
 def _geo_mean(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -87,12 +101,14 @@ def _geo_mean(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor
     log_ratio_min = sgn * torch.minimum(sgn * log_ratio, sgn * log_ratio_clamped)
     lengths = safe_count(mask.sum(dim=-1))  # verl adds 1e-8 instead: identical in float32, 0 for empty rows either way
     seq_ratio = torch.exp((log_ratio_min * mask).sum(dim=-1) / lengths)
-    seq_adv = (adv * mask).sum(dim=-1) / lengths
+    seq_adv = masked_sum(adv, mask, dim=-1) / lengths
     pg_losses = -seq_adv * seq_ratio
     if p.is_weights is not None:
-        # One weight per sequence: the mean of its valid tokens' weights (= the sequence weight at sequence levels).
-        seq_w = (p.is_weights * mask).sum(dim=-1) / lengths
-        pg_losses = pg_losses * seq_w
+        # One weight per sequence: the geometric mean of its valid tokens' weights, exp(mean log(w + 1e-10)) as in
+        # verl 0.9.1 (= the sequence weight itself at sequence levels, up to the 1e-10). A zero (masked) token weight
+        # contributes log(1e-10) = -23 to the mean, so it nearly zeroes its whole sequence.
+        log_w = masked_sum(torch.log(p.is_weights + _GEO_W_EPS), mask, dim=-1)
+        pg_losses = pg_losses * torch.exp(log_w / lengths)
     loss = pg_losses.mean() if p.global_num_seqs is None else pg_losses.sum() / p.global_num_seqs
     clipped = torch.ne(log_ratio, log_ratio_clamped)
     metrics = {
@@ -100,11 +116,57 @@ def _geo_mean(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor
         "pg_clipfrac_lower": masked_mean((clipped & (adv < 0)).to(mask.dtype), mask),
         "ppo_kl": ppo_kl,
     }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, _detached(metrics)
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {"vanilla": _vanilla, "geo_mean": _geo_mean}
-"""Policy losses by ``loss_mode`` name: ``vanilla`` (PPO, dual clip) and ``geo_mean`` (GMPO)."""
+def _gspo(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO: one length-normalised ratio per sequence, PPO-clipped, with a per-token straight-through gradient."""
+    adv, mask = p.advantages, p.response_mask
+    zero = torch.zeros((), dtype=p.log_prob.dtype, device=p.log_prob.device)
+    log_ratio = torch.where(mask != 0, p.log_prob - p.old_log_prob, zero)
+    seq_log_ratio = masked_sum(log_ratio, mask, dim=-1) / mask.sum(dim=-1).clamp_min(1.0)
+    # Value log s_i on every token; gradient d/d log_prob_t = 1 (so d ratio_t / d log_prob_t = s_i).
+    token_log_ratio = p.log_prob - p.log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=_GSPO_LOG_MAX))
+    pg_losses1 = -adv * ratio
+    pg_losses2 = -adv * torch.clamp(ratio, 1 - p.clip_low, 1 + p.clip_high)
+    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    if p.is_weights is not None:
+        pg_losses = pg_losses * p.is_weights
+    loss = _agg(p, pg_losses)
+    metrics = {
+        "pg_clipfrac": masked_mean(torch.gt(pg_losses2, pg_losses1).to(mask.dtype), mask),
+        "pg_clipfrac_lower": torch.zeros((), dtype=mask.dtype, device=mask.device),
+        "ppo_kl": masked_mean(-log_ratio, mask),
+    }
+    return loss, _detached(metrics)
+
+
+def _cispo(p: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO: REINFORCE on log_prob weighted by the detached, clipped token ratio (verl ``cispo``)."""
+    adv, mask = p.advantages, p.response_mask
+    log_ratio = torch.clamp(p.log_prob - p.old_log_prob, -_LOG_CLAMP, _LOG_CLAMP)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1 - p.clip_low, 1 + p.clip_high)
+    pg_losses = -clipped_ratio.detach() * adv * p.log_prob
+    if p.is_weights is not None:
+        pg_losses = pg_losses * p.is_weights
+    loss = _agg(p, pg_losses)
+    metrics = {
+        "pg_clipfrac": masked_mean(torch.ne(ratio, clipped_ratio).to(mask.dtype), mask),
+        "pg_clipfrac_lower": torch.zeros((), dtype=mask.dtype, device=mask.device),
+        "ppo_kl": masked_mean(-log_ratio, mask),
+    }
+    return loss, _detached(metrics)
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "vanilla": _vanilla,
+    "geo_mean": _geo_mean,
+    "gspo": _gspo,
+    "cispo": _cispo,
+}
+"""Policy losses by ``loss_mode`` name: ``vanilla`` (PPO, dual clip), ``geo_mean`` (GMPO), ``gspo``, ``cispo``."""
 
 
 def _check_clip(name: str, value: float | None) -> None:
@@ -131,28 +193,47 @@ def policy_loss(
     is_level: str = "token",
     is_mode: str = "truncate",
     is_threshold_lower: float | None = None,
+    is_weights: torch.Tensor | None = None,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient loss (0-d, differentiable w.r.t. ``log_prob``) and detached 0-d metrics; inputs ``[B, T]``.
 
+    ``low``/``high`` below default to ``clip_ratio``; ``w`` is the detached per-token IS weight (1 without
+    correction); ``agg`` is ``agg_loss`` with ``loss_agg_mode``, the global counts and ``loss_scale_factor``.
+
     ``vanilla`` (PPO): ``lr = clamp(log_prob - old_log_prob, -20, 20)``, ``ratio = exp(lr)``;
     ``l = max(-A*ratio, -A*clamp(ratio, 1-low, 1+high))`` and, where ``A < 0``, ``l = min(l, -A*clip_ratio_c)``
-    (dual clip); then ``agg_loss(l * w, ...)``. ``low``/``high`` default to ``clip_ratio``; ``clip_ratio_c > 1``.
+    (dual clip, ``clip_ratio_c > 1``); loss ``agg(l * w)``.
 
     ``geo_mean`` (GMPO): token log-ratios clipped in *log space* to ``[-low, +high]`` (pessimistically per the sign of
     A), sequence ratio = ``exp(mean of clipped log-ratios)``, sequence advantage = mean of A over the row,
-    loss = mean over rows of ``-adv * ratio * w_seq`` (``sum / global_num_seqs`` when given; ``loss_agg_mode`` and
-    ``global_num_tokens`` are not used). ``w_seq`` is the mean of the row's token IS weights. Note GMPO's clip values
-    are log-space bounds (verl's GMPO recipe uses 0.4).
+    loss = mean over all B rows of ``-adv * ratio * w_seq`` (``sum / global_num_seqs`` when given;
+    ``loss_agg_mode``, ``global_num_tokens`` and ``loss_scale_factor`` are not used). ``w_seq`` is the geometric mean
+    of the row's token weights, ``exp(mean_t log(w_t + 1e-10))``. GMPO's clip values are log-space bounds (verl's
+    GMPO recipe uses 0.4).
 
-    Off-policy correction: when both ``rollout_log_prob`` and ``tis_cap`` are given, ``w`` = detached IS weights
-    ``pi_old / pi_rollout`` at ``is_level`` with ``is_mode`` (see ``compute_is_weights``); otherwise ``w = 1`` and no
-    IS metrics are reported. With ``rollout_log_prob == old_log_prob`` every weight is exactly 1, so the loss is
-    bitwise equal to plain PPO.
+    ``gspo`` (GSPO): ``s_i = exp(mean_t (log_prob - old_log_prob))`` over the row's valid tokens; per token the
+    log-ratio ``log_prob - sg(log_prob) + sg(log s_i)``, clamped above at 10, is exponentiated to ``r`` (value
+    ``s_i``, gradient ``d r / d log_prob_t = s_i``); ``l = max(-A*r, -A*clamp(r, 1-low, 1+high))``; loss
+    ``agg(l * w)``. No dual clip; ``pg_clipfrac_lower`` is 0. verl recommends ``seq-mean-token-mean`` with it.
 
-    Metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl`` and, with IS active, ``is_weight_mean/max/min``,
-    ``is_frac_truncated`` or ``is_frac_masked``, ``is_ess``. Bad names, shapes or ranges raise ``ValueError``.
+    ``cispo`` (CISPO): ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``;
+    ``l = -sg(clamp(ratio, 1-low, 1+high)) * A * log_prob``; loss ``agg(l * w)``. The gradient flows through
+    ``log_prob`` on every token (the clipped ratio is only a weight); ``pg_clipfrac`` = fraction of valid tokens
+    whose ratio was clipped, ``pg_clipfrac_lower`` is 0.
+
+    Off-policy correction, one of: ``is_weights`` (``[B, T]``, detached here; e.g. computed once per step by
+    ``rollout_correction.rollout_is_weights``; no IS metrics are added), or ``rollout_log_prob`` with ``tis_cap``:
+    ``w`` = IS weights ``pi_old / pi_rollout`` at ``is_level`` with ``is_mode`` (see ``compute_is_weights``), whose
+    metrics are added. Passing ``is_weights`` together with ``rollout_log_prob`` and ``tis_cap`` is an error.
+    Otherwise ``w = 1``. With ``rollout_log_prob == old_log_prob`` every weight is exactly 1, so the loss is
+    bitwise equal to the uncorrected one.
+
+    Metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl`` (masked mean of ``old_log_prob - log_prob``) and,
+    with ``tis_cap`` IS active, ``is_weight_mean/max/min``, ``is_frac_truncated`` or ``is_frac_masked``, ``is_ess``.
+    Bad names, shapes or ranges raise ``ValueError``.
     """
     check_2d("old_log_prob", old_log_prob)
     check_same_shape("log_prob", log_prob, "old_log_prob", old_log_prob)
@@ -160,6 +241,13 @@ def policy_loss(
     check_same_shape("response_mask", response_mask, "old_log_prob", old_log_prob)
     if rollout_log_prob is not None:
         check_same_shape("rollout_log_prob", rollout_log_prob, "old_log_prob", old_log_prob)
+    if is_weights is not None:
+        check_same_shape("is_weights", is_weights, "old_log_prob", old_log_prob)
+        if rollout_log_prob is not None and tis_cap is not None:
+            raise ValueError(
+                "is_weights was given together with rollout_log_prob and tis_cap; pass either precomputed "
+                "is_weights or rollout_log_prob with tis_cap, not both"
+            )
     check_choice("loss_mode", loss_mode, POLICY_LOSSES)
     check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     check_choice("is_level", is_level, IS_LEVELS)
@@ -169,12 +257,15 @@ def policy_loss(
     _check_clip("clip_ratio_high", clip_ratio_high)
     if isinstance(clip_ratio_c, bool) or not isinstance(clip_ratio_c, (int, float)) or not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be a number > 1 (dual-clip lower bound), got {clip_ratio_c!r}")
+    check_positive_count("loss_scale_factor", loss_scale_factor)
 
     mask = float_mask(response_mask, log_prob)
-    is_weights: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
     is_metrics: dict[str, torch.Tensor] = {}
-    if rollout_log_prob is not None and tis_cap is not None:
-        is_weights, is_metrics = compute_is_weights(
+    if is_weights is not None:
+        weights = is_weights.detach().to(dtype=log_prob.dtype, device=log_prob.device)
+    elif rollout_log_prob is not None and tis_cap is not None:
+        weights, is_metrics = compute_is_weights(
             old_log_prob,
             rollout_log_prob,
             mask,
@@ -188,14 +279,64 @@ def policy_loss(
         log_prob=log_prob,
         advantages=advantages,
         response_mask=mask,
-        is_weights=is_weights,
+        is_weights=weights,
         clip_low=clip_ratio if clip_ratio_low is None else clip_ratio_low,
         clip_high=clip_ratio if clip_ratio_high is None else clip_ratio_high,
         clip_ratio_c=float(clip_ratio_c),
         loss_agg_mode=loss_agg_mode,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     loss, metrics = POLICY_LOSSES[loss_mode](inputs)
     metrics.update(is_metrics)
+    return loss, metrics
+
+
+def reinforce_loss(
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    is_weights: torch.Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    rollout_log_prob: torch.Tensor | None = None,
+    global_num_tokens: Count | None = None,
+    global_num_seqs: Count | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Plain (unclipped) REINFORCE loss ``agg_loss(-A * log_prob * w)`` and detached 0-d metrics; inputs ``[B, T]``.
+
+    ``w`` is ``is_weights`` detached (1 when ``None``), typically ``pi_current / pi_rollout`` truncated or masked by
+    ``rollout_correction.rollout_is_weights``; the gradient is ``-w * A * d log_prob``, aggregated like the loss.
+    This is verl 0.9.1's ``compute_policy_loss_reinforce`` (used by ``loss_mode=bypass_mode`` with
+    ``loss_type=reinforce``, where the rejection-sampled mask is passed as ``response_mask``). It is not a
+    ``POLICY_LOSSES`` entry because it takes no proximal ``old_log_prob``. ``loss_agg_mode`` defaults to
+    ``token-mean`` like ``policy_loss`` (verl's function default is ``seq-mean-token-sum``, but its actor passes the
+    configured mode, itself ``token-mean`` by default). Metrics: ``ppo_kl`` = masked mean of
+    ``rollout_log_prob - log_prob``, only when ``rollout_log_prob`` is given.
+    """
+    check_2d("log_prob", log_prob)
+    check_same_shape("advantages", advantages, "log_prob", log_prob)
+    check_same_shape("response_mask", response_mask, "log_prob", log_prob)
+    if is_weights is not None:
+        check_same_shape("is_weights", is_weights, "log_prob", log_prob)
+    if rollout_log_prob is not None:
+        check_same_shape("rollout_log_prob", rollout_log_prob, "log_prob", log_prob)
+    check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    mask = float_mask(response_mask, log_prob)
+    pg_losses = -advantages * log_prob
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights.detach().to(dtype=log_prob.dtype, device=log_prob.device)
+    loss = agg_loss(
+        pg_losses,
+        mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        loss_scale_factor=loss_scale_factor,
+    )
+    metrics: dict[str, torch.Tensor] = {}
+    if rollout_log_prob is not None:
+        metrics["ppo_kl"] = masked_mean(rollout_log_prob - log_prob, mask).detach()
     return loss, metrics

@@ -81,6 +81,10 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = None
     clip_ratio_c: Annotated[float, doc("Dual-clip constant for negative advantages (must be > 1).")] = 3.0
     loss_agg_mode: Annotated[LossAggMode, doc("How token losses are aggregated into the batch loss.")] = "token-mean"
+    loss_scale_factor: Annotated[
+        PosFloat | None,
+        doc("seq-mean-token-sum-norm (Dr. GRPO) divides by this constant; null = data.max_response_length."),
+    ] = None
     entropy_coeff: Annotated[float, doc("Entropy bonus coefficient (0 = off).")] = 0.0
     use_kl_loss: Annotated[bool, doc("Add a KL(policy || reference) term to the actor loss (GRPO style).")] = False
     kl_loss_coef: Annotated[NonNegFloat, doc("Coefficient of the KL loss term.")] = 0.001
@@ -88,6 +92,15 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         "low_var_kl"
     )
     grad_clip: Annotated[PosFloat, doc("Global gradient-norm clip.")] = 1.0
+    mask_truncated_responses: Annotated[
+        bool,
+        doc(
+            "DAPO's overlong filtering: responses whose finish_reason is 'length' (cut at data.max_response_length)"
+            " keep their place in their group's advantage statistics but contribute nothing to the policy loss, the"
+            " entropy and KL terms, the critic's value loss, or the loss denominators (metric"
+            " learner/batch/truncated_masked counts them)."
+        ),
+    ] = False
     policy_loss: Annotated[PolicyLossConfig, doc("Policy objective.")] = msgspec.field(default_factory=PolicyLossConfig)
     optim: Annotated[OptimConfig, doc("Actor optimizer.")] = msgspec.field(default_factory=OptimConfig)
     fsdp_config: Annotated[FsdpConfig, doc("Actor FSDP options.")] = msgspec.field(default_factory=FsdpConfig)

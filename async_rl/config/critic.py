@@ -59,6 +59,9 @@ class CriticConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     grad_clip: Annotated[PosFloat, doc("Critic gradient-norm clip.")] = 1.0
     cliprange_value: Annotated[NonNegFloat, doc("Value clipping range around the old values.")] = 0.5
     loss_agg_mode: Annotated[LossAggMode | None, doc("Value-loss aggregation; null = actor.loss_agg_mode.")] = None
+    loss_scale_factor: Annotated[
+        PosFloat | None, doc("seq-mean-token-sum-norm divisor of the value loss; null = data.max_response_length.")
+    ] = None
     rollout_n: Annotated[int | None, noop("verl copy of rollout.n.")] = None
     forward_micro_batch_size: Annotated[int | None, noop("Critic forward micro-batch.")] = None
     forward_micro_batch_size_per_gpu: Annotated[int | None, noop("Critic forward micro-batch per GPU.")] = None

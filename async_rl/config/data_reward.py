@@ -1,15 +1,19 @@
 """The ``data`` section (prompt files, lengths, batch size) and the reward sections.
 
-``reward`` is this system's own reward-function spec ("module:function", run in a sandboxed worker with a timeout);
-``custom_reward_function`` is verl's file-path form and, when its ``path`` is set, is used instead. ``reward_model`` is
-verl's learned-reward-model section, accepted for compatibility only (a warning is raised if it is set).
+``reward`` is this system's own reward-function spec ("module:function", run in a sandboxed worker with a timeout)
+plus ``reward.reward_kwargs``, verl 0.9.1's reward-manager options (DAPO's overlong reward shaping, applied by the
+actors: :mod:`async_rl.rewards.shaping`). ``custom_reward_function`` is verl's file-path form and, when its ``path`` is
+set, is used instead. ``reward_model`` is verl's learned-reward-model section, accepted for compatibility only (a
+warning is raised if one of its keys is set), except two older spellings of ``reward.reward_kwargs`` that verl still
+migrates: ``reward_model.reward_kwargs.*`` and the DAPO recipe's ``reward_model.overlong_buffer.*``. Validation maps
+them onto ``reward.reward_kwargs`` (two spellings set to different values is an error naming both keys).
 """
 
 from typing import Annotated, Any
 
 import msgspec
 
-from async_rl.config.fields import PosFloat, PosInt, doc, noop
+from async_rl.config.fields import NonNegFloat, NonNegInt, PosFloat, PosInt, doc, noop
 from async_rl.config.names import Truncation
 
 BUILTIN_DATA = "builtin:arith"
@@ -63,8 +67,61 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     custom_cls: Annotated[dict[str, Any], noop("Custom dataset class.")] = msgspec.field(default_factory=dict)
 
 
+class OverlongBufferConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """DAPO's overlong reward shaping (verl ``reward.reward_kwargs.overlong_buffer_cfg``)."""
+
+    enable: Annotated[
+        bool,
+        doc(
+            "Add a length penalty to every reward: 0 up to max_resp_len - len tokens, then falling linearly to"
+            " -penalty_factor at max_resp_len (score + min(-(length - (max_resp_len - len)) / len * penalty_factor,"
+            " 0)); applied by the actors, so the reward sent to the learner is the shaped one."
+        ),
+    ] = False
+    len: Annotated[NonNegInt, doc("Tokens of the penalty zone before max_resp_len (> 0 when enable).")] = 0
+    penalty_factor: Annotated[NonNegFloat, doc("Penalty at max_resp_len tokens (the zone's full depth).")] = 1.0
+    log: Annotated[
+        bool,
+        doc(
+            "Also report the 0/1 reward component 'overlong' (penalised or not); the penalty itself is always the"
+            " component 'overlong_reward' when enable."
+        ),
+    ] = False
+
+
+class RewardKwargsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's reward-manager options (``reward.reward_kwargs``); only DAPO's overlong shaping is supported."""
+
+    overlong_buffer_cfg: Annotated[OverlongBufferConfig, doc("DAPO overlong reward shaping.")] = msgspec.field(
+        default_factory=OverlongBufferConfig
+    )
+    max_resp_len: Annotated[
+        PosInt | None, doc("Response length the overlong penalty is measured against; null = data.max_response_length.")
+    ] = None
+
+
+class OverlongBufferAlias(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An older spelling of ``reward.reward_kwargs.overlong_buffer_cfg`` (null = not set here)."""
+
+    enable: Annotated[bool | None, doc("Alias of reward.reward_kwargs.overlong_buffer_cfg.enable.")] = None
+    len: Annotated[NonNegInt | None, doc("Alias of reward.reward_kwargs.overlong_buffer_cfg.len.")] = None
+    penalty_factor: Annotated[
+        NonNegFloat | None, doc("Alias of reward.reward_kwargs.overlong_buffer_cfg.penalty_factor.")
+    ] = None
+    log: Annotated[bool | None, doc("Alias of reward.reward_kwargs.overlong_buffer_cfg.log.")] = None
+
+
+class RewardKwargsAlias(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's transitional ``reward_model.reward_kwargs`` (migrated to ``reward.reward_kwargs``; null = not set)."""
+
+    overlong_buffer_cfg: Annotated[OverlongBufferAlias, doc("Alias of reward.reward_kwargs.overlong_buffer_cfg.")] = (
+        msgspec.field(default_factory=OverlongBufferAlias)
+    )
+    max_resp_len: Annotated[PosInt | None, doc("Alias of reward.reward_kwargs.max_resp_len.")] = None
+
+
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """This system's reward function (scored in a separate worker process)."""
+    """This system's reward function (scored in a separate worker process) and reward shaping."""
 
     function: Annotated[
         str,
@@ -74,6 +131,9 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ),
     ] = DEFAULT_REWARD_FUNCTION
     timeout_s: Annotated[PosFloat, doc("Seconds one reward call may take before it scores 0 and is logged.")] = 10.0
+    reward_kwargs: Annotated[RewardKwargsConfig, doc("verl reward-manager options (DAPO overlong shaping).")] = (
+        msgspec.field(default_factory=RewardKwargsConfig)
+    )
 
 
 class CustomRewardFunctionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -86,19 +146,29 @@ class CustomRewardFunctionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fi
 
 
 class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """verl's learned reward model (not supported: rewards come from functions)."""
+    """verl's learned reward model (not supported: rewards come from functions), and two older spellings of
+    ``reward.reward_kwargs``."""
 
-    enable: Annotated[bool, doc("Use a learned reward model.")] = False
-    reward_manager: Annotated[str, doc("verl reward manager.")] = "naive"
-    launch_reward_fn_async: Annotated[bool, doc("Score asynchronously (always the case here).")] = False
-    strategy: Annotated[str, doc("Reward-model strategy.")] = "fsdp"
-    model: Annotated[dict[str, Any], doc("Reward-model settings.")] = msgspec.field(default_factory=dict)
-    micro_batch_size: Annotated[int | None, doc("Reward-model micro-batch.")] = None
-    micro_batch_size_per_gpu: Annotated[int | None, doc("Reward-model micro-batch per GPU.")] = None
-    max_length: Annotated[int | None, doc("Reward-model max length.")] = None
-    use_dynamic_bsz: Annotated[bool, doc("Reward-model dynamic batch.")] = False
-    forward_max_token_len_per_gpu: Annotated[int | None, doc("Reward-model token budget.")] = None
-    sandbox_fusion: Annotated[dict[str, Any], doc("Sandbox settings.")] = msgspec.field(default_factory=dict)
+    enable: Annotated[bool, noop("Use a learned reward model.")] = False
+    reward_manager: Annotated[str, noop("verl reward manager (overlong shaping needs no 'dapo' manager here).")] = (
+        "naive"
+    )
+    launch_reward_fn_async: Annotated[bool, noop("Score asynchronously (always the case here).")] = False
+    strategy: Annotated[str, noop("Reward-model strategy.")] = "fsdp"
+    model: Annotated[dict[str, Any], noop("Reward-model settings.")] = msgspec.field(default_factory=dict)
+    micro_batch_size: Annotated[int | None, noop("Reward-model micro-batch.")] = None
+    micro_batch_size_per_gpu: Annotated[int | None, noop("Reward-model micro-batch per GPU.")] = None
+    max_length: Annotated[int | None, noop("Reward-model max length.")] = None
+    use_dynamic_bsz: Annotated[bool, noop("Reward-model dynamic batch.")] = False
+    forward_max_token_len_per_gpu: Annotated[int | None, noop("Reward-model token budget.")] = None
+    sandbox_fusion: Annotated[dict[str, Any], noop("Sandbox settings.")] = msgspec.field(default_factory=dict)
+    reward_kwargs: Annotated[
+        RewardKwargsAlias, doc("verl's transitional spelling of reward.reward_kwargs (mapped onto it).")
+    ] = msgspec.field(default_factory=RewardKwargsAlias)
+    overlong_buffer: Annotated[
+        OverlongBufferAlias,
+        doc("The DAPO recipe's spelling of reward.reward_kwargs.overlong_buffer_cfg (mapped onto it)."),
+    ] = msgspec.field(default_factory=OverlongBufferAlias)
 
 
 __all__ = [
@@ -106,6 +176,10 @@ __all__ = [
     "DEFAULT_REWARD_FUNCTION",
     "CustomRewardFunctionConfig",
     "DataConfig",
+    "OverlongBufferAlias",
+    "OverlongBufferConfig",
     "RewardConfig",
+    "RewardKwargsAlias",
+    "RewardKwargsConfig",
     "RewardModelConfig",
 ]

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-AdvEstimator = Literal["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "rloo_vectorized"]
+AdvEstimator = Literal[
+    "gae", "grpo", "grpo_passk", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "rloo_vectorized"
+]
 KLKind = Literal[
     "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
 ]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PolicyLossMode = Literal["vanilla", "geo_mean"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+PolicyLossMode = Literal["vanilla", "geo_mean", "gspo", "cispo"]
 KLControlType = Literal["fixed", "adaptive"]
 LRSchedule = Literal["constant", "cosine"]
 ISLevel = Literal["token", "sequence", "geometric"]
 ISMode = Literal["truncate", "mask"]
+BypassLossType = Literal["ppo_clip", "reinforce"]
 LoggerBackend = Literal["console", "jsonl", "tensorboard", "wandb"]
 ResumeMode = Literal["auto", "disable", "resume_path"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -43,7 +46,9 @@ LOGGER_BACKENDS: tuple[str, ...] = get_args(LoggerBackend)
 CRITIC_ESTIMATORS: frozenset[str] = frozenset({"gae"})
 # Estimators whose baseline is computed from the other samples of the same prompt: with rollout.n == 1 the baseline is
 # the sample itself (or undefined), so every advantage is 0 or the estimator degenerates. Config rejects n == 1.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "rloo_vectorized", "reinforce_plus_plus_baseline"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset(
+    {"grpo", "grpo_passk", "opo", "rloo", "rloo_vectorized", "reinforce_plus_plus_baseline"}
+)
 
 
 def needs_critic(estimator: str) -> bool:
@@ -61,6 +66,7 @@ __all__ = [
     "POLICY_LOSS_MODES",
     "ActorFailurePolicy",
     "AdvEstimator",
+    "BypassLossType",
     "Device",
     "ISLevel",
     "ISMode",

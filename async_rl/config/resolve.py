@@ -5,13 +5,19 @@ rollout prompt/response/model lengths from ``data``; clip_ratio_low/high from cl
 micro-batch sizes into per-rank ones (global // learner world size); unset per-rank micro-batches (the rank's whole
 mini-batch share for the actor/critic, the actor's value for log-prob passes); critic keys inheriting the actor's
 (only when the estimator uses a critic); ``warmup_style`` into ``lr_scheduler_type``; the optimizer horizon from
-``trainer.total_training_steps``; the IS lower bound in mask mode; checkpoint dir/period/retention from their verl
-aliases. ``transport.max_inflight_groups`` stays null here: the coordinator derives it.
+``trainer.total_training_steps``; the rollout-correction aliases into verl's keys; checkpoint dir/period/retention
+from their verl aliases; ``reward.reward_kwargs`` from its older verl spellings (``reward_model.reward_kwargs.*``,
+``reward_model.overlong_buffer.*``, which are then cleared) and ``max_resp_len`` from ``data.max_response_length``.
+``transport.max_inflight_groups`` stays null here: the coordinator derives it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from async_rl.config.common import OptimConfig
+from async_rl.config.correction import resolve_rollout_correction
+from async_rl.config.data_reward import OverlongBufferAlias, RewardKwargsAlias
 from async_rl.config.names import needs_critic
 from async_rl.config.schema import Config
 
@@ -28,6 +34,41 @@ def _resolve_optim(optim: OptimConfig, total_steps: int | None) -> None:
         optim.warmup_style = None
     if optim.total_training_steps == -1 and total_steps is not None:
         optim.total_training_steps = total_steps
+
+
+OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
+_REWARD_KWARGS = "reward.reward_kwargs"
+
+
+def reward_kwargs_aliases(cfg: Config) -> list[tuple[str, str, Any]]:
+    """``(key, alias key, alias value)`` for every older spelling of a ``reward.reward_kwargs`` key that is set."""
+    rm = cfg.reward_model
+    spellings = (
+        ("reward_model.reward_kwargs.overlong_buffer_cfg", rm.reward_kwargs.overlong_buffer_cfg),
+        ("reward_model.overlong_buffer", rm.overlong_buffer),
+    )
+    out = [
+        (f"{_REWARD_KWARGS}.overlong_buffer_cfg.{name}", f"{prefix}.{name}", getattr(alias, name))
+        for prefix, alias in spellings
+        for name in OVERLONG_KEYS
+        if getattr(alias, name) is not None
+    ]
+    if rm.reward_kwargs.max_resp_len is not None:
+        out.append(
+            (f"{_REWARD_KWARGS}.max_resp_len", "reward_model.reward_kwargs.max_resp_len", rm.reward_kwargs.max_resp_len)
+        )
+    return out
+
+
+def _resolve_reward_kwargs(cfg: Config) -> None:
+    kwargs = cfg.reward.reward_kwargs
+    for key, _, value in reward_kwargs_aliases(cfg):  # validation checked that they agree
+        name = key.rsplit(".", 1)[-1]
+        setattr(kwargs if name == "max_resp_len" else kwargs.overlong_buffer_cfg, name, value)
+    cfg.reward_model.reward_kwargs = RewardKwargsAlias()
+    cfg.reward_model.overlong_buffer = OverlongBufferAlias()
+    if kwargs.max_resp_len is None:
+        kwargs.max_resp_len = cfg.data.max_response_length
 
 
 def resolve_config(cfg: Config) -> None:
@@ -87,9 +128,9 @@ def resolve_config(cfg: Config) -> None:
             crit.ppo_micro_batch_size_per_gpu = crit.ppo_mini_batch_size * n // world
         _resolve_optim(crit.optim, tr.total_training_steps)
 
-    rc = cfg.algorithm.rollout_correction
-    if rc.is_mode == "mask" and rc.is_threshold_lower is None:
-        rc.is_threshold_lower = 1.0 / rc.is_threshold
+    resolve_rollout_correction(cfg.algorithm.rollout_correction)
+
+    _resolve_reward_kwargs(cfg)
 
     ck = cfg.async_training.checkpoint
     ck.dir = ck.dir or tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}"
@@ -103,4 +144,4 @@ def resolve_config(cfg: Config) -> None:
     tr.max_actor_ckpt_to_keep = ck.keep_last
 
 
-__all__ = ["resolve_config"]
+__all__ = ["OVERLONG_KEYS", "resolve_config", "reward_kwargs_aliases"]

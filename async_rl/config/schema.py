@@ -3,7 +3,8 @@
 Every section has defaults, so an empty YAML is a valid config: the defaults are the small CPU demo settings (builtin
 tiny model and arithmetic task) with verl's default algorithm settings. Section and key names are verl's, except
 ``reward`` and ``async_training`` (this system's own). ``reward_model`` and ``ray_init`` exist only so verl command
-lines parse; setting anything in them produces a start-up warning.
+lines parse; setting anything in them produces a start-up warning, except ``reward_model``'s two older spellings of
+``reward.reward_kwargs`` (see :mod:`async_rl.config.data_reward`).
 """
 
 from typing import Annotated
@@ -42,9 +43,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     async_training: Annotated[AsyncTrainingConfig, doc("Asynchronous actor-learner settings.")] = msgspec.field(
         default_factory=AsyncTrainingConfig
     )
-    reward_model: Annotated[RewardModelConfig, noop("Learned reward model (not supported).")] = msgspec.field(
-        default_factory=RewardModelConfig
-    )
+    reward_model: Annotated[
+        RewardModelConfig, doc("Learned reward model (not supported); older spellings of reward.reward_kwargs.")
+    ] = msgspec.field(default_factory=RewardModelConfig)
     ray_init: Annotated[RayInitConfig, noop("Ray start-up (no Ray here).")] = msgspec.field(
         default_factory=RayInitConfig
     )

@@ -14,11 +14,14 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from async_rl.config.algorithm import RolloutCorrectionConfig
+from async_rl.config.correction import check_rollout_correction
 from async_rl.config.critic import CriticConfig
+from async_rl.config.data_reward import RewardKwargsConfig
 from async_rl.config.errors import ConfigError
 from async_rl.config.introspect import changed_keys
 from async_rl.config.names import GROUP_ESTIMATORS, needs_critic
-from async_rl.config.resolve import resolve_config
+from async_rl.config.resolve import resolve_config, reward_kwargs_aliases
 from async_rl.config.schema import Config
 
 ARR = "actor_rollout_ref"
@@ -139,6 +142,12 @@ def _check_sampling(cfg: Config, errors: list[str]) -> None:
             errors.append(
                 f"{ARR}.rollout.{name} ({own}) differs from data.{data_key} ({data_val}); set data.{data_key} only"
             )
+    if ro.temperature == 0:
+        errors.append(
+            f"{ARR}.rollout.temperature must be > 0 for training rollouts: the learner divides the logits by it to"
+            " score the sampled tokens, and greedy samples of one prompt coincide (use val_kwargs for greedy"
+            " validation)"
+        )
     need = data.max_prompt_length + data.max_response_length
     if ro.max_model_len is not None and ro.max_model_len < need:
         errors.append(
@@ -222,12 +231,45 @@ def _check_algorithm(cfg: Config, errors: list[str]) -> None:
                 f"algorithm.adv_estimator={est!r} uses no critic, but these critic settings were changed and would be"
                 f" silently ignored: {', '.join(ignored)} (remove them or use adv_estimator='gae')"
             )
-    rc = alg.rollout_correction
-    if rc.is_threshold_lower is not None and rc.is_threshold_lower >= rc.is_threshold:
+    check_rollout_correction(alg.rollout_correction, RolloutCorrectionConfig(), errors)
+
+
+_FG = "algorithm.filter_groups"
+_MAX_METRIC_NAME = 128  # the longest reward-component name the rollout plane's wire format carries
+
+
+def _check_filter_groups(cfg: Config, errors: list[str]) -> None:
+    fg, n = cfg.algorithm.filter_groups, cfg.actor_rollout_ref.rollout.n
+    if fg.metric is not None and not 0 < len(fg.metric) <= _MAX_METRIC_NAME:
         errors.append(
-            f"algorithm.rollout_correction.is_threshold_lower ({rc.is_threshold_lower}) must be <"
-            f" algorithm.rollout_correction.is_threshold ({rc.is_threshold})"
+            f"{_FG}.metric must be 'reward' or a reward component name of 1 to {_MAX_METRIC_NAME} characters,"
+            f" got {fg.metric!r}"
         )
+    if not fg.enable:
+        return
+    if n < 2:
+        errors.append(
+            f"{_FG}.enable=true needs {ARR}.rollout.n >= 2 (got {n}): a group of one completion has no variance,"
+            " so there is nothing to filter on"
+        )
+    if fg.metric is None:
+        errors.append(f"{_FG}.enable=true needs {_FG}.metric: 'reward' (the scalar reward) or a reward component name")
+
+
+def _filter_groups_warnings(cfg: Config) -> list[str]:
+    fg = cfg.algorithm.filter_groups
+    default = type(fg)()
+    ignored = [f"{_FG}.{k}" for k in ("metric", "max_num_gen_batches") if getattr(fg, k) != getattr(default, k)]
+    if not fg.enable and ignored:
+        return [f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored with {_FG}.enable=false"]
+    shaping = cfg.reward.reward_kwargs.overlong_buffer_cfg.enable
+    if fg.enable and fg.metric not in (None, "reward") and not (fg.metric == "acc" and shaping):
+        return [
+            f"{_FG}.metric={fg.metric!r} must be a component every reward of the run carries (a key of the dict the"
+            " reward function returns; 'acc', the unshaped score, is added by the overlong shaping"
+            " reward.reward_kwargs.overlong_buffer_cfg.enable); a group without it is refused as invalid"
+        ]
+    return []
 
 
 def _check_model_paths(cfg: Config, errors: list[str]) -> None:
@@ -257,9 +299,66 @@ def _check_reward_and_trainer(cfg: Config, errors: list[str]) -> None:
         errors.append("async_training.weight_sync.backend='nccl' needs CUDA, but trainer.device='cpu'")
 
 
+def _check_reward_kwargs(cfg: Config, errors: list[str]) -> None:
+    """Older spellings of reward.reward_kwargs must agree with it and each other; overlong shaping needs a valid zone.
+
+    A ``reward.reward_kwargs`` key counts as set when it differs from its default (so an alias wins over a key left at,
+    or explicitly set to, its default)."""
+    kwargs, default = cfg.reward.reward_kwargs, RewardKwargsConfig()
+    effective: dict[str, object] = {}
+    spellings: dict[str, list[tuple[str, object]]] = {}
+    for key, alias, given_value in reward_kwargs_aliases(cfg):
+        spellings.setdefault(key, []).append((alias, given_value))
+    for key, aliases in spellings.items():
+        name = key.rsplit(".", 1)[-1]
+        own, own_default = (
+            (kwargs.max_resp_len, default.max_resp_len)
+            if name == "max_resp_len"
+            else (getattr(kwargs.overlong_buffer_cfg, name), getattr(default.overlong_buffer_cfg, name))
+        )
+        given = ([(key, own)] if own != own_default else []) + aliases
+        if len({repr(v) for _, v in given}) > 1:
+            listed = ", ".join(f"{k}={v!r}" for k, v in given)
+            errors.append(f"{key} is set by several spellings to different values: {listed}; set only {key}")
+        effective[key] = aliases[0][1]
+    prefix = "reward.reward_kwargs.overlong_buffer_cfg"
+    buf = kwargs.overlong_buffer_cfg
+
+    def effective_value(name: str) -> object:
+        return effective.get(f"{prefix}.{name}", getattr(buf, name))
+
+    if not effective_value("enable"):
+        return
+    buffer_len = effective_value("len")
+    assert isinstance(buffer_len, int)
+    if buffer_len <= 0:
+        errors.append(
+            f"{prefix}.len must be > 0 when {prefix}.enable is true (got {buffer_len}); set it to the penalty zone's"
+            " length in tokens, or set enable=false"
+        )
+        return
+    max_len = effective.get("reward.reward_kwargs.max_resp_len", kwargs.max_resp_len)
+    shown = f"({max_len})"
+    if max_len is None:
+        max_len = cfg.data.max_response_length
+        shown = f"(null = data.max_response_length = {max_len})"
+    assert isinstance(max_len, int)
+    if max_len < buffer_len:
+        errors.append(
+            f"reward.reward_kwargs.max_resp_len {shown} must be >= {prefix}.len ({buffer_len}) when {prefix}.enable"
+            " is true"
+        )
+
+
 def _check_async(cfg: Config, errors: list[str]) -> None:
     at, tr = cfg.async_training, cfg.trainer
     tp = at.transport
+    if at.sync_every_n_steps > at.max_staleness + 1:
+        errors.append(
+            f"async_training.sync_every_n_steps ({at.sync_every_n_steps}) must be <= async_training.max_staleness + 1"
+            f" ({at.max_staleness + 1}): between two broadcasts the learner runs up to sync_every_n_steps - 1"
+            " versions ahead of every actor's weights, and past max_staleness no group could be admitted"
+        )
     missing = [f for f in _CURVE_FIELDS if not getattr(tp, f)]
     if not is_loopback(tp.host) and missing:
         errors.append(
@@ -314,23 +413,29 @@ def collect_warnings(cfg: Config) -> list[str]:
             "algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both true:"
             " the KL is penalized twice"
         )
-    if ro.temperature == 0:
-        warnings.append(f"{ARR}.rollout.temperature is 0: training rollouts are greedy, so a group's samples coincide")
     rc, at = alg.rollout_correction, cfg.async_training
-    if not rc.enable and at.max_staleness > 0:
+    weighted = rc.enable is not False and (rc.rollout_is is not None or rc.enable is True or rc.is_level is not None)
+    if not weighted and not rc.bypass_mode and at.max_staleness > 0:
+        off = "enable=false" if rc.enable is False else "rollout_is=null"
         warnings.append(
-            f"algorithm.rollout_correction.enable is false with async_training.max_staleness={at.max_staleness}:"
+            f"algorithm.rollout_correction.{off} with async_training.max_staleness={at.max_staleness}:"
             " off-policy samples are trained without importance correction"
         )
     if rc.is_mode == "truncate" and rc.is_threshold_lower is not None:
         warnings.append("algorithm.rollout_correction.is_threshold_lower is only used by is_mode='mask'; ignored")
+    if rc.bypass_mode and actor.policy_loss.loss_mode != "vanilla":
+        warnings.append(
+            f"algorithm.rollout_correction.bypass_mode=true replaces {ARR}.actor.policy_loss.loss_mode"
+            f"={actor.policy_loss.loss_mode!r} by PPO clip or REINFORCE (loss_type), as verl does"
+        )
     shaped = ro.temperature != 1.0 or ro.top_p < 1.0 or ro.top_k != -1
-    if at.actor.logprobs_mode == "raw" and rc.enable and shaped:
+    if at.actor.logprobs_mode == "raw" and (weighted or rc.bypass_mode) and shaped:
         warnings.append(
             "async_training.actor.logprobs_mode='raw' with temperature/top-p/top-k sampling: behaviour log-probs do not"
             " match the sampled distribution, so importance ratios are biased (use 'processed')"
         )
     warnings.extend(_validation_warnings(cfg))
+    warnings.extend(_filter_groups_warnings(cfg))
     return warnings
 
 
@@ -346,8 +451,10 @@ def validate_config(cfg: Config) -> list[str]:
     _check_validation(cfg, errors)
     _check_actor(cfg, errors)
     _check_algorithm(cfg, errors)
+    _check_filter_groups(cfg, errors)
     _check_model_paths(cfg, errors)
     _check_reward_and_trainer(cfg, errors)
+    _check_reward_kwargs(cfg, errors)
     _check_async(cfg, errors)
     if len(errors) == 1:
         raise ConfigError(errors[0])

@@ -3,7 +3,10 @@
 Actors deliver *groups*: one prompt with its ``n`` sampled responses, each with the behaviour-policy log-probs vLLM
 reported, a scalar reward and the policy version that generated it. The learner needs verl's tensor layout:
 prompts left-padded to ``P`` and responses right-padded to ``T`` so ``input_ids = [prompt | response]`` (``[B, P+T]``)
-and the logits at positions ``P-1 .. P+T-2`` predict the response tokens. The reward sits on the last valid response
+and the logits at positions ``P-1 .. P+T-2`` predict the response tokens. ``response_mask`` marks the tokens that
+exist (it shapes the forward passes and never changes); ``loss_mask`` starts equal to it and is what the losses, the
+advantages and every token or sequence count read: rows or tokens leave the update by being zeroed there (an
+out-of-vocabulary group, rejection sampling, masked truncated responses). The reward sits on the last valid response
 token of ``token_level_scores``. Rows keep the order of the groups (group-major), and ``index`` holds the dense group
 id every group-based advantage estimator needs.
 
@@ -33,17 +36,20 @@ __all__ = [
     "decode_groups",
     "encode_groups",
     "mask_out_of_vocab",
+    "mask_truncated",
     "to_rollout_groups",
 ]
 
 
 class Response(msgspec.Struct, frozen=True):
-    """One sampled response: its token ids, behaviour log-probs (one per token), scalar reward, policy version."""
+    """One sampled response: its token ids, behaviour log-probs (one per token), scalar reward, policy version, and
+    whether generation stopped at the length limit (``truncated``: the actor's finish reason was ``"length"``)."""
 
     token_ids: list[int]
     logprobs: list[float]
     reward: float
     version: int = 0
+    truncated: bool = False
 
 
 class RolloutGroup(msgspec.Struct, frozen=True):
@@ -87,6 +93,7 @@ def to_rollout_groups(groups: Iterable[GroupLike]) -> list[RolloutGroup]:
                 logprobs=[float(x) for x in r.logprobs],
                 reward=float(r.reward),
                 version=int(getattr(r, "version", 0)),
+                truncated=bool(getattr(r, "truncated", False)),
             )
             for r in g.responses
         ]
@@ -152,8 +159,9 @@ def collate_groups(
     """Pad a list of groups into the learner's tensor layout (see module docstring).
 
     Tensors: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/``response_mask``/
-    ``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/``prompt_lengths``/``response_lengths``/
-    ``versions`` ``[B]``. ``P``/``T`` default to the longest prompt/response; a longer one raises ``ValueError``.
+    ``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/``prompt_lengths``/
+    ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool (a response's optional ``truncated``,
+    default False). ``P``/``T`` default to the longest prompt/response; a longer one raises ``ValueError``.
     """
     if not groups:
         raise ValueError("groups must not be empty")
@@ -188,6 +196,7 @@ def collate_groups(
     scores = torch.zeros((b, t_width), dtype=torch.float32)
     index = torch.empty(b, dtype=torch.long)
     versions = torch.empty(b, dtype=torch.long)
+    truncated = torch.zeros(b, dtype=torch.bool)
     p_lens = torch.empty(b, dtype=torch.long)
     t_lens = torch.empty(b, dtype=torch.long)
     for i, (gi, prompt, r) in enumerate(rows):
@@ -199,6 +208,7 @@ def collate_groups(
         logprobs[i, :tl] = torch.as_tensor(list(r.logprobs), dtype=torch.float32)
         scores[i, tl - 1] = float(r.reward)
         index[i], versions[i], p_lens[i], t_lens[i] = gi, int(getattr(r, "version", 0)), pl, tl
+        truncated[i] = bool(getattr(r, "truncated", False))
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return RolloutBatch(
@@ -208,10 +218,12 @@ def collate_groups(
             "position_ids": position_ids,
             "responses": responses,
             "response_mask": response_mask,
+            "loss_mask": response_mask.clone(),
             "rollout_log_probs": logprobs,
             "token_level_scores": scores,
             "index": index,
             "versions": versions,
+            "truncated": truncated,
             "prompt_lengths": p_lens,
             "response_lengths": t_lens,
         }
@@ -223,7 +235,7 @@ def mask_out_of_vocab(batch: RolloutBatch, vocab_size: int, pad_token_id: int = 
     group ids (``index``), ``[]`` in the normal case (one vectorized check over ``input_ids`` ``[B, P+T]``).
 
     Such ids would crash the embedding lookup. The groups' rows stay in the batch (it must still split into whole
-    mini-batches) but become inert: bad ids are replaced by ``pad_token_id``, ``response_mask`` and
+    mini-batches) but become inert: bad ids are replaced by ``pad_token_id``, ``loss_mask`` and
     ``token_level_scores`` are zeroed, so they add no loss, no gradient and no token or sequence to any count.
     """
     if not 0 <= pad_token_id < vocab_size:
@@ -238,6 +250,18 @@ def mask_out_of_vocab(batch: RolloutBatch, vocab_size: int, pad_token_id: int = 
     ids.masked_fill_(bad_ids, pad_token_id)
     responses = batch["responses"]
     responses.masked_fill_((responses < 0) | (responses >= vocab_size), pad_token_id)
-    batch["response_mask"][rows] = 0
+    batch["loss_mask"][rows] = 0
     batch["token_level_scores"][rows] = 0.0
     return [int(g) for g in groups.tolist()]
+
+
+def mask_truncated(batch: RolloutBatch) -> int:
+    """Take every truncated response (``truncated``: it hit the length limit) out of the update, in place: its row of
+    ``loss_mask`` is zeroed, so it adds no policy/entropy/KL/value loss, no gradient and no token or sequence to any
+    loss denominator. Run it after the advantages: the row still counts in its group's statistics. Returns the number
+    of rows this took out (truncated rows that still had loss tokens)."""
+    rows = batch["truncated"].bool()
+    loss_mask = batch["loss_mask"]
+    masked = int((rows & (loss_mask.sum(dim=-1) > 0)).sum())
+    loss_mask[rows] = 0
+    return masked

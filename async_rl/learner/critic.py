@@ -99,18 +99,20 @@ class Critic:
             vpreds = response_values(self.model, mi)
             old = batch["values"].index_select(0, idx).to(device)
             returns = batch["returns"].index_select(0, idx).to(device)
+            loss_mask = batch["loss_mask"].index_select(0, idx).to(device)
             loss, clipfrac = value_loss(
                 vpreds,
                 returns,
                 old,
-                mi.response_mask,
+                loss_mask,
                 s.cliprange_value,
                 s.loss_agg_mode,
                 global_num_tokens=tokens,
                 global_num_seqs=seqs,
+                loss_scale_factor=s.loss_scale_factor,
             )
             acc.mean("critic/vf_clipfrac", clipfrac)
-            mask = mi.response_mask.float()
+            mask = loss_mask.float()
             acc.ratio("critic/vpred_mean", (vpreds.detach() * mask).sum(), mask.sum())
             return loss
 

@@ -13,9 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from async_rl.config.correction import parse_is_threshold
+from async_rl.config.names import LOSS_AGG_MODES
+
 __all__ = ["CriticSettings", "LearnerSettings", "OptimSettings"]
 
-_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+_LOSS_AGG_MODES = LOSS_AGG_MODES
 _LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -92,6 +95,7 @@ class CriticSettings:
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None  # critic.loss_scale_factor (None: the padded response length)
     grad_clip: float = 1.0
     model_path: str = ""
     optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-5))
@@ -128,6 +132,7 @@ class LearnerSettings:
     clip_ratio_c: float = 3.0
     loss_agg_mode: str = "token-mean"
     loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode
+    mask_truncated_responses: bool = False  # rows that hit the length limit leave the loss (after advantages)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -145,11 +150,15 @@ class LearnerSettings:
     kl_coef: float = 0.001
     kl_target: float = 0.1
     kl_horizon: int = 10000
+    loss_scale_factor: float | None = None  # actor.loss_scale_factor: Dr. GRPO's constant (None: max_response_length)
     # algorithm.rollout_correction.*: behaviour-policy (vLLM) vs proximal-policy importance weights
-    tis_cap: float | None = None  # truncation cap of the IS weight (None: no correction)
-    is_level: str = "token"
-    is_mode: str = "truncate"
-    is_threshold_lower: float | None = None
+    rollout_is: str | None = None  # 'token' | 'sequence' | 'geometric'; None: no IS weights
+    rollout_is_threshold: float | str = 2.0  # a number = TIS cap; 'lower_upper' = IcePop bounds
+    is_batch_normalize: bool = False  # rollout_is_batch_normalize
+    rollout_rs: str | None = None  # rejection-sampling options (comma list), see async_rl.config.correction
+    rollout_rs_threshold: float | str | None = None
+    bypass_mode: bool = False  # old log-probs = the actor's; no proximal pass
+    bypass_loss_type: str = "ppo_clip"  # rollout_correction.loss_type: 'ppo_clip' or 'reinforce'
     # robustness / system
     max_consecutive_nonfinite: int = 5
     mixed_precision: bool = True  # bf16 params / fp32 reduce on GPU; always fp32 on CPU
@@ -218,6 +227,7 @@ class LearnerSettings:
                 ppo_epochs=int(_get(c, "ppo_epochs", cd.ppo_epochs)),
                 cliprange_value=float(_get(c, "cliprange_value", cd.cliprange_value)),
                 loss_agg_mode=str(_get(c, "loss_agg_mode", cd.loss_agg_mode)),
+                loss_scale_factor=_get(c, "loss_scale_factor", None),
                 grad_clip=float(_get(c, "grad_clip", cd.grad_clip)),
                 model_path=str(_get(c, "model.path", "")),
                 optim=OptimSettings.from_config(_get(c, "optim", None), total),
@@ -225,8 +235,10 @@ class LearnerSettings:
         micro = int(_get(actor, "ppo_micro_batch_size_per_gpu", d.ppo_micro_batch_size_per_gpu))
         if bool(_get(actor, "use_dynamic_bsz", False)):
             raise ValueError("actor_rollout_ref.actor.use_dynamic_bsz=true is not supported by the learner yet")
-        tis = _get(corr, "is_threshold", None) if bool(_get(corr, "enable", corr is not None)) else None
-        lower = _get(corr, "is_threshold_lower", None)
+        level = getattr(corr, "rollout_is", None) if corr is not None else None
+        threshold = _get(corr, "rollout_is_threshold", d.rollout_is_threshold)
+        parse_is_threshold(threshold)  # fail here, not in the first step
+        scale = _get(actor, "loss_scale_factor", None)
         return cls(
             ppo_mini_batch_size=int(_get(actor, "ppo_mini_batch_size", d.ppo_mini_batch_size)),
             ppo_micro_batch_size_per_gpu=micro,
@@ -250,6 +262,7 @@ class LearnerSettings:
             clip_ratio_c=float(_get(actor, "clip_ratio_c", d.clip_ratio_c)),
             loss_agg_mode=str(_get(actor, "loss_agg_mode", d.loss_agg_mode)),
             loss_mode=str(_get(actor, "policy_loss.loss_mode", d.loss_mode)),
+            mask_truncated_responses=bool(_get(actor, "mask_truncated_responses", d.mask_truncated_responses)),
             entropy_coeff=float(_get(actor, "entropy_coeff", d.entropy_coeff)),
             use_kl_loss=bool(_get(actor, "use_kl_loss", d.use_kl_loss)),
             kl_loss_coef=float(_get(actor, "kl_loss_coef", d.kl_loss_coef)),
@@ -266,10 +279,14 @@ class LearnerSettings:
             kl_coef=float(_get(algo, "kl_ctrl.kl_coef", d.kl_coef)),
             kl_target=float(_get(algo, "kl_ctrl.target_kl", d.kl_target)),
             kl_horizon=int(_get(algo, "kl_ctrl.horizon", d.kl_horizon)),
-            tis_cap=None if tis is None else float(tis),
-            is_level=str(_get(corr, "is_level", d.is_level)),
-            is_mode=str(_get(corr, "is_mode", d.is_mode)),
-            is_threshold_lower=None if lower is None else float(lower),
+            loss_scale_factor=None if scale is None else float(scale),
+            rollout_is=None if level is None else str(level),
+            rollout_is_threshold=threshold,
+            is_batch_normalize=bool(_get(corr, "rollout_is_batch_normalize", False)),
+            rollout_rs=_get(corr, "rollout_rs", None),
+            rollout_rs_threshold=_get(corr, "rollout_rs_threshold", None),
+            bypass_mode=bool(_get(corr, "bypass_mode", False)),
+            bypass_loss_type=str(_get(corr, "loss_type", d.bypass_loss_type)),
             max_consecutive_nonfinite=int(_get(cfg, "learner.max_consecutive_nonfinite", d.max_consecutive_nonfinite)),
             mixed_precision=bool(_get(cfg, "learner.mixed_precision", d.mixed_precision)),
             seed=int(_get(cfg, "trainer.seed", d.seed)),

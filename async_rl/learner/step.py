@@ -38,6 +38,9 @@ from async_rl.algorithms import (
     compute_advantages,
     kl_penalty,
     policy_loss,
+    reinforce_loss,
+    rejection_mask,
+    rollout_is_weights,
 )
 from async_rl.learner.batching import (
     GroupLike,
@@ -47,6 +50,7 @@ from async_rl.learner.batching import (
     decode_groups,
     encode_groups,
     mask_out_of_vocab,
+    mask_truncated,
     to_rollout_groups,
 )
 from async_rl.learner.checkpoint import load_learner, save_learner
@@ -161,7 +165,7 @@ class Learner:
 
     def _rewards_and_advantages(self, batch: RolloutBatch, acc: dict[str, float]) -> None:
         s = self.settings
-        mask = batch["response_mask"]
+        mask = batch["loss_mask"]
         rewards = batch["token_level_scores"]
         if self.kl_ctrl is not None:
             rewards, kl_metrics = apply_kl_in_reward(
@@ -182,11 +186,134 @@ class Learner:
         batch["advantages"] = advantages
         batch["returns"] = returns
 
+    def _rollout_correction(self, batch: RolloutBatch, out: dict[str, float]) -> None:
+        """Decoupled mode, once per step on the whole batch (as verl's trainer does, before advantages): rejection
+        sampling zeroes ``loss_mask`` where pi_old / pi_rollout is out of bounds, and the IS weights (normalised to
+        mean 1 over the batch with ``rollout_is_batch_normalize``) are stored as ``is_weights`` for every micro-batch.
+        Every rank holds the whole batch, so the batch means need no collective."""
+        s = self.settings
+        old, behaviour = batch["old_log_probs"], batch["rollout_log_probs"]
+        if s.rollout_rs is not None:
+            assert s.rollout_rs_threshold is not None  # config validation
+            kept, rs_metrics = rejection_mask(
+                old, behaviour, batch["loss_mask"], options=s.rollout_rs, thresholds=s.rollout_rs_threshold
+            )
+            batch["loss_mask"] = kept
+            out.update({f"learner/rollout_corr/{k}": float(v) for k, v in rs_metrics.items()})
+        if s.rollout_is is None:
+            return
+        weights, is_metrics = self._is_weights(old, behaviour, batch["loss_mask"])
+        batch["is_weights"] = weights
+        out.update({f"learner/rollout_corr/{k}": float(v) for k, v in is_metrics.items()})
+
+    def _is_weights(
+        self, old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """IS weights pi_old / pi_rollout under ``rollout_is`` / ``rollout_is_threshold`` (+ batch normalisation)."""
+        s = self.settings
+        assert s.rollout_is is not None
+        return rollout_is_weights(
+            old,
+            behaviour,
+            mask,
+            level=s.rollout_is,
+            threshold=s.rollout_is_threshold,
+            batch_normalize=s.is_batch_normalize,
+        )
+
     # ------------------------------------------------------------------ actor update
     def _reuses_proximal(self, batch_size: int) -> bool:
-        """One optimizer step from the current weights, nothing needs old log-probs first: skip the proximal pass."""
+        """One optimizer step from the current weights, nothing needs old log-probs first: skip the proximal pass.
+
+        Not with batch-level corrections (rejection sampling, batch-normalised weights: they change the loss
+        denominators or need the whole batch first), nor in bypass mode, which has no proximal policy at all."""
         s = self.settings
-        return s.ppo_epochs == 1 and s.ppo_mini_batch_size * s.rollout_n >= batch_size and self.kl_ctrl is None
+        batch_level = s.rollout_rs is not None or (s.rollout_is is not None and s.is_batch_normalize)
+        one_step = s.ppo_epochs == 1 and s.ppo_mini_batch_size * s.rollout_n >= batch_size
+        return one_step and self.kl_ctrl is None and not batch_level and not s.bypass_mode
+
+    def _pg_loss(
+        self,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        sel: Callable[[str], torch.Tensor],
+        mask: torch.Tensor,
+        tokens: float,
+        seqs: float,
+        *,
+        reuse_proximal: bool,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+        """The policy-gradient term of one micro-batch: ``(loss, loss metrics, rollout-correction metrics, mask)``.
+
+        Decoupled (default): the PPO-family loss against the proximal ``old_log_prob``, weighted by the step's IS
+        weights (``is_weights``) or, when the proximal pass was skipped, by weights computed here from the
+        micro-batch. Bypass mode (verl 0.9.1's ``bypass_mode``): the actor's log-probs are the old policy; rejection
+        sampling then runs here against the current log-probs (after the loss denominators were counted, as in
+        verl), and ``loss_type`` picks PPO clip (no extra weight) or REINFORCE ``-w * A * log pi``."""
+        s = self.settings
+        rollout = sel("rollout_log_probs")
+        advantages = sel("advantages")
+        scale = s.loss_scale_factor
+        corr: dict[str, torch.Tensor] = {}
+        weights: torch.Tensor | None = None
+        if not s.bypass_mode:
+            if reuse_proximal and s.rollout_is is not None:
+                weights, corr = self._is_weights(old_log_prob, rollout, mask)
+            elif s.rollout_is is not None:
+                weights = sel("is_weights")
+            loss, metrics = policy_loss(
+                old_log_prob,
+                log_prob,
+                advantages,
+                mask,
+                clip_ratio=s.clip_ratio,
+                clip_ratio_low=s.clip_ratio_low,
+                clip_ratio_high=s.clip_ratio_high,
+                clip_ratio_c=s.clip_ratio_c,
+                loss_agg_mode=s.loss_agg_mode,
+                loss_mode=s.loss_mode,
+                is_weights=weights,
+                global_num_tokens=tokens,
+                global_num_seqs=seqs,
+                loss_scale_factor=scale,
+            )
+            return loss, metrics, corr, mask
+        current = log_prob.detach()
+        if s.rollout_rs is not None:
+            assert s.rollout_rs_threshold is not None  # config validation
+            mask, corr = rejection_mask(current, rollout, mask, options=s.rollout_rs, thresholds=s.rollout_rs_threshold)
+            mask = mask.bool()
+        if s.bypass_loss_type == "reinforce":
+            if s.rollout_is is not None:
+                weights, is_metrics = self._is_weights(current, rollout, mask)
+                corr.update(is_metrics)
+            loss, metrics = reinforce_loss(
+                log_prob,
+                advantages,
+                mask,
+                is_weights=weights,
+                loss_agg_mode=s.loss_agg_mode,
+                rollout_log_prob=rollout,
+                global_num_tokens=tokens,
+                global_num_seqs=seqs,
+                loss_scale_factor=scale,
+            )
+        else:
+            loss, metrics = policy_loss(
+                rollout,
+                log_prob,
+                advantages,
+                mask,
+                clip_ratio=s.clip_ratio,
+                clip_ratio_low=s.clip_ratio_low,
+                clip_ratio_high=s.clip_ratio_high,
+                clip_ratio_c=s.clip_ratio_c,
+                loss_agg_mode=s.loss_agg_mode,
+                global_num_tokens=tokens,
+                global_num_seqs=seqs,
+                loss_scale_factor=scale,
+            )
+        return loss, metrics, corr, mask
 
     def _actor_micro_loss(
         self, batch: RolloutBatch, acc: MetricAccumulator, reuse_proximal: bool = False
@@ -204,33 +331,16 @@ class Learner:
             mode = "grad" if s.entropy_coeff != 0 else "detached"
             log_prob, entropy = response_log_probs(self.model, mi, temperature=s.temperature, entropy=mode)
             assert entropy is not None
-            mask = mi.response_mask
             if reuse_proximal:
                 old_log_prob = log_prob.detach()
-                _accumulate_offpolicy(acc, old_log_prob, sel("rollout_log_probs"), mask)
+                _accumulate_offpolicy(acc, old_log_prob, sel("rollout_log_probs"), mi.response_mask)
             else:
                 old_log_prob = sel("old_log_probs")
-            pg_loss, pg_metrics = policy_loss(
-                old_log_prob,
-                log_prob,
-                sel("advantages"),
-                mask,
-                clip_ratio=s.clip_ratio,
-                clip_ratio_low=s.clip_ratio_low,
-                clip_ratio_high=s.clip_ratio_high,
-                clip_ratio_c=s.clip_ratio_c,
-                loss_agg_mode=s.loss_agg_mode,
-                rollout_log_prob=sel("rollout_log_probs"),
-                tis_cap=s.tis_cap,
-                loss_mode=s.loss_mode,
-                is_level=s.is_level,
-                is_mode=s.is_mode,
-                is_threshold_lower=s.is_threshold_lower,
-                global_num_tokens=tokens,
-                global_num_seqs=seqs,
+            pg_loss, pg_metrics, corr_metrics, mask = self._pg_loss(
+                log_prob, old_log_prob, sel, sel("loss_mask").bool(), tokens, seqs, reuse_proximal=reuse_proximal
             )
             loss = pg_loss
-            counts = {"global_num_tokens": tokens, "global_num_seqs": seqs}
+            counts = {"global_num_tokens": tokens, "global_num_seqs": seqs, "loss_scale_factor": s.loss_scale_factor}
             if s.entropy_coeff != 0:
                 loss = loss - s.entropy_coeff * agg_loss(entropy, mask, s.loss_agg_mode, **counts)
             if s.use_kl_loss:
@@ -243,9 +353,10 @@ class Learner:
             fmask = mask.float()
             acc.ratio("actor/entropy", (entropy.detach() * fmask).sum(), fmask.sum())
             acc.total("actor/pg_loss_sum", pg_loss.detach())
-            for key, value in pg_metrics.items():
-                kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
-                getattr(acc, kind)(f"actor/{key}", value)
+            for prefix, values in (("actor", pg_metrics), ("rollout_corr", corr_metrics)):
+                for key, value in values.items():
+                    kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
+                    getattr(acc, kind)(f"{prefix}/{key}", value)
             return loss
 
         return micro_loss
@@ -271,14 +382,18 @@ class Learner:
         acc = MetricAccumulator()
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
-        if not reuse:
+        if s.bypass_mode:
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        elif not reuse:
             batch["old_log_probs"] = self._log_probs(self.model, batch)
+            self._rollout_correction(batch, out)
         if self.ref is not None:
             batch["ref_log_probs"] = self._log_probs(self.ref, batch)
         if self.critic is not None:
             batch["values"] = self.critic.values(batch)
         self.model.train()
         self._rewards_and_advantages(batch, out)
+        out["learner/batch/truncated_masked"] = float(mask_truncated(batch) if s.mask_truncated_responses else 0)
         t_update = time.perf_counter()
         seed = s.seed * 1_000_003 + self.version
         skipped_critic = 0
@@ -339,7 +454,7 @@ class Learner:
 
         ``offpolicy``: the reduced sums of :func:`_accumulate_offpolicy` when the proximal pass was skipped."""
         mask = batch["response_mask"].bool()
-        adv = batch["advantages"][mask]
+        adv = batch["advantages"][batch["loss_mask"].bool()]
         stale = (self.version - batch["versions"]).float()  # weights trained on vs weights that sampled
         # Off-policy gap between the behaviour policy (vLLM) and the proximal policy (learner, current weights).
         if offpolicy is None:

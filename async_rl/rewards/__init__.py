@@ -9,9 +9,21 @@ Either kind returns a float score or a dict with a ``"score"`` key plus optional
 Rewards run off the learner's critical path, in the actor, inside :class:`RewardWorker` (a child process spoken to
 over msgpack frames, never pickle) so that a function that raises or hangs costs a score of 0 and a counted error,
 not the actor.
+
+:class:`OverlongShaping` (DAPO's overlong reward shaping, :mod:`async_rl.rewards.shaping`) adds a length penalty to
+the score in the actor, after the worker returns it.
 """
 
 from async_rl.rewards.base import RewardFn, RewardResult, load_reward_fn, normalize_reward
+from async_rl.rewards.shaping import OverlongShaping, overlong_penalty
 from async_rl.rewards.worker import RewardWorker
 
-__all__ = ["RewardFn", "RewardResult", "RewardWorker", "load_reward_fn", "normalize_reward"]
+__all__ = [
+    "OverlongShaping",
+    "RewardFn",
+    "RewardResult",
+    "RewardWorker",
+    "load_reward_fn",
+    "normalize_reward",
+    "overlong_penalty",
+]

@@ -1,6 +1,7 @@
 """An actor process: one vLLM engine (one GPU, a tensor-parallel group, or the CPU) serving the rollout plane.
 
-Builds, in order: the reward worker (fails fast on a bad ``module:function``), the rollout client, the vLLM engine
+Builds, in order: the reward worker (fails fast on a bad ``module:function``) and the reward shaping
+(``reward.reward_kwargs``), the rollout client, the vLLM engine
 with the weight-sync worker extension, then runs :class:`async_rl.actor.loop.ActorLoop` until the coordinator says
 shutdown. The model path must name the same initial weights the learner starts from (version 0).
 """
@@ -26,6 +27,22 @@ def reward_worker(cfg: Config) -> Any:
     if custom.path:
         return RewardWorker(f"{custom.path}:{custom.name}", timeout_s=cfg.reward.timeout_s, verl_style=True)
     return RewardWorker(cfg.reward.function, timeout_s=cfg.reward.timeout_s)
+
+
+def reward_shaping(cfg: Config) -> Any:
+    """DAPO's overlong reward shaping from ``reward.reward_kwargs`` (None when off); the loop applies it to scores."""
+    from async_rl.rewards import OverlongShaping
+
+    kwargs = cfg.reward.reward_kwargs
+    buf = kwargs.overlong_buffer_cfg
+    if not buf.enable:
+        return None
+    return OverlongShaping(
+        max_resp_len=int(kwargs.max_resp_len or cfg.data.max_response_length),
+        buffer_len=buf.len,
+        penalty_factor=buf.penalty_factor,
+        log=buf.log,
+    )
 
 
 def engine_settings(cfg: Config, model_path: str) -> Any:
@@ -67,6 +84,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             client=client,
             engine=engine,
             scorer=scorer,
+            reward_shaping=reward_shaping(cfg),
             weight_sync=AsyncEngineWeightSync(engine.vllm),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,

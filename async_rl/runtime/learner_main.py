@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 def _learner_groups(groups: list[Any], coordinator: Any) -> list[Any]:
-    """Transport groups -> the learner's groups (prompt ids from the ledger's records; version = oldest)."""
+    """Transport groups -> the learner's groups (prompt ids from the ledger's records; version = oldest; ``truncated``
+    when the completion's finish reason is ``"length"``, for ``actor.mask_truncated_responses``)."""
     from async_rl.learner.batching import Response, RolloutGroup
     from async_rl.transport import unpack_array
 
@@ -52,6 +53,7 @@ def _learner_groups(groups: list[Any], coordinator: Any) -> list[Any]:
                 logprobs=unpack_array(c.logprobs).tolist(),
                 reward=float(c.reward),
                 version=int(c.version_min),
+                truncated=c.finish_reason == "length",
             )
             for c in g.completions
         ]
@@ -228,7 +230,7 @@ def _train(cfg: Config, ctx: Any, stop: GracefulStop) -> dict[str, Any]:
     from async_rl.learner.settings import LearnerSettings
     from async_rl.learner.step import Learner, share_groups
     from async_rl.runtime.validation import build_validator
-    from async_rl.transport import Coordinator
+    from async_rl.transport import Coordinator, FilterSettings
     from async_rl.weight_sync.publisher import WeightPublisher
 
     out_dir = resources.run_dir(cfg)
@@ -248,6 +250,7 @@ def _train(cfg: Config, ctx: Any, stop: GracefulStop) -> dict[str, Any]:
     learner = Learner(settings, ctx, policy_path)
     coordinator = None
     if records is not None:
+        fg = cfg.algorithm.filter_groups  # DAPO dynamic sampling, done by the coordinator (transport/filtering.py)
         coordinator = Coordinator(
             records,
             resources.plane_settings(cfg),
@@ -257,6 +260,9 @@ def _train(cfg: Config, ctx: Any, stop: GracefulStop) -> dict[str, Any]:
             max_epochs=cfg.trainer.total_epochs,
             autostart=False,
             vocab_size=learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
+            filter_groups=FilterSettings(
+                enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches
+            ),
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
     ws = cfg.async_training.weight_sync

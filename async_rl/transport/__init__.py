@@ -2,11 +2,13 @@
 
 protocol     typed, versioned msgpack messages; token ids / log-probs as raw little-endian arrays
 codec        strict decoding (every bad message is a ProtocolError with a reason) and size-checked encoding
-settings     PlaneSettings, mirroring the config keys async_training.{max_staleness, stale_policy, transport.*}
+settings     PlaneSettings, mirroring the config keys async_training.{max_staleness, stale_policy, transport.*};
+             FilterSettings, mirroring algorithm.filter_groups.{enable, metric, max_num_gen_batches}
 sockets      ROUTER/DEALER construction, loopback-by-default binding, CURVE + ZAP
 keys         ``python -m async_rl.transport.keys DIR`` makes CURVE key pairs
-ledger       exactly-once accounting of every prompt id (leases, re-grants, buffer, trained), save/restore
+ledger       exactly-once accounting of every prompt id (leases, re-grants, buffer, trained, filtered), save/restore
 admission    the staleness bound and admission control (K = 0 is synchronous)
+filtering    DAPO dynamic sampling: training groups with a constant metric are settled as filtered, not trained
 coordinator  the background thread beside learner rank 0, and the learner's in-process API
 evaluation   validation rounds pinned to one policy version, kept out of the ledger and of training
 client       RolloutClient, used by actor processes
@@ -16,6 +18,7 @@ from async_rl.transport.admission import min_start_version, within_bound
 from async_rl.transport.client import RolloutClient
 from async_rl.transport.codec import MessageTooLarge, ProtocolError, WireCodec, WireLimits
 from async_rl.transport.coordinator import Coordinator
+from async_rl.transport.filtering import FilterBudgetExceeded
 from async_rl.transport.prompts import PromptRecord
 from async_rl.transport.protocol import (
     PROTOCOL_VERSION,
@@ -27,12 +30,14 @@ from async_rl.transport.protocol import (
     pack_array,
     unpack_array,
 )
-from async_rl.transport.settings import PlaneSettings
+from async_rl.transport.settings import FilterSettings, PlaneSettings
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Completion",
     "Coordinator",
+    "FilterBudgetExceeded",
+    "FilterSettings",
     "MessageTooLarge",
     "PlaneSettings",
     "PromptGrant",

@@ -9,7 +9,9 @@ work, to actors whose loaded version is the round's, within their credit, and ne
 Only the coordinator thread touches the ROUTER. Learner calls mutate shared state under one lock and wake the
 thread through an inproc PAIR socket. Bad input never raises out of the loop: it is counted by reason and dropped.
 A delivered group is checked against its grant (transport.validation) before it is accepted; an invalid one is acked
-"invalid" and its prompt granted again, and an actor with ``max_invalid_groups`` of them is quarantined.
+"invalid" and its prompt granted again, and an actor with ``max_invalid_groups`` of them is quarantined. With group
+filtering (transport.filtering, DAPO dynamic sampling) a valid training group whose metric is constant is acked
+"accepted" but settled in the ledger as filtered instead of buffered, and another prompt is granted in its place.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from async_rl.transport.actors import ActorRegistry, ActorState, ActorStatus
 from async_rl.transport.codec import WireCodec, WireLimits
 from async_rl.transport.coordinator_io import RouterIO
 from async_rl.transport.evaluation import EvalLease, EvalResult, EvalRound
+from async_rl.transport.filtering import FilterBudgetExceeded, GroupFilter
 from async_rl.transport.ledger import Lease, Ledger
 from async_rl.transport.metrics import TransportMetrics
 from async_rl.transport.prompts import PromptRecord, PromptSource
@@ -48,7 +51,7 @@ from async_rl.transport.protocol import (
     group_seed,
     pack_array,
 )
-from async_rl.transport.settings import PlaneSettings
+from async_rl.transport.settings import FilterSettings, PlaneSettings
 from async_rl.transport.validation import InvalidReason, Quarantine, check_group
 
 logger = logging.getLogger(__name__)
@@ -77,10 +80,12 @@ class Coordinator:
         autostart: bool = True,
         vocab_size: int | None = None,
         trust_claimed_versions: bool = False,
+        filter_groups: FilterSettings | None = None,
     ) -> None:
         """``trust_claimed_versions``: grant on an actor's claimed loaded version alone, for planes tested or
         benchmarked without a weight sync. By default an actor's version counts only up to what the learner
-        confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``."""
+        confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``.
+        ``filter_groups``: DAPO dynamic sampling of training groups (transport.filtering); None: off."""
         self.settings = settings or PlaneSettings()
         if vocab_size is not None and (
             isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
@@ -106,6 +111,14 @@ class Coordinator:
         )
         self._metrics = TransportMetrics(self.k)
         self._quarantine = Quarantine(self.settings.max_invalid_groups)
+        filter_groups = filter_groups or FilterSettings()
+        if not isinstance(filter_groups, FilterSettings):
+            raise ValueError(f"filter_groups must be a FilterSettings or None, got {type(filter_groups).__name__}")
+        self._filter = GroupFilter(filter_groups, self.settings.groups_per_step, self.sampling.n)
+        if filter_groups.enable and not self._filter.active:
+            logger.warning("group filtering is on but sampling.n == 1: a group of one completion is never filtered")
+        self._fatal: FilterBudgetExceeded | None = None  # the run cannot go on: every get_groups raises it
+        self._missing_metric_logged = False
         self._taken_staleness: dict[int, int] = {}
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
@@ -207,6 +220,7 @@ class Coordinator:
 
         Groups come oldest generation version first. Raises TimeoutError after ``timeout_s`` (the buffer is left
         untouched). When the data is exhausted and nothing is outstanding, returns what is left (maybe fewer, or []).
+        Raises `FilterBudgetExceeded` once group filtering used up ``max_num_gen_batches`` for a step.
         """
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"num_groups must be an int >= 1, got {num_groups!r}")
@@ -217,6 +231,9 @@ class Coordinator:
             while True:
                 if self._failed is not None:
                     raise RuntimeError("coordinator thread failed") from self._failed
+                if self._fatal is not None:
+                    self._learner_wants = 0
+                    raise FilterBudgetExceeded(str(self._fatal))
                 if self._stopping:
                     raise RuntimeError("coordinator is closed")
                 self._purge_stale_locked()
@@ -224,6 +241,7 @@ class Coordinator:
                 if len(led.received) >= num_groups or self._nothing_coming_locked():
                     self._learner_wants = 0
                     taken = led.take(num_groups)
+                    self._filter.on_take(len(taken))
                     for buf in taken:
                         staleness = self._version - buf.version
                         assert 0 <= staleness <= self.k, "a group over the staleness bound reached the learner"
@@ -319,6 +337,7 @@ class Coordinator:
                 "data_position": position,
                 "eval/open_prompts": 0 if self._eval is None else self._eval.open_count,
                 "actors_quarantined": len(self._quarantine),
+                **self._filter.metrics(led.trained_total, led.grants_settled, led.filtered_total),
             }
             decode_errors, send_failures = self._io.stats()
             return self._metrics.snapshot(gauges, decode_errors, send_failures)
@@ -353,6 +372,7 @@ class Coordinator:
                 "policy_version": self._version,
                 "ledger": self._ledger.state_dict(self.codec),
                 "admission": self._admission.state_dict(),
+                "filter": self._filter.state_dict(taken_outstanding=bool(self._ledger.taken)),
                 "counters": dict(self._metrics.counters),
             }
 
@@ -377,6 +397,8 @@ class Coordinator:
             self._ledger = ledger
             self._version = max(self._version, version)
             self._admission.load_state_dict(state.get("admission", {}))
+            if state.get("filter") is not None:  # absent in states saved before group filtering existed
+                self._filter.load_state_dict(state["filter"])
             self._metrics.counters.update({str(k): int(v) for k, v in state.get("counters", {}).items()})
             self._purge_stale_locked()
             self._cv.notify_all()
@@ -556,7 +578,12 @@ class Coordinator:
             return "duplicate"
         min_version = self._ledger.leases[group.prompt_id].min_version if verdict == "ok" else None
         reason = check_group(
-            group, self.sampling, policy_version=self._version, min_version=min_version, vocab_size=self.vocab_size
+            group,
+            self.sampling,
+            policy_version=self._version,
+            min_version=min_version,
+            vocab_size=self.vocab_size,
+            required_component=self._filter.required_component,
         )
         if reason is not None:
             self._ledger.reject_invalid(group.prompt_id)
@@ -568,16 +595,41 @@ class Coordinator:
             self._metrics.drops["stale"] += 1
             self._ledger.reject_stale(group.prompt_id, regrant=self.settings.stale_policy == "regrant")
             return "stale"
-        self._ledger.accept(group, nbytes, version)
         self._metrics.groups.add()
         self._metrics.bytes.add(nbytes)
         self._metrics.record_span(group.newest_version - version)
+        if self._filter.should_filter(group):  # received fine, but no signal: settled, a new prompt takes its slot
+            self._ledger.filter(group.prompt_id)
+            self._filter.on_filtered(len(self._ledger.received))
+        else:
+            self._ledger.accept(group, nbytes, version)
+        self._check_filter_budget_locked()
         return "accepted"
+
+    def _check_filter_budget_locked(self) -> None:
+        """Stop the run (every later get_groups raises) once a step cannot fill within max_num_gen_batches."""
+        if self._fatal is not None or self._ledger.exhausted:
+            return
+        why = self._filter.budget_error(len(self._ledger.received))
+        if why is None:
+            return
+        logger.error("%s", why)
+        self._fatal = FilterBudgetExceeded(why)
+        self._cv.notify_all()
 
     def _invalid_locked(self, group: RolloutGroup, reason: InvalidReason) -> AckStatus:
         """Count a group that failed validation (its prompt is already back to be granted again)."""
         self._metrics.drops[f"invalid_{reason}"] += 1
         logger.warning("rejected rollout group of prompt %d from %s: %s", group.prompt_id, group.actor_id, reason)
+        if reason == "missing_filter_metric" and not self._missing_metric_logged:
+            self._missing_metric_logged = True
+            carried = sorted({k for c in group.completions for k in (c.reward_components or {})})
+            logger.warning(
+                "group filtering reads the reward component %r (algorithm.filter_groups.metric), but a group came "
+                "without it; its completions carry %s (use 'reward' for the scalar reward)",
+                self._filter.required_component,
+                carried or "no reward components",
+            )
         return "invalid"
 
     def _strike_locked(self, actor_id: str) -> None:
@@ -664,7 +716,7 @@ class Coordinator:
         led = self._ledger
         busy = bool(led.taken)
         grants: list[tuple[ActorState, list[Lease], int]] = []
-        if self._allowance_locked() <= 0:
+        if self._fatal is not None or self._allowance_locked() <= 0:
             return grants
         for state in self._actors.round_robin():
             if state.credit <= 0:

@@ -7,12 +7,16 @@ Each prompt id below the data cursor is in exactly one state:
               served before new data
     RECEIVED  its group arrived and waits in the buffer
     TAKEN     handed to the learner by get_groups, not yet marked trained
-    DONE      trained, or dropped for good (stale with stale_policy="drop", or too large to ever send)
+    DONE      trained; filtered (its group arrived fine but carries no training signal, transport.filtering: it
+              is settled for good, never trained and never granted again); or dropped for good (stale with
+              stale_policy="drop", or too large to ever send)
 
 Deliveries are judged by (prompt id, lease id): the current lease -> accept; an expired lease whose prompt sits in
 the re-grant queue, not yet re-granted -> accept too ("late": the work is valid and nobody else is doing it); any
 other lease of a known prompt, or a prompt already received/trained -> duplicate; ids never issued -> unknown. So a
-group is trained at most once and a granted prompt is never lost while the ledger lives. `state_dict` turns the
+group is trained at most once and a granted prompt is never lost while the ledger lives: every id below the cursor
+is leased, queued for re-grant, received, taken, or DONE, and DONE ids are counted as ``trained_total +
+filtered_total + dropped_total`` (exactly, for a ledger started at id 0). `state_dict` turns the
 ledger into plain data (outstanding leases folded into the re-grant queue) so a resumed run neither repeats nor
 skips a prompt. Pure logic: no sockets, no threads, no clocks (callers pass ``now``).
 """
@@ -67,6 +71,7 @@ class Ledger:
         self.done_low = 0  # every prompt id < done_low is DONE
         self.done_above: set[int] = set()
         self.trained_total = 0
+        self.filtered_total = 0
         self.dropped_total = 0
         self._seq = 0
 
@@ -85,6 +90,12 @@ class Ledger:
     def in_flight(self) -> int:
         """Groups counted by admission control: leased + buffered (received or taken, not yet trained)."""
         return len(self.leases) + len(self.received) + len(self.taken)
+
+    @property
+    def grants_settled(self) -> int:
+        """Leases ever issued whose outcome is known: all of them but those still out and those of groups buffered
+        (received or taken) and not yet trained; each prompt trained, filtered or dropped used at least one."""
+        return self.next_lease_id - 1 - len(self.leases) - len(self.received) - len(self.taken)
 
     def is_done(self, prompt_id: int) -> bool:
         return prompt_id < self.done_low or prompt_id in self.done_above
@@ -155,6 +166,13 @@ class Ledger:
         self._settle(group.prompt_id)
         self.received[group.prompt_id] = Buffered(group, nbytes, self._seq, version)
         self._seq += 1
+
+    def filter(self, prompt_id: int) -> None:
+        """A delivery (ok/late) that is valid but carries no training signal: DONE as filtered, never trained and
+        never granted again (the data cursor moves on to other prompts)."""
+        self._settle(prompt_id)
+        self._mark_done(prompt_id)
+        self.filtered_total += 1
 
     def reject_stale(self, prompt_id: int, regrant: bool) -> None:
         """A delivery (ok/late) that is already over the staleness bound: re-grant its prompt or drop it for good."""
@@ -229,6 +247,7 @@ class Ledger:
             "done_low": self.done_low,
             "done_above": sorted(self.done_above),
             "trained_total": self.trained_total,
+            "filtered_total": self.filtered_total,
             "dropped_total": self.dropped_total,
         }
 
@@ -252,13 +271,15 @@ class Ledger:
             ledger.done_above = {int(p) for p in state["done_above"]}
             ledger.trained_total = int(state["trained_total"])
             ledger.dropped_total = int(state["dropped_total"])
+            ledger.filtered_total = int(state.get("filtered_total", 0))  # absent in states saved before filtering
         except (KeyError, TypeError) as exc:
             raise ValueError(f"ledger state is missing or has a bad key: {exc!r}") from None
         ledger.check_invariants()
         return ledger
 
     def check_invariants(self) -> None:
-        """Every prompt id below the cursor is in exactly one state, else ValueError (used on restore, in tests)."""
+        """Every prompt id below the cursor is in exactly one state and every DONE one is counted as trained,
+        filtered or dropped, else ValueError (used on restore, in tests)."""
         states = [set(self.leases), set(self.regrant), set(self.received), set(self.taken), self.done_above]
         seen: set[int] = set()
         for s in states:
@@ -271,4 +292,11 @@ class Ledger:
             raise ValueError(
                 f"ledger lost track of {self.next_prompt_id - self.done_low - len(seen)} prompt id(s) "
                 f"between done_low={self.done_low} and next_prompt_id={self.next_prompt_id}"
+            )
+        done = self.done_low + len(self.done_above)
+        settled = self.trained_total + self.filtered_total + self.dropped_total
+        if done != settled:
+            raise ValueError(
+                f"{done} prompt ids are DONE but trained_total={self.trained_total} + filtered_total="
+                f"{self.filtered_total} + dropped_total={self.dropped_total} = {settled}"
             )

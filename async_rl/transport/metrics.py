@@ -36,6 +36,8 @@ EVAL_COUNTERS = (
 # sender quarantined after ``max_invalid_groups`` invalid ones. ``actors_quarantined`` counts those senders.
 INVALID_DROPS = tuple(f"invalid_{reason}" for reason in INVALID_REASONS)
 DECLARED_DROPS = (*INVALID_DROPS, "quarantined")
+# Group filtering (DAPO dynamic sampling, transport.filtering) reports the gauges ``transport/filter/{filtered_groups,
+# filtered_fraction, grants_per_trained_group, filtered_total}``, always (zero when off); filtering.py defines them.
 
 
 class RateMeter:

@@ -2,7 +2,9 @@
 
 `PlaneSettings` mirrors the config keys ``async_training.{max_staleness, stale_policy}`` and
 ``async_training.transport.*`` one to one; wiring the config in later is ``PlaneSettings(**section)``.
-Every field is checked in ``__post_init__`` and a bad value raises ``ValueError`` naming the field.
+`FilterSettings` mirrors ``algorithm.filter_groups.{enable, metric, max_num_gen_batches}`` (DAPO dynamic sampling,
+see transport.filtering). Every field is checked in ``__post_init__`` and a bad value raises ``ValueError`` naming
+the field.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ StalePolicy = Literal["drop", "regrant"]
 STALE_POLICIES: tuple[str, ...] = ("drop", "regrant")
 
 LOOPBACK_HOST = "127.0.0.1"
+REWARD_METRIC = "reward"  # filter metric naming a completion's scalar reward; any other name is a reward component
+MAX_METRIC_NAME = 128  # the longest reward-component name the wire carries (protocol.Completion.reward_components)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,42 @@ class PlaneSettings:
         if unknown:
             raise ValueError(f"unknown transport setting(s) {unknown}; known: {sorted(known)}")
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class FilterSettings:
+    """DAPO dynamic sampling ("filter groups") on the rollout plane; the fields are verl's keys of the same names.
+
+    enable: drop training groups whose ``metric`` is the same for all n completions (no GRPO signal) instead of
+        training them, and grant other prompts in their place (transport.filtering).
+    metric: ``"reward"`` (each completion's scalar reward) or the name of a reward component
+        (``Completion.reward_components[metric]``); required when ``enable``.
+    max_num_gen_batches: <= 0 means no limit; otherwise a training step that has used
+        ``max_num_gen_batches x groups_per_step`` prompts without collecting ``groups_per_step`` informative groups
+        stops the run with `FilterBudgetExceeded` (verl's "too many generated batches").
+    """
+
+    enable: bool = False
+    metric: str | None = None
+    max_num_gen_batches: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable, bool):
+            raise ValueError(f"enable must be a bool, got {self.enable!r}")
+        if self.metric is not None and (
+            not isinstance(self.metric, str) or not self.metric or len(self.metric) > MAX_METRIC_NAME
+        ):
+            raise ValueError(
+                f"metric must be a non-empty string of at most {MAX_METRIC_NAME} chars, got {self.metric!r}"
+            )
+        if self.enable and self.metric is None:
+            raise ValueError(f"metric must be set when enable is true ({REWARD_METRIC!r} or a reward component name)")
+        _check_int("max_num_gen_batches", self.max_num_gen_batches, -(2**63))
+
+    @property
+    def limit_batches(self) -> int:
+        """The generation budget in batches of one step's groups; 0 means unlimited."""
+        return max(0, self.max_num_gen_batches) if self.enable else 0
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -5,7 +5,8 @@ hold to be trainable. `check_group` does, before the coordinator accepts a group
 completions; each response non-empty (the learner cannot train an empty one) and at most ``max_tokens`` long; every
 token id in ``[0, vocab_size)`` (the learner's embedding rows: one id past them crashes the embedding); one finite
 behaviour log-prob ``<= 0`` per token (``LOGPROB_EPS`` allows float error); versions ordered, no older than the
-grant's ``min_version`` and no newer than the policy the learner has published. It returns None or one short reason
+grant's ``min_version`` and no newer than the policy the learner has published; with group filtering on a reward
+component (transport.filtering), every completion carries that component. It returns None or one short reason
 (`INVALID_REASONS`, a metrics key: ``transport/drops/invalid_<reason>``) and never raises on what a peer sent.
 
 `Quarantine` counts invalid groups per sender; the ``max_invalid``-th one quarantines it for the coordinator's
@@ -28,6 +29,7 @@ InvalidReason = Literal[
     "response_too_long",
     "token_out_of_vocab",
     "bad_logprobs",
+    "missing_filter_metric",
 ]
 INVALID_REASONS: tuple[InvalidReason, ...] = get_args(InvalidReason)
 LOGPROB_EPS = 1e-4  # a log-prob may exceed 0 by this much (float rounding of a probability of 1)
@@ -40,10 +42,11 @@ def check_group(
     policy_version: int | None,
     min_version: int | None = None,
     vocab_size: int | None = None,
+    required_component: str | None = None,
 ) -> InvalidReason | None:
     """Why ``group`` cannot be trained (None: it can), judged against the grant's ``sampling`` (``n``, ``max_tokens``)
-    and ``min_version``, the newest published ``policy_version`` and the learner's ``vocab_size``; each of the last
-    three is not checked when None."""
+    and ``min_version``, the newest published ``policy_version``, the learner's ``vocab_size`` and the reward
+    component group filtering reads (``required_component``); each of the last four is not checked when None."""
     if len(group.completions) != sampling.n:
         return "wrong_completion_count"
     for c in group.completions:
@@ -63,6 +66,10 @@ def check_group(
             return "token_out_of_vocab"
         if logprobs.shape[0] != tokens.shape[0] or not _logprobs_ok(logprobs):
             return "bad_logprobs"
+    if required_component is not None and any(
+        required_component not in (c.reward_components or {}) for c in group.completions
+    ):
+        return "missing_filter_metric"
     return None
 
 

@@ -1,4 +1,12 @@
-"""Tests for the advantage estimators and the ``compute_advantages`` dispatcher, with hand-derived values."""
+"""Tests for the advantage estimators and the ``compute_advantages`` dispatcher, with hand-derived values.
+
+The expected values reproduce verl 0.9.1's ``core_algos`` estimators (``compute_gae_advantage_return``,
+``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``, ...), derived by hand from their definitions;
+the registry now also holds ``grpo_passk`` and ``opo`` (tested in ``test_advantage_passk_opo.py``). REINFORCE++
+follows verl 0.9.1's recursion, which skips masked positions (return 0 there, carry unchanged) rather than resetting
+the carry as earlier verl versions did; the two agree on right-padded responses with zero padding rewards.
+``tools/verl_crosscheck.py`` runs every estimator shared with verl on random inputs against verl itself.
+"""
 
 import math
 
@@ -103,15 +111,24 @@ def test_rloo_loop_and_vectorized_differ_only_on_singletons() -> None:
     torch.testing.assert_close(ret, loop)
 
 
-def test_reinforce_plus_plus_discounting_resets_at_padding() -> None:
+def test_reinforce_plus_plus_discounting_skips_padding() -> None:
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 7.0]])  # 7.0 sits on padding and must not leak back
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv, ret = compute_advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
-    # row 0: G2 = 1, G1 = .5 * 1, G0 = .25; row 1: G2 = 7 (then reset to 0), G1 = 2, G0 = .5 * 2 = 1
-    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 7.0]]))
+    # row 0: G2 = 1, G1 = .5 * 1, G0 = .25; row 1: padding G2 = 0 (its reward is dropped), G1 = 2, G0 = .5 * 2 = 1
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     # valid returns .25,.5,1,1,2: mean .95, squared deviations sum 1.8, unbiased var .45
     assert adv[1, 1].item() == pytest.approx(1.05 / math.sqrt(0.45), rel=1e-5)
     assert adv[1, 2].item() == 0.0
+
+
+def test_reinforce_plus_plus_carries_the_return_across_a_masked_span() -> None:
+    # verl 0.9.1: a masked token inside a response (e.g. a tool observation) passes the carry through unchanged
+    rewards = torch.tensor([[0.0, 5.0, 1.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    _, ret = compute_advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
+    # G2 = 1; masked t1: G1 = 0, carry stays 1 (its reward 5 is dropped); G0 = 0 + .5 * 1
+    torch.testing.assert_close(ret, torch.tensor([[0.5, 0.0, 1.0]]))
 
 
 def test_reinforce_plus_plus_baseline() -> None:
@@ -156,6 +173,8 @@ def test_registry_and_critic_helpers() -> None:
     assert set(ADV_ESTIMATORS) == {
         "gae",
         "grpo",
+        "grpo_passk",
+        "opo",
         "reinforce_plus_plus",
         "reinforce_plus_plus_baseline",
         "rloo",

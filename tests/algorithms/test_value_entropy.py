@@ -1,4 +1,9 @@
-"""Tests for the clipped value loss and the numerically stable entropy of token distributions."""
+"""Tests for the clipped value loss and the numerically stable entropy of token distributions.
+
+The value loss matches verl 0.9.1 ``compute_value_loss`` (``0.5 * agg_loss(max(l1, l2))``, ``dp_size=1``); the
+``loss_scale_factor`` case below is the number verl returns when its ``loss_scale_factor`` is forwarded to
+``agg_loss`` for ``seq-mean-token-sum-norm``.
+"""
 
 import math
 
@@ -25,6 +30,18 @@ def test_value_loss_by_hand() -> None:
     # global token count 9 -> .5 * 2.34 / 9 = .13
     loss_g, _ = value_loss(vpreds, returns, values, mask, 0.5, global_num_tokens=9)
     assert loss_g.item() == pytest.approx(0.13)
+
+
+def test_value_loss_forwards_loss_scale_factor() -> None:
+    values = torch.tensor([[1.0, 1.0, 1.0]])
+    returns = torch.tensor([[3.0, 0.5, 0.0]])
+    vpreds = torch.tensor([[2.5, 0.8, 123.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    # row sum of max(l1, l2) = 2.25 + .09 = 2.34 over 1 sequence; default factor T = 3, then 10
+    loss_t, _ = value_loss(vpreds, returns, values, mask, 0.5, "seq-mean-token-sum-norm")
+    assert loss_t.item() == pytest.approx(0.5 * 2.34 / 3)
+    loss_f, _ = value_loss(vpreds, returns, values, mask, 0.5, "seq-mean-token-sum-norm", loss_scale_factor=10)
+    assert loss_f.item() == pytest.approx(0.5 * 2.34 / 10)
 
 
 def test_value_loss_gradient_is_zero_for_clipped_token() -> None:

@@ -121,10 +121,12 @@ def test_a_group_with_an_out_of_vocab_id_is_made_inert_in_place() -> None:
     # row 2 (group b): ids 1_000_000 and -1 became the pad id 0, and it adds no loss token, no reward
     assert batch["responses"][2].tolist() == [12, 0, 0]
     assert batch["input_ids"][2].tolist() == [0, 0, 11, 12, 0, 0]
-    assert batch["response_mask"][2].tolist() == [0, 0, 0]
+    assert batch["loss_mask"][2].tolist() == [0, 0, 0]
     assert batch["token_level_scores"][2].tolist() == [0.0, 0.0, 0.0]
+    # the tokens still exist for the forward passes (packed layouts count them from response_mask)
+    assert batch["response_mask"][2].tolist() == [1, 1, 1]
     # group a (rows 0 and 1) is untouched
-    assert batch["response_mask"][:2].tolist() == [[1, 1, 0], [1, 0, 0]]
+    assert batch["loss_mask"][:2].tolist() == [[1, 1, 0], [1, 0, 0]]
     assert batch["token_level_scores"][0].tolist() == [0.0, 1.0, 0.0]
     assert len(batch) == 3  # the batch keeps its rows: it must still split into whole mini-batches
 

@@ -77,7 +77,12 @@ def test_from_config_reads_verl_names() -> None:
             rollout=NS(n=5, temperature=0.9),
             model=NS(use_remove_padding=True),
         ),
-        algorithm=NS(adv_estimator="gae", gamma=0.99, lam=0.95, rollout_correction=NS(enable=True, is_threshold=2.0)),
+        algorithm=NS(
+            adv_estimator="gae",
+            gamma=0.99,
+            lam=0.95,
+            rollout_correction=NS(rollout_is="token", rollout_is_threshold=2.0),
+        ),
         critic=NS(ppo_mini_batch_size=4, cliprange_value=0.2, optim=NS(lr=1e-5)),
         data=NS(max_response_length=256),
         trainer=NS(total_training_steps=100, seed=7),
@@ -92,15 +97,25 @@ def test_from_config_reads_verl_names() -> None:
     )
     assert (s.use_kl_loss, s.kl_loss_coef, s.grad_clip, s.temperature) == (True, 0.01, 0.5, 0.9)
     assert s.use_remove_padding and s.needs_ref and s.needs_critic
-    assert (s.gamma, s.lam, s.tis_cap, s.max_response_length, s.seed) == (0.99, 0.95, 2.0, 256, 7)
+    assert (s.gamma, s.lam, s.rollout_is, s.rollout_is_threshold, s.max_response_length, s.seed) == (
+        0.99,
+        0.95,
+        "token",
+        2.0,
+        256,
+        7,
+    )
     # warm-up ratio 0.1 of 100 steps -> 10 steps
     assert (s.optim.lr, s.optim.lr_warmup_steps, s.optim.lr_scheduler_type) == (2e-6, 10, "cosine")
     assert s.critic is not None and (s.critic.ppo_mini_batch_size, s.critic.cliprange_value) == (4, 0.2)
     assert s.critic.optim.lr == 1e-5
     # an empty config gives the defaults; disabled correction means no IS weights; dynamic batches are refused
     assert LearnerSettings.from_config(NS()) == LearnerSettings()
-    off = NS(algorithm=NS(rollout_correction=NS(enable=False, is_threshold=2.0)))
-    assert LearnerSettings.from_config(off).tis_cap is None
+    off = NS(algorithm=NS(rollout_correction=NS(rollout_is=None, rollout_is_threshold=2.0)))
+    assert LearnerSettings.from_config(off).rollout_is is None
+    icepop = NS(algorithm=NS(rollout_correction=NS(rollout_is="sequence", rollout_is_threshold="0.5_5.0")))
+    got = LearnerSettings.from_config(icepop)
+    assert (got.rollout_is, got.rollout_is_threshold) == ("sequence", "0.5_5.0")
     with pytest.raises(ValueError, match="use_dynamic_bsz"):
         LearnerSettings.from_config(NS(actor_rollout_ref=NS(actor=NS(use_dynamic_bsz=True))))
 

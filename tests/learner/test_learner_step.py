@@ -112,7 +112,7 @@ def test_models_are_built_only_for_their_roles() -> None:
 
 
 def test_step_metrics_and_version() -> None:
-    learner = Learner(settings(tis_cap=2.0), local_context(), tiny_policy)
+    learner = Learner(settings(rollout_is="token", rollout_is_threshold=2.0), local_context(), tiny_policy)
     groups = scripted_groups(4, 4, seed=8, version=0)
     m0 = learner.train_step(groups)
     m1 = learner.train_step(groups)  # same samples, now one version stale
@@ -121,9 +121,10 @@ def test_step_metrics_and_version() -> None:
     assert m0["learner/batch/size"] == 16.0
     assert 0.0 < m0["learner/batch/padding_waste"] < 1.0
     assert 0.0 < m0["learner/offpolicy/ess"] <= 1.0
-    for key in ("learner/actor/is_ess", "learner/actor/is_weight_max", "learner/perf/tokens_per_s"):
+    for key in ("learner/rollout_corr/rollout_is_eff_sample_size", "learner/rollout_corr/rollout_is_max"):
         assert key in m0
-    assert m0["learner/actor/is_weight_max"] <= 2.0 + 1e-6  # truncated at tis_cap
+    assert "learner/perf/tokens_per_s" in m0
+    assert m0["learner/rollout_corr/rollout_is_max"] <= 2.0 + 1e-6  # truncated at rollout_is_threshold
     packed = Learner(settings(use_remove_padding=True), local_context(), tiny_policy).train_step(groups)
     assert packed["learner/batch/padding_waste"] < m0["learner/batch/padding_waste"]
 

@@ -118,9 +118,25 @@ def test_every_reason_is_reachable_and_a_metric_name() -> None:
         check(group(comp(), comp([1], [1.0]))),
         check(group(comp(), comp(vmin=0))),
         check(group(comp(), msgspec.structs.replace(comp(), token_ids=WireArray(memoryview(b"x"), "<i4", 1)))),
+        check_group(group(), GRANT, policy_version=2, required_component="acc"),
     }
     assert seen == set(INVALID_REASONS)
     assert all(r.isidentifier() and r == r.lower() for r in INVALID_REASONS)
+
+
+def test_group_filtering_on_a_component_needs_it_in_every_completion() -> None:
+    with_acc = make_completion([3, 4], [-0.5, -0.5], version_min=1, reward_components={"acc": 1.0, "format": 0.0})
+    other = make_completion([3, 4], [-0.5, -0.5], version_min=1, reward_components={"format": 1.0})
+
+    def needs(g: RolloutGroup, name: str | None) -> str | None:
+        return check_group(g, GRANT, policy_version=2, min_version=1, vocab_size=VOCAB, required_component=name)
+
+    assert needs(group(with_acc, with_acc), "acc") is None
+    assert needs(group(with_acc, other), "acc") == "missing_filter_metric"  # one completion lacks it
+    assert needs(group(with_acc, comp()), "acc") == "missing_filter_metric"  # reward_components None
+    assert needs(group(with_acc, other), None) is None  # nothing required without filtering on a component
+    # a structural defect is reported first: the group is refused for what makes it untrainable at all
+    assert needs(group(with_acc, comp([1, 200])), "acc") == "token_out_of_vocab"
 
 
 def test_quarantine_after_max_invalid_groups_once() -> None:

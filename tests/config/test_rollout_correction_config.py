@@ -1,0 +1,120 @@
+"""verl 0.9.1's ``algorithm.rollout_correction`` keys, this project's alias names, and the rules between config keys.
+
+Compared with verl 0.9.1 (``verl/trainer/config/algorithm.py`` RolloutCorrectionConfig and
+``verl/trainer/ppo/rollout_corr_helper.py`` ``_parse_rollout_is_threshold`` / ``_parse_rollout_rs_thresholds``):
+the key names, a plain number meaning truncation and ``"lower_upper"`` meaning IcePop bounds, the eleven rejection
+options, one threshold broadcast to every option or one per option, k1 thresholds as ratio bounds (a single
+number ``u`` meaning ``1/u .. u``), k2/k3 taking one upper bound, and ``loss_type`` in {ppo_clip, reinforce}.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from async_rl.config import ConfigError, load_config
+from async_rl.config.correction import RS_OPTIONS, parse_is_threshold, parse_rs_spec
+from async_rl.learner.settings import LearnerSettings
+
+RC = "algorithm.rollout_correction"
+
+
+def rc_of(*overrides: str):
+    return load_config(None, list(overrides)).algorithm.rollout_correction
+
+
+def test_a_verl_command_line_ports_with_the_same_meaning() -> None:
+    cfg = load_config(
+        None,
+        [
+            f"{RC}.rollout_is=sequence",
+            f"{RC}.rollout_is_threshold=0.5_5.0",
+            f"{RC}.rollout_is_batch_normalize=true",
+            f"{RC}.rollout_rs=seq_mean_k1,token_k3",
+            f"{RC}.rollout_rs_threshold=0.99_1.001,0.01",
+        ],
+    )
+    s = LearnerSettings.from_config(cfg)
+    assert (s.rollout_is, s.rollout_is_threshold) == ("sequence", "0.5_5.0")
+    assert s.is_batch_normalize and not s.bypass_mode
+    assert (s.rollout_rs, s.rollout_rs_threshold) == ("seq_mean_k1,token_k3", "0.99_1.001,0.01")
+    plain = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=3"]))
+    assert (plain.rollout_is, plain.rollout_is_threshold) == ("token", 3.0)
+    off = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=null"]))
+    assert off.rollout_is is None
+    bypass = LearnerSettings.from_config(load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"]))
+    assert (bypass.bypass_mode, bypass.bypass_loss_type) == (True, "reinforce")
+
+
+def test_the_async_default_is_token_truncation_at_two() -> None:
+    rc = rc_of()
+    assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.bypass_mode) == ("token", 2.0, None, False)
+
+
+def test_alias_names_fold_into_verl_keys() -> None:
+    rc = rc_of(f"{RC}.is_mode=mask", f"{RC}.is_threshold=4")
+    assert (rc.rollout_is, rc.rollout_is_threshold) == ("token", "0.25_4")
+    assert (rc.is_mode, rc.is_threshold, rc.is_threshold_lower, rc.enable, rc.is_level) == (None,) * 5
+    assert rc_of(f"{RC}.is_mode=mask", f"{RC}.is_threshold_lower=0.3").rollout_is_threshold == "0.3_2"
+    assert rc_of(f"{RC}.enable=false").rollout_is is None
+    assert rc_of(f"{RC}.enable=true", f"{RC}.is_level=geometric").rollout_is == "geometric"
+    assert rc_of(f"{RC}.is_threshold=3").rollout_is_threshold == 3.0
+    # a numeric string is a number (truncation), not an IcePop pair
+    assert rc_of(f"{RC}.rollout_is_threshold='2.5'").rollout_is_threshold == 2.5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ([f"{RC}.rollout_is=sequence", f"{RC}.is_level=token"], f"{RC}.is_level ('token') conflicts"),
+        ([f"{RC}.rollout_is_threshold=3", f"{RC}.is_threshold=5"], f"which conflicts with {RC}.rollout_is_threshold"),
+        ([f"{RC}.enable=false", f"{RC}.is_level=token"], f"{RC}.enable=false"),
+        (
+            [f"{RC}.rollout_rs=seq_mean_k9", f"{RC}.rollout_rs_threshold=2"],
+            "rollout_rs='seq_mean_k9' / rollout_rs_threshold=2.0: options entry 'seq_mean_k9' is not one of",
+        ),
+        ([f"{RC}.rollout_rs=token_k1"], "thresholds must be given"),
+        ([f"{RC}.rollout_rs_threshold=2"], f"{RC}.rollout_rs is null"),
+        ([f"{RC}.rollout_rs=token_k2", f"{RC}.rollout_rs_threshold=0.1_0.2"], "token_k2 takes a single upper bound"),
+        ([f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=1.2_0.8"], "token_k1 must satisfy lower <= upper"),
+        (
+            [f"{RC}.rollout_rs=token_k1,seq_max_k3", f"{RC}.rollout_rs_threshold=1,2,3"],
+            "thresholds has 3 entries; give one shared by all options or exactly 2",
+        ),
+        ([f"{RC}.rollout_is_threshold=abc"], "rollout_is_threshold='abc': threshold 'abc' is not a number"),
+        ([f"{RC}.rollout_is_threshold=3.0_1.0"], "lower bound must satisfy 0 < lower <= upper"),
+        ([f"{RC}.loss_type=reinforce"], f"only with {RC}.bypass_mode=true"),
+        ([f"{RC}.is_threshold=0.5"], f"{RC}.is_threshold must be >= 1"),
+    ],
+)
+def test_bad_values_are_errors_that_name_the_key(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(None, overrides)
+    assert needle in str(info.value)
+
+
+def test_threshold_parsers_match_verl_semantics() -> None:
+    assert parse_is_threshold(2.0) == (2.0, None)
+    assert parse_is_threshold("0.5_5") == (5.0, 0.5)
+    with pytest.raises(ValueError, match="not a bool"):
+        parse_is_threshold(True)
+    assert parse_rs_spec("token_k1", 2.0) == {"token_k1": (0.5, 2.0)}  # k1: one number u -> 1/u .. u
+    got = parse_rs_spec("seq_mean_k1, seq_max_k2,seq_mean_k1", "0.99_1.001,0.5")  # duplicates collapse
+    assert got == {"seq_mean_k1": (0.99, 1.001), "seq_max_k2": (None, 0.5)}
+    assert parse_rs_spec("token_k3,seq_sum_k2", 0.1) == {"token_k3": (None, 0.1), "seq_sum_k2": (None, 0.1)}
+    with pytest.raises(ValueError, match="not a number"):
+        parse_is_threshold("0.5_5_6")  # Python's float() would read "5_6" as 56 (verl does)
+    assert len(RS_OPTIONS) == 11 and "seq_max_k1" not in RS_OPTIONS
+
+
+def test_sync_every_n_steps_beyond_the_staleness_bound_is_rejected() -> None:
+    load_config(None, ["async_training.max_staleness=1", "async_training.sync_every_n_steps=2"])  # 2 <= K + 1
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["async_training.max_staleness=1", "async_training.sync_every_n_steps=3"])
+    assert "async_training.sync_every_n_steps (3) must be <= async_training.max_staleness + 1 (2)" in str(info.value)
+
+
+def test_greedy_training_rollouts_are_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["actor_rollout_ref.rollout.temperature=0"])
+    assert "actor_rollout_ref.rollout.temperature must be > 0" in str(info.value)
+    load_config(None, ["actor_rollout_ref.rollout.val_kwargs.temperature=0"])  # greedy validation stays fine

@@ -1,0 +1,158 @@
+"""A completion's finish reason reaches the learner as ``truncated`` (transport group -> learner group -> msgpack
+between ranks -> ``batch["truncated"]``), and ``mask_truncated_responses`` takes those rows out of the loss after
+the advantages: no gradient from them, and no token in the token-mean denominator."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+import torch
+from _learner_testlib import scripted_groups, settings, tiny_policy
+
+from async_rl.learner import Learner, local_context
+from async_rl.learner.batching import (
+    Response,
+    RolloutGroup,
+    collate_groups,
+    decode_groups,
+    encode_groups,
+    mask_truncated,
+    to_rollout_groups,
+)
+from async_rl.learner.step import share_groups
+from async_rl.learner.update import mini_batch_counts
+from async_rl.runtime.learner_main import _learner_groups
+from async_rl.transport.protocol import RolloutGroup as WireGroup
+from async_rl.transport.protocol import make_completion
+
+
+def _wire_group() -> WireGroup:
+    completions = [
+        make_completion([5, 6], [-0.1, -0.2], version_min=1, finish_reason="stop", reward=1.0),
+        make_completion([7, 8, 9], [-0.3, -0.4, -0.5], version_min=1, finish_reason="length", reward=0.5),
+        make_completion([4], [-0.6], version_min=2, finish_reason="abort", reward=0.0),
+    ]
+    return WireGroup(prompt_id=3, lease_id=1, actor_id="a0", completions=completions)
+
+
+def test_the_finish_reason_flows_to_the_collated_batch() -> None:
+    coordinator = SimpleNamespace(source=SimpleNamespace(record=lambda pid: SimpleNamespace(token_ids=[1, 2, pid])))
+    groups = _learner_groups([_wire_group()], coordinator)
+    assert [r.truncated for r in groups[0].responses] == [False, True, False]  # only "length" is truncation
+    shared = share_groups(local_context(), groups)  # the rank-0 -> every-rank msgpack broadcast
+    assert [r.truncated for r in shared[0].responses] == [False, True, False]
+    assert decode_groups(encode_groups(groups)) == groups
+    batch = collate_groups(shared)
+    assert batch["truncated"].dtype == torch.bool
+    assert batch["truncated"].tolist() == [False, True, False]
+    assert batch.select([1, 0])["truncated"].tolist() == [True, False]
+
+
+def test_groups_without_the_field_default_to_not_truncated() -> None:
+    old = msgspec.msgpack.encode(
+        [{"group_id": 1, "prompt_ids": [1], "responses": [{"token_ids": [2], "logprobs": [-1.0], "reward": 0.0}]}]
+    )
+    assert decode_groups(old)[0].responses[0].truncated is False
+    duck = SimpleNamespace(
+        group_id=0, prompt_ids=[1], responses=[SimpleNamespace(token_ids=[2], logprobs=[-1.0], reward=0.0)]
+    )
+    assert to_rollout_groups([duck])[0].responses[0].truncated is False
+    assert collate_groups([duck])["truncated"].tolist() == [False]
+
+
+def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
+    groups = [
+        RolloutGroup(
+            "a",
+            [5, 6],
+            [
+                Response([8, 9], [-1.0, -2.0], 1.0),
+                Response([10, 11, 12], [-1.0] * 3, 0.0, truncated=True),
+            ],
+        ),
+        RolloutGroup("b", [7], [Response([13], [-0.5], 0.5, truncated=True), Response([14, 15], [-1.0] * 2, 0.0)]),
+    ]
+    batch = collate_groups(groups)
+    ctx = local_context()
+    assert mini_batch_counts(ctx, batch, [0, 1, 2, 3]) == (8.0, 4.0)
+    assert mask_truncated(batch) == 2
+    assert batch["loss_mask"].tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 0], [1, 1, 0]]
+    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]  # forward layout kept
+    assert mini_batch_counts(ctx, batch, [0, 1, 2, 3]) == (4.0, 2.0)  # tokens and sequences of the loss
+    assert mask_truncated(batch) == 0  # already out: counted once
+
+
+def _grpo_groups(truncate: bool, perturb: bool = False) -> list[RolloutGroup]:
+    """4 groups x 4; in groups 0 and 2 one response is truncated and its reward is the group mean (advantage 0)."""
+    groups = scripted_groups(4, 4, seed=41)
+    out = []
+    for gi, g in enumerate(groups):
+        responses = list(g.responses)
+        if gi in (0, 2):
+            rewards = [0.0, 1.0, 0.5, 0.5] if gi == 0 else [0.25, 0.5, 0.75, 0.5]
+            responses = [msgspec.structs.replace(r, reward=w) for r, w in zip(responses, rewards, strict=True)]
+            r = responses[3]
+            tokens = [(t * 7 + 3) % 63 + 1 for t in r.token_ids] if perturb else r.token_ids
+            responses[3] = msgspec.structs.replace(r, token_ids=tokens, truncated=truncate)
+        out.append(RolloutGroup(g.group_id, g.prompt_ids, responses))
+    return out
+
+
+def _first_grads(groups: list[RolloutGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    # one mini-batch of all 16 rows (one optimizer step; ratio 1 on the first step), token-mean
+    learner = Learner(
+        settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=5, **overrides), local_context(), tiny_policy
+    )
+    store: list[dict[str, torch.Tensor]] = []
+    learner.actor.grad_hook = lambda m: store.append(
+        {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
+    )
+    metrics = learner.train_step(groups)
+    return store[0], metrics
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(packed: bool) -> None:
+    groups = _grpo_groups(truncate=True)
+    batch = collate_groups(groups)
+    total = float(batch["response_mask"].sum())
+    truncated_tokens = float(batch["response_mask"][batch["truncated"]].sum())
+    # Off: the truncated rows (advantage 0) add nothing to the numerator but count in the denominator.
+    off, m_off = _first_grads(groups, use_remove_padding=packed)
+    on, m_on = _first_grads(groups, use_remove_padding=packed, mask_truncated_responses=True)
+    assert (m_off["learner/batch/truncated_masked"], m_on["learner/batch/truncated_masked"]) == (0.0, 2.0)
+    assert max(float(g.abs().max()) for g in on.values()) > 1e-2  # a real update
+    # On: the same numerator over only the kept tokens. The other rows' advantages are unchanged (the masked rows
+    # still count in their groups' mean and std), so the gradient is exactly rescaled by total / kept tokens.
+    scale = total / (total - truncated_tokens)
+    for name in off:
+        torch.testing.assert_close(on[name], off[name] * scale, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_masked_truncated_row_gives_no_gradient_whatever_its_tokens() -> None:
+    # Give the truncated rows a non-zero advantage (the scripted rewards) and change their tokens: masked, the
+    # gradient does not move; unmasked (the control), it does.
+    def groups(perturb: bool, truncate: bool = True) -> list[RolloutGroup]:
+        out = []
+        for g in _grpo_groups(truncate=truncate, perturb=perturb):
+            out.append(
+                RolloutGroup(
+                    g.group_id,
+                    g.prompt_ids,
+                    [
+                        msgspec.structs.replace(r, reward=len(r.token_ids) % 3 / 2 + 0.1 * i)
+                        for i, r in enumerate(g.responses)
+                    ],
+                )
+            )
+        return out
+
+    a, _ = _first_grads(groups(perturb=False), mask_truncated_responses=True)
+    b, _ = _first_grads(groups(perturb=True), mask_truncated_responses=True)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-7, rtol=0, msg=name)
+    c, _ = _first_grads(groups(perturb=False))
+    d, _ = _first_grads(groups(perturb=True))
+    assert max(float((c[n] - d[n]).abs().max()) for n in c) > 1e-4

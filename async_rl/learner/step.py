@@ -6,8 +6,13 @@ Per step, on every rank with the same groups (rank 0 pulls them and :func:`share
    dropped from the update (``learner/batch/invalid_groups``) instead of crashing the embedding;
 2. no-grad passes, each rank on its balanced share, all-gathered to ``[B, T]`` everywhere: the *proximal*
    ``old_log_probs`` under the current weights, reference log-probs (only for a KL term), critic values (GAE only);
+   then verl's rollout correction on the whole batch: rejection sampling (``rollout_rs``) zeroes ``loss_mask`` and
+   the importance weights pi_old / pi_rollout (``rollout_is``, optionally batch-normalised) are stored for the loss.
+   In ``bypass_mode`` there is no proximal pass: the actor's log-probs are the old policy;
 3. rewards (minus the KL penalty when ``use_kl_in_reward``) and advantages from the *whole* batch, identically on
-   every rank (group statistics need whole groups);
+   every rank (group statistics need whole groups); with ``mask_truncated_responses`` the rows that ran into the
+   length limit then leave ``loss_mask``, which every loss, denominator and count reads (``response_mask`` only
+   shapes the forward passes);
 4. critic update (GAE only), then the actor update: ``ppo_epochs`` x mini-batches, each one optimizer step from
    accumulated micro-batch gradients (see ``update.py`` for the scaling), guarded against non-finite values;
 5. metrics reduced over ranks, namespaced ``learner/...``; ``version`` increments.
@@ -15,8 +20,9 @@ Per step, on every rank with the same groups (rank 0 pulls them and :func:`share
 When the step is a single optimizer step (``ppo_epochs`` 1, one mini-batch) and no KL enters the reward, the
 proximal pass of step 2 is skipped: the proximal policy *is* the current weights, so ``old_log_probs`` equal the
 update pass's own log-probs, detached (ratio exactly 1, the same loss and gradient as with a separate pass). That
-removes one forward over the batch (about a quarter of the step). The off-policy metrics are then accumulated from
-the micro-batches instead (``learner/actor/proximal_pass_skipped`` = 1).
+removes one forward over the batch (about a quarter of the step). The off-policy metrics and importance weights are
+then computed per micro-batch instead (``learner/actor/proximal_pass_skipped`` = 1). Batch-level corrections
+(rejection sampling, batch-normalised weights) keep the pass.
 """
 
 from __future__ import annotations
@@ -253,7 +259,27 @@ class Learner:
         s = self.settings
         rollout = sel("rollout_log_probs")
         advantages = sel("advantages")
-        scale = s.loss_scale_factor
+
+        def ppo(
+            old: torch.Tensor, loss_mode: str, weights: torch.Tensor | None, keep: torch.Tensor
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            return policy_loss(
+                old,
+                log_prob,
+                advantages,
+                keep,
+                clip_ratio=s.clip_ratio,
+                clip_ratio_low=s.clip_ratio_low,
+                clip_ratio_high=s.clip_ratio_high,
+                clip_ratio_c=s.clip_ratio_c,
+                loss_agg_mode=s.loss_agg_mode,
+                loss_mode=loss_mode,
+                is_weights=weights,
+                global_num_tokens=tokens,
+                global_num_seqs=seqs,
+                loss_scale_factor=s.loss_scale_factor,
+            )
+
         corr: dict[str, torch.Tensor] = {}
         weights: torch.Tensor | None = None
         if not s.bypass_mode:
@@ -261,58 +287,30 @@ class Learner:
                 weights, corr = self._is_weights(old_log_prob, rollout, mask)
             elif s.rollout_is is not None:
                 weights = sel("is_weights")
-            loss, metrics = policy_loss(
-                old_log_prob,
-                log_prob,
-                advantages,
-                mask,
-                clip_ratio=s.clip_ratio,
-                clip_ratio_low=s.clip_ratio_low,
-                clip_ratio_high=s.clip_ratio_high,
-                clip_ratio_c=s.clip_ratio_c,
-                loss_agg_mode=s.loss_agg_mode,
-                loss_mode=s.loss_mode,
-                is_weights=weights,
-                global_num_tokens=tokens,
-                global_num_seqs=seqs,
-                loss_scale_factor=scale,
-            )
+            loss, metrics = ppo(old_log_prob, s.loss_mode, weights, mask)
             return loss, metrics, corr, mask
         current = log_prob.detach()
         if s.rollout_rs is not None:
             assert s.rollout_rs_threshold is not None  # config validation
             mask, corr = rejection_mask(current, rollout, mask, options=s.rollout_rs, thresholds=s.rollout_rs_threshold)
             mask = mask.bool()
-        if s.bypass_loss_type == "reinforce":
-            if s.rollout_is is not None:
-                weights, is_metrics = self._is_weights(current, rollout, mask)
-                corr.update(is_metrics)
-            loss, metrics = reinforce_loss(
-                log_prob,
-                advantages,
-                mask,
-                is_weights=weights,
-                loss_agg_mode=s.loss_agg_mode,
-                rollout_log_prob=rollout,
-                global_num_tokens=tokens,
-                global_num_seqs=seqs,
-                loss_scale_factor=scale,
-            )
-        else:
-            loss, metrics = policy_loss(
-                rollout,
-                log_prob,
-                advantages,
-                mask,
-                clip_ratio=s.clip_ratio,
-                clip_ratio_low=s.clip_ratio_low,
-                clip_ratio_high=s.clip_ratio_high,
-                clip_ratio_c=s.clip_ratio_c,
-                loss_agg_mode=s.loss_agg_mode,
-                global_num_tokens=tokens,
-                global_num_seqs=seqs,
-                loss_scale_factor=scale,
-            )
+        if s.bypass_loss_type == "ppo_clip":
+            loss, metrics = ppo(rollout, "vanilla", None, mask)
+            return loss, metrics, corr, mask
+        if s.rollout_is is not None:
+            weights, is_metrics = self._is_weights(current, rollout, mask)
+            corr.update(is_metrics)
+        loss, metrics = reinforce_loss(
+            log_prob,
+            advantages,
+            mask,
+            is_weights=weights,
+            loss_agg_mode=s.loss_agg_mode,
+            rollout_log_prob=rollout,
+            global_num_tokens=tokens,
+            global_num_seqs=seqs,
+            loss_scale_factor=s.loss_scale_factor,
+        )
         return loss, metrics, corr, mask
 
     def _actor_micro_loss(
@@ -466,7 +464,14 @@ class Learner:
             count, w_sum = offpolicy["learner/offpolicy/_count"], offpolicy["learner/offpolicy/_w_sum"]
             w2_sum, abs_sum = offpolicy["learner/offpolicy/_w2_sum"], offpolicy["learner/offpolicy/_abs_sum"]
         ess = w_sum**2 / (count * w2_sum) if count else 1.0
+        scores = batch["token_level_scores"].sum(-1)
+        groups = batch["index"]
+        informative = sum(
+            1 for g in torch.unique(groups) if bool((scores[groups == g] != scores[groups == g][0]).any())
+        )
         return {
+            # groups whose samples' rewards differ: the only ones a group-relative advantage learns from
+            "learner/batch/informative_groups": float(informative),
             "learner/batch/size": float(len(batch)),
             "learner/batch/response_length_mean": float(batch["response_lengths"].float().mean()),
             "learner/batch/reward_mean": float(batch["token_level_scores"].sum(-1).mean()),

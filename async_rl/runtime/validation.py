@@ -85,7 +85,8 @@ class ValSchedule:
 def validation_metrics(result: EvalResult, sources: Sequence[str]) -> dict[str, float]:
     """The ``val/...`` metrics of a round (``sources[i]``: the data source of prompt i), plus verl's core names.
 
-    ``val/reward_mean`` averages every sample; ``val/<source>/reward_mean`` those of one data source. With n > 1
+    ``val/reward_mean`` averages every sample; ``val/<source>/reward_mean`` those of one data source, and
+    ``val/<source>/<component>_mean`` each reward component (a component must not be named ``reward``). With n > 1
     samples per prompt: ``val/mean@n`` (mean over prompts of the per-prompt mean) and ``val/best@n`` (of the per-prompt
     best). verl aliases: ``val-core/<source>/reward/mean@n`` and, for n > 1, ``val-core/<source>/reward/best@n/mean``.
     """
@@ -111,6 +112,13 @@ def validation_metrics(result: EvalResult, sources: Sequence[str]) -> dict[str, 
     if n > 1:
         out[f"val/mean@{n}"] = _mean([_mean(g) for g in all_groups])
         out[f"val/best@{n}"] = _mean([max(g) for g in all_groups])
+    components: dict[tuple[str, str], list[float]] = {}
+    for index in sorted(result.completions):
+        for c in result.completions[index]:
+            for name, value in (c.reward_components or {}).items():
+                components.setdefault((sources[index], name), []).append(float(value))
+    for (source, name), values in sorted(components.items()):
+        out[f"val/{source}/{name}_mean"] = _mean(values)  # e.g. acc, the unshaped score under overlong shaping
     for source, groups in sorted(per_prompt.items()):
         out[f"val/{source}/reward_mean"] = _mean([r for g in groups for r in g])
         out[f"val-core/{source}/reward/mean@{n}"] = _mean([_mean(g) for g in groups])

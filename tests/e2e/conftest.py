@@ -17,11 +17,13 @@ LEFTOVER_GRACE_S = 20.0  # processes still running this long after the test body
 
 def _assert_nothing_lost(metrics: list[dict]) -> None:
     """The coordinator's ledger accounts for every prompt id below its data cursor at every logged step: trained,
-    leased to an actor, received and waiting, handed to the learner, queued for re-grant, or dropped (counted)."""
+    filtered (DAPO dynamic sampling), leased to an actor, received and waiting, handed to the learner, queued for
+    re-grant, or dropped (counted)."""
     for m in metrics:
         assert m["transport/data_epoch"] == 0, "these runs stay within the first pass over the data"
         accounted = (
             m["transport/trained_total"]
+            + m.get("transport/filter/filtered_total", 0)
             + m["transport/leased"]
             + m["transport/queue_depth"]
             + m["transport/taken"]

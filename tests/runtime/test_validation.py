@@ -41,6 +41,19 @@ def test_metrics_by_hand_with_two_sources_and_n_2() -> None:
     assert m["val-core/arith/reward/best@2/mean"] == 1.0 and m["val-core/gsm8k/reward/best@2/mean"] == 0.0
 
 
+def test_reward_components_are_averaged_per_source() -> None:
+    # overlong shaping: the reward is shaped, `acc` keeps the unshaped score (the accuracy to watch)
+    shaped = [
+        make_completion([1, 2], [-0.1, -0.1], version_min=4, reward=0.5, reward_components={"acc": 1.0}),
+        make_completion([1], [-0.1], version_min=4, reward=-0.25, reward_components={"acc": 0.0}),
+    ]
+    plain = [make_completion([3], [-0.2], version_min=4, reward=1.0, reward_components={"acc": 1.0})]
+    result = EvalResult(7, 4, 2, {0: shaped, 1: plain}, 10.0, 12.5, 13.0, {})
+    m = validation_metrics(result, ["arith", "gsm8k"])
+    assert m["val/arith/acc_mean"] == 0.5 and m["val/gsm8k/acc_mean"] == 1.0
+    assert m["val/arith/reward_mean"] == pytest.approx(0.125)  # (0.5 - 0.25) / 2
+
+
 def test_metrics_greedy_and_partial() -> None:
     m = validation_metrics(_result([[1.0], [0.0]], num_prompts=5), ["arith"] * 5)
     assert m["val/reward_mean"] == 0.5 and m["val-core/arith/reward/mean@1"] == 0.5

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from async_rl.algorithms._checks import check_choice, check_same_shape, float_mask
-from async_rl.algorithms.masking import safe_count
+from async_rl.algorithms.masking import masked_extreme, safe_count
 
 __all__ = ["IS_LEVELS", "IS_MODES", "compute_is_weights"]
 
@@ -23,13 +23,6 @@ IS_MODES: frozenset[str] = frozenset({"truncate", "mask"})
 """``truncate``: ``min(w, cap)`` (TIS); ``mask``: keep ``w`` inside ``[lower, cap]`` and zero it outside (MIS)."""
 
 _LOG_CLAMP = 20.0
-
-
-def _masked_extreme(w: torch.Tensor, valid: torch.Tensor, count: torch.Tensor, largest: bool) -> torch.Tensor:
-    fill = float("-inf") if largest else float("inf")
-    filled = torch.where(valid, w, torch.full((), fill, dtype=w.dtype, device=w.device))
-    extreme = filled.amax() if largest else filled.amin()
-    return torch.where(count > 0, extreme, torch.ones((), dtype=w.dtype, device=w.device))
 
 
 @torch.no_grad()
@@ -104,6 +97,6 @@ def compute_is_weights(
     ess = torch.where(sum_w2 > 0, sum_w.square() / (count * sum_w2).clamp_min(1e-30), zero).clamp(max=1.0)
     metrics["is_ess"] = torch.where(count > 0, ess, torch.ones_like(ess))
     metrics["is_weight_mean"] = torch.where(count > 0, sum_w / denom, torch.ones_like(sum_w))
-    metrics["is_weight_max"] = _masked_extreme(weights, valid, count, largest=True)
-    metrics["is_weight_min"] = _masked_extreme(weights, valid, count, largest=False)
+    metrics["is_weight_max"] = masked_extreme(weights, valid, largest=True)
+    metrics["is_weight_min"] = masked_extreme(weights, valid, largest=False)
     return weights.detach(), {k: v.detach() for k, v in metrics.items()}

@@ -15,7 +15,7 @@ import torch
 
 from async_rl.algorithms._checks import float_mask
 
-__all__ = ["masked_mean", "masked_sum", "masked_var", "masked_whiten", "safe_count"]
+__all__ = ["masked_extreme", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "safe_count"]
 
 _WHITEN_EPS = 1e-8
 
@@ -91,3 +91,12 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     if not shift_mean:
         whitened = whitened + mean
     return whitened
+
+
+def masked_extreme(x: torch.Tensor, valid: torch.Tensor, *, largest: bool) -> torch.Tensor:
+    """The largest (or smallest) entry of ``x`` where the bool tensor ``valid`` is set, as a 0-d tensor; 1 when no
+    entry is valid (the neutral value of an importance weight)."""
+    fill = torch.full((), float("-inf") if largest else float("inf"), dtype=x.dtype, device=x.device)
+    filled = torch.where(valid, x, fill)
+    extreme = filled.amax() if largest else filled.amin()
+    return torch.where(valid.any(), extreme, torch.ones_like(extreme))

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from async_rl.algorithms._checks import check_choice, check_same_shape, float_mask
-from async_rl.algorithms.masking import masked_sum, safe_count
+from async_rl.algorithms.masking import masked_extreme, masked_sum, safe_count
 from async_rl.config.correction import RS_OPTIONS, parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 __all__ = [
@@ -53,13 +53,6 @@ AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 def _masked_mean_0d(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (values * weights).sum() / safe_count(weights.sum())
-
-
-def _masked_extreme(values: torch.Tensor, valid: torch.Tensor, largest: bool) -> torch.Tensor:
-    fill = torch.full((), float("-inf") if largest else float("inf"), dtype=values.dtype, device=values.device)
-    filled = torch.where(valid, values, fill)
-    extreme = filled.amax() if largest else filled.amin()
-    return torch.where(valid.any(), extreme, torch.ones_like(extreme))
 
 
 @torch.no_grad()
@@ -125,12 +118,12 @@ def rollout_is_weights(
     metrics: dict[str, torch.Tensor] = {"rollout_is_mean": _masked_mean_0d(weights, mask)}
     if level == "token":
         unit, unit_weight = raw, mask
-        metrics["rollout_is_max"] = _masked_extreme(weights, valid, largest=True)
-        metrics["rollout_is_min"] = _masked_extreme(weights, valid, largest=False)
+        metrics["rollout_is_max"] = masked_extreme(weights, valid, largest=True)
+        metrics["rollout_is_min"] = masked_extreme(weights, valid, largest=False)
     else:
         unit, unit_weight = raw.amax(dim=-1), nonempty.to(mask.dtype)  # one raw weight per row (0 for empty rows)
-        metrics["rollout_is_max"] = _masked_extreme(unit, nonempty, largest=True)
-        metrics["rollout_is_min"] = _masked_extreme(unit, nonempty, largest=False)
+        metrics["rollout_is_max"] = masked_extreme(unit, nonempty, largest=True)
+        metrics["rollout_is_min"] = masked_extreme(unit, nonempty, largest=False)
     metrics["rollout_is_ratio_fraction_high"] = _masked_mean_0d((unit > upper).to(mask.dtype), unit_weight)
     metrics["rollout_is_ratio_fraction_low"] = _masked_mean_0d((unit < lower_eff).to(mask.dtype), unit_weight)
     mean_w = _masked_mean_0d(weights, mask)

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
-from async_rl.config.correction import parse_is_threshold
-from async_rl.config.names import LOSS_AGG_MODES
+from async_rl.config.correction import parse_is_threshold, parse_rs_spec
+from async_rl.config.names import LOSS_AGG_MODES, BypassLossType, ISLevel
 
 __all__ = ["CriticSettings", "LearnerSettings", "OptimSettings"]
 
 _LOSS_AGG_MODES = LOSS_AGG_MODES
+_IS_LEVELS = get_args(ISLevel)
+_BYPASS_LOSS_TYPES = get_args(BypassLossType)
 _LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -184,6 +186,13 @@ class LearnerSettings:
             raise ValueError(f"grad_clip must be > 0, got {self.grad_clip}")
         if self.adv_estimator == "gae" and self.critic is None:
             raise ValueError("adv_estimator 'gae' needs critic settings (critic=CriticSettings(...))")
+        if self.rollout_is is not None and self.rollout_is not in _IS_LEVELS:
+            raise ValueError(f"rollout_is must be one of {_IS_LEVELS} or None, got {self.rollout_is!r}")
+        if self.bypass_loss_type not in _BYPASS_LOSS_TYPES:
+            raise ValueError(f"bypass_loss_type must be one of {_BYPASS_LOSS_TYPES}, got {self.bypass_loss_type!r}")
+        parse_is_threshold(self.rollout_is_threshold)  # the same rules as the config's, at construction
+        if self.rollout_rs is not None:
+            parse_rs_spec(self.rollout_rs, self.rollout_rs_threshold)
 
     @property
     def needs_ref(self) -> bool:
@@ -237,7 +246,6 @@ class LearnerSettings:
             raise ValueError("actor_rollout_ref.actor.use_dynamic_bsz=true is not supported by the learner yet")
         level = getattr(corr, "rollout_is", None) if corr is not None else None
         threshold = _get(corr, "rollout_is_threshold", d.rollout_is_threshold)
-        parse_is_threshold(threshold)  # fail here, not in the first step
         scale = _get(actor, "loss_scale_factor", None)
         return cls(
             ppo_mini_batch_size=int(_get(actor, "ppo_mini_batch_size", d.ppo_mini_batch_size)),

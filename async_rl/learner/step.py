@@ -427,7 +427,7 @@ class Learner:
         out.update(reduced)
         t_end = time.perf_counter()
         out.update(self._batch_metrics(batch, offpolicy if reuse else None))
-        out["learner/actor/proximal_pass_skipped"] = float(reuse)
+        out["learner/actor/proximal_pass_skipped"] = float(reuse or s.bypass_mode)
         self.version += 1
         out.update(
             {

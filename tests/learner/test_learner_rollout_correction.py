@@ -65,7 +65,7 @@ def test_bypass_mode_takes_the_actors_log_probs_as_the_old_policy() -> None:
     )
     _assert_same(bypass, decoupled)
     _assert_same(reinforce, decoupled, atol=1e-5)
-    assert m_bypass["learner/actor/proximal_pass_skipped"] == 0.0  # no proximal pass, and not the reuse shortcut
+    assert m_bypass["learner/actor/proximal_pass_skipped"] == 1.0  # bypass mode has no proximal pass
     assert m_reinforce["learner/rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
     # off-policy behaviour log-probs (scripted, about -4.2 per token): bypass trains against them, so it differs
     off = scripted_groups(4, 4, seed=21)
@@ -125,3 +125,14 @@ def test_loss_scale_factor_divides_the_dr_grpo_loss() -> None:
     doubled, _ = _first_update(groups, loss_scale_factor=24.0, **mode)
     _assert_same(explicit, default)
     _assert_same(doubled, {k: v / 2 for k, v in default.items()})
+
+
+def test_bad_correction_settings_fail_at_construction() -> None:
+    with pytest.raises(ValueError, match="rollout_is must be one of"):
+        settings(rollout_is="batch")
+    with pytest.raises(ValueError, match="bypass_loss_type"):
+        settings(bypass_loss_type="dpo")
+    with pytest.raises(ValueError, match="not a number"):
+        settings(rollout_is_threshold="cap")
+    with pytest.raises(ValueError, match="thresholds must be given"):
+        settings(rollout_rs="token_k1")

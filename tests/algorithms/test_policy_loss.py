@@ -2,8 +2,9 @@
 
 Compared against verl 0.9.1 ``compute_policy_loss_vanilla`` / ``compute_policy_loss_geo_mean`` (``ActorConfig`` with
 ``clip_ratio=0.2``, ``clip_ratio_c=3``, empty ``global_batch_info``): the expected numbers below are what verl returns
-for the same tensors. GMPO's IS-weighted case (geometric-mean sequence weight) is in ``test_policy_loss_variants.py``;
-``tools/verl_crosscheck.py`` runs both libraries on random inputs.
+for the same tensors. GMPO with IS weights <-> ``compute_policy_loss_geo_mean``: the sequence weight
+``exp(sum_t log(w_t + 1e-10) * m_t / (n + 1e-8))`` (a geometric mean) and ``torch.mean`` over all B rows when no
+global sequence count is given. ``tools/verl_crosscheck.py`` runs both libraries on random inputs.
 """
 
 import math
@@ -13,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, policy_loss
+from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, compute_is_weights, policy_loss
 
 E = math.e
 
@@ -172,3 +173,38 @@ def test_bad_arguments_raise_value_error() -> None:
         policy_loss(old[0], log_prob, adv, mask)
     with pytest.raises(ValueError, match="rollout_log_prob"):
         policy_loss(old, log_prob, adv, mask, rollout_log_prob=old[:1], tis_cap=2.0)
+
+
+def test_geo_mean_is_weight_is_a_geometric_mean_in_mask_mode() -> None:
+    old, log_prob, adv, mask = _gmpo_case()
+    # rollout so that d = old - rollout = [[-1, 0], [.5, 0]]: token weights [[e^-1, 1], [e^.5, 1]];
+    # mask mode with cap 2 (lower 1/2) zeroes e^-1 = .368 and keeps e^.5 = 1.6487
+    rollout = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 0.0, 0.0]])
+    loss, metrics = policy_loss(
+        old, log_prob, adv, mask, loss_mode="geo_mean", rollout_log_prob=rollout, tis_cap=2.0, is_mode="mask"
+    )
+    # Without weights (see test_policy_loss): row 0 -> -e^.05, row 1 -> +e^.2.
+    # Row weights exp(mean log(w + 1e-10)): row 0 exp((log 1e-10 + log 1) / 2) = 1e-5 (the zeroed token nearly zeroes
+    # the sequence; an arithmetic mean would give .5); row 1 exp((.5 + 0) / 2) = e^.25.
+    expected = (-math.exp(0.05) * 1e-5 + math.exp(0.2) * math.exp(0.25)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-5)  # 0.784150
+    assert metrics["is_frac_masked"].item() == pytest.approx(0.25)
+    # the same weights passed precomputed give the same loss
+    w, _ = compute_is_weights(old, rollout, mask, tis_cap=2.0, is_mode="mask")
+    pre, pre_metrics = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
+    assert pre.item() == pytest.approx(loss.item(), rel=1e-7)
+    assert "is_frac_masked" not in pre_metrics
+
+
+def test_geo_mean_without_counts_is_a_plain_mean_over_all_rows() -> None:
+    old, log_prob, adv, mask = _gmpo_case()
+    pad = torch.zeros(1, 3)
+    loss, _ = policy_loss(
+        torch.cat([old, pad]),
+        torch.cat([log_prob, pad]),
+        torch.cat([adv, pad]),
+        torch.cat([mask, pad]),
+        loss_mode="geo_mean",
+    )
+    # verl: torch.mean over all B = 3 rows, the fully padded one contributing 0
+    assert loss.item() == pytest.approx((-math.exp(0.05) + math.exp(0.2)) / 3, rel=1e-6)

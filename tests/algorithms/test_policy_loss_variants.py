@@ -1,4 +1,4 @@
-"""GSPO, CISPO, REINFORCE and GMPO-with-IS-weights losses, with hand-derived values and gradients.
+"""GSPO, CISPO and REINFORCE losses, with hand-derived values and gradients.
 
 What was compared against verl 0.9.1 (``verl/trainer/ppo/core_algos.py``) and how:
 
@@ -10,9 +10,7 @@ What was compared against verl 0.9.1 (``verl/trainer/ppo/core_algos.py``) and ho
   ``pg_clipfrac`` counts ``ratio != clipped ratio``.
 - ``reinforce_loss`` <-> ``compute_policy_loss_reinforce`` (bypass mode, ``loss_type=reinforce``):
   ``agg(-A * log_prob * w)``, ``ppo_kl = masked mean(rollout_log_prob - log_prob)``.
-- ``geo_mean`` with IS weights <-> ``compute_policy_loss_geo_mean``: sequence weight
-  ``exp(sum_t log(w_t + 1e-10) * m_t / (n + 1e-8))`` (a geometric mean) and ``torch.mean`` over all B rows when no
-  global sequence count is given.
+- GMPO with IS weights: see ``test_policy_loss.py``, next to the other GMPO tests.
 
 ``tools/verl_crosscheck.py`` runs the same functions of both libraries on random inputs (max abs difference ~1e-7).
 """
@@ -114,49 +112,6 @@ def test_reinforce_loss_values_gradient_and_kl() -> None:
         reinforce_loss(log_prob, adv, mask, is_weights=w[:, :2])
     with pytest.raises(ValueError, match="loss_agg_mode"):
         reinforce_loss(log_prob, adv, mask, loss_agg_mode="mean")
-
-
-def _gmpo_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    old = torch.zeros(2, 3)
-    log_prob = torch.tensor([[0.5, -0.1, 30.0], [0.5, -0.1, -30.0]])  # column 2 is padding
-    adv = torch.tensor([[1.0, 1.0, 5.0], [-1.0, -1.0, 5.0]])
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
-    return old, log_prob, adv, mask
-
-
-def test_geo_mean_is_weight_is_a_geometric_mean_in_mask_mode() -> None:
-    old, log_prob, adv, mask = _gmpo_case()
-    # rollout so that d = old - rollout = [[-1, 0], [.5, 0]]: token weights [[e^-1, 1], [e^.5, 1]];
-    # mask mode with cap 2 (lower 1/2) zeroes e^-1 = .368 and keeps e^.5 = 1.6487
-    rollout = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 0.0, 0.0]])
-    loss, metrics = policy_loss(
-        old, log_prob, adv, mask, loss_mode="geo_mean", rollout_log_prob=rollout, tis_cap=2.0, is_mode="mask"
-    )
-    # Without weights (see test_policy_loss): row 0 -> -e^.05, row 1 -> +e^.2.
-    # Row weights exp(mean log(w + 1e-10)): row 0 exp((log 1e-10 + log 1) / 2) = 1e-5 (the zeroed token nearly zeroes
-    # the sequence; an arithmetic mean would give .5); row 1 exp((.5 + 0) / 2) = e^.25.
-    expected = (-math.exp(0.05) * 1e-5 + math.exp(0.2) * math.exp(0.25)) / 2
-    assert loss.item() == pytest.approx(expected, rel=1e-5)  # 0.784150
-    assert metrics["is_frac_masked"].item() == pytest.approx(0.25)
-    # the same weights passed precomputed give the same loss
-    w, _ = compute_is_weights(old, rollout, mask, tis_cap=2.0, is_mode="mask")
-    pre, pre_metrics = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
-    assert pre.item() == pytest.approx(loss.item(), rel=1e-7)
-    assert "is_frac_masked" not in pre_metrics
-
-
-def test_geo_mean_without_counts_is_a_plain_mean_over_all_rows() -> None:
-    old, log_prob, adv, mask = _gmpo_case()
-    pad = torch.zeros(1, 3)
-    loss, _ = policy_loss(
-        torch.cat([old, pad]),
-        torch.cat([log_prob, pad]),
-        torch.cat([adv, pad]),
-        torch.cat([mask, pad]),
-        loss_mode="geo_mean",
-    )
-    # verl: torch.mean over all B = 3 rows, the fully padded one contributing 0
-    assert loss.item() == pytest.approx((-math.exp(0.05) + math.exp(0.2)) / 3, rel=1e-6)
 
 
 def test_precomputed_is_weights_and_loss_scale_factor() -> None:

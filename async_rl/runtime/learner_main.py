@@ -26,7 +26,6 @@ import dataclasses
 import json
 import logging
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from async_rl.config import Config
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
 from async_rl.runtime.metrics import ActorActivity
+from async_rl.runtime.rollout_metrics import rollout_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -120,55 +120,6 @@ def _wait_for_groups(
             if validator is not None:
                 validator.before_publish(learner.version)
             publisher.publish(learner.version, learner.iter_weights)
-
-
-def rollout_metrics(groups: list[Any], version: int, eos_token_id: int | None = None) -> dict[str, float]:
-    """Reward (mean and by component), response length, staleness and version span of the groups trained now, and
-    how completions ended: ``rollout/finish/<reason>`` fractions and ``rollout/eos_fraction`` (last token = EOS)."""
-    from async_rl.transport import unpack_array
-
-    rewards: list[float] = []
-    lengths: list[int] = []
-    components: dict[str, list[float]] = {}
-    staleness: Counter[int] = Counter()
-    spans: Counter[int] = Counter()
-    gen_s: list[float] = []
-    finish: Counter[str] = Counter()
-    eos = 0
-    for g in groups:
-        oldest = min(c.version_min for c in g.completions)
-        staleness[version - oldest] += 1
-        gen_s.append(float(g.timings.get("generate_s", 0.0)))
-        for c in g.completions:
-            rewards.append(float(c.reward))
-            tokens = unpack_array(c.token_ids)
-            lengths.append(len(tokens))
-            finish[str(c.finish_reason)] += 1
-            eos += int(eos_token_id is not None and len(tokens) > 0 and int(tokens[-1]) == eos_token_id)
-            spans[c.version_max - c.version_min] += 1
-            for name, value in (c.reward_components or {}).items():
-                components.setdefault(name, []).append(float(value))
-    n = max(len(rewards), 1)
-    out = {
-        "rollout/reward_mean": sum(rewards) / n,
-        "rollout/response_length_mean": sum(lengths) / n,
-        "rollout/generated_tokens": float(sum(lengths)),
-        "rollout/group_generate_s_mean": sum(gen_s) / max(len(gen_s), 1),
-    }
-    for name, values in components.items():
-        out[f"rollout/reward/{name}"] = sum(values) / len(values)
-    for reason, count in finish.items():
-        out[f"rollout/finish/{reason}"] = count / n
-    if eos_token_id is not None:
-        out["rollout/eos_fraction"] = eos / n
-    total = sum(staleness.values())
-    out["rollout/staleness_mean"] = sum(k * v for k, v in staleness.items()) / max(total, 1)
-    out["rollout/staleness_max"] = float(max(staleness, default=0))
-    for lag, count in staleness.items():
-        out[f"rollout/staleness_hist/{lag}"] = count / max(total, 1)
-    out["rollout/version_span_max"] = float(max(spans, default=0))
-    out["rollout/version_span_mean"] = sum(k * v for k, v in spans.items()) / max(sum(spans.values()), 1)
-    return out
 
 
 def load_prompts(cfg: Config, ctx: Any, tokenizer: Any) -> tuple[list[Any] | None, int]:

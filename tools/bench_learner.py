@@ -35,7 +35,7 @@ from async_rl.learner import (  # noqa: E402
     local_context,
     teardown,
 )
-from async_rl.learner.batching import Response, RolloutGroup  # noqa: E402
+from async_rl.learner.batching import Response, SampledGroup  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def build_model(hidden: int, layers: int, vocab: int) -> nn.Module:
     return Qwen2ForCausalLM(cfg).float()
 
 
-def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[RolloutGroup]:
+def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[SampledGroup]:
     """Prompts of 16..96 tokens; responses mostly short with a long tail (exponential, capped at 512)."""
     rng = random.Random(seed)
     groups = []
@@ -66,7 +66,7 @@ def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[Roll
             length = min(512, 8 + int(rng.expovariate(1 / 80)))
             tokens = [rng.randrange(1, vocab) for _ in range(length)]
             responses.append(Response(tokens, [-3.0] * length, float(rng.random()), 0))
-        groups.append(RolloutGroup(g, prompt, responses))
+        groups.append(SampledGroup(g, prompt, responses))
     return groups
 
 
@@ -81,7 +81,7 @@ def make_settings(args: argparse.Namespace, packed: bool) -> LearnerSettings:
     )
 
 
-def timed_step(learner: Learner, groups: list[RolloutGroup]) -> dict[str, float]:
+def timed_step(learner: Learner, groups: list[SampledGroup]) -> dict[str, float]:
     t0 = time.perf_counter()
     metrics = learner.train_step(groups)
     elapsed = time.perf_counter() - t0

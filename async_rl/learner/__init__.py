@@ -1,16 +1,17 @@
 """The FSDP2 learner group: batching, sharded models, the PPO/GRPO step, weight export and checkpoints.
 
 Launched with ``torchrun`` (gloo on CPU, NCCL on GPU, same code); every rank builds a :class:`Learner`, receives the
-same rollout groups each step (:func:`share_groups`), and calls :meth:`Learner.train_step`. Full weights leave
+same collated batch each step (:func:`share_batch`: rank 0 collates, the tensors are broadcast), and calls
+:meth:`Learner.train_batch`. Full weights leave
 through :func:`iter_full_state` (weight sync) and :func:`export_hf`; state is saved with :func:`save_learner`.
 """
 
-from async_rl.learner.batching import Response, RolloutBatch, RolloutGroup, collate_groups
+from async_rl.learner.batching import Response, RolloutBatch, SampledGroup, collate_groups, collate_rows
 from async_rl.learner.checkpoint import latest, list_checkpoints, load_learner, save_learner
 from async_rl.learner.dist import DistContext, init_distributed, local_context, log_rank0, teardown
 from async_rl.learner.export import export_hf, iter_full_state
 from async_rl.learner.settings import CriticSettings, LearnerSettings, OptimSettings
-from async_rl.learner.step import Learner, share_groups
+from async_rl.learner.step import Learner, share_batch
 
 __all__ = [
     "CriticSettings",
@@ -20,8 +21,9 @@ __all__ = [
     "OptimSettings",
     "Response",
     "RolloutBatch",
-    "RolloutGroup",
+    "SampledGroup",
     "collate_groups",
+    "collate_rows",
     "export_hf",
     "init_distributed",
     "iter_full_state",
@@ -31,6 +33,6 @@ __all__ = [
     "local_context",
     "log_rank0",
     "save_learner",
-    "share_groups",
+    "share_batch",
     "teardown",
 ]

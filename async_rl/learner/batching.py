@@ -14,30 +14,32 @@ id every group-based advantage estimator needs.
 vocabulary (the coordinator validates groups, but the learner must not crash if one slips through) is dropped from
 the update, not from the batch, so the mini-batch split still holds.
 
-Groups also travel between learner ranks (rank 0 pulls, every rank trains); :func:`encode_groups` /
-:func:`decode_groups` turn them into msgpack bytes for :meth:`DistContext.broadcast_bytes` (never pickle).
+Every path into a batch goes through :func:`collate_rows` (rows of numpy views or sequences): in-process
+:class:`SampledGroup` lists through :func:`collate_groups`, the transport's groups on learner rank 0 through
+:func:`async_rl.runtime.rollout_source.collate_wire_groups`, which are then broadcast to the ranks as tensors
+(:meth:`DistContext.broadcast_tensors`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 import torch
 
 __all__ = [
-    "GroupLike",
     "Response",
     "RolloutBatch",
-    "RolloutGroup",
+    "Row",
+    "SampledGroup",
     "collate_groups",
-    "decode_groups",
-    "encode_groups",
+    "collate_rows",
+    "group_rows",
     "mask_out_of_vocab",
     "mask_truncated",
-    "to_rollout_groups",
 ]
 
 
@@ -52,65 +54,13 @@ class Response(msgspec.Struct, frozen=True):
     truncated: bool = False
 
 
-class RolloutGroup(msgspec.Struct, frozen=True):
-    """One prompt and its ``n`` responses (the unit group-relative advantages are computed over)."""
+class SampledGroup(msgspec.Struct, frozen=True):
+    """One prompt and its ``n`` responses, in process (tests, probes, benchmarks): the unit group-relative
+    advantages are computed over. A training run collates the transport's groups directly (:func:`collate_rows`)."""
 
     group_id: int | str
     prompt_ids: list[int]
     responses: list[Response]
-
-
-class ResponseLike(Protocol):
-    @property
-    def token_ids(self) -> Sequence[int]: ...
-    @property
-    def logprobs(self) -> Sequence[float]: ...
-    @property
-    def reward(self) -> float: ...
-
-
-class GroupLike(Protocol):
-    """Anything shaped like :class:`RolloutGroup` (e.g. the transport's own message type); ``version`` is optional."""
-
-    @property
-    def group_id(self) -> Any: ...
-    @property
-    def prompt_ids(self) -> Sequence[int]: ...
-    @property
-    def responses(self) -> Sequence[Any]: ...
-
-
-def to_rollout_groups(groups: Iterable[GroupLike]) -> list[RolloutGroup]:
-    """Copy duck-typed groups into :class:`RolloutGroup` (plain lists; safe to encode and keep)."""
-    out: list[RolloutGroup] = []
-    for g in groups:
-        if isinstance(g, RolloutGroup):
-            out.append(g)
-            continue
-        responses = [
-            Response(
-                token_ids=[int(t) for t in r.token_ids],
-                logprobs=[float(x) for x in r.logprobs],
-                reward=float(r.reward),
-                version=int(getattr(r, "version", 0)),
-                truncated=bool(getattr(r, "truncated", False)),
-            )
-            for r in g.responses
-        ]
-        out.append(RolloutGroup(group_id=g.group_id, prompt_ids=[int(t) for t in g.prompt_ids], responses=responses))
-    return out
-
-
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(list[RolloutGroup])
-
-
-def encode_groups(groups: Sequence[RolloutGroup]) -> bytes:
-    return _ENCODER.encode(list(groups))
-
-
-def decode_groups(data: bytes) -> list[RolloutGroup]:
-    return _DECODER.decode(data)
 
 
 @dataclass
@@ -149,38 +99,84 @@ class RolloutBatch:
         return int(self.tensors["input_ids"].shape[1] - self.tensors["responses"].shape[1])
 
 
+class Row(NamedTuple):
+    """One response row of a batch, as collation reads it: arrays are numpy views or plain sequences."""
+
+    group: int  # dense group index (``index``)
+    prompt_ids: Sequence[int] | np.ndarray
+    token_ids: Sequence[int] | np.ndarray
+    logprobs: Sequence[float] | np.ndarray
+    reward: float
+    version: int
+    truncated: bool
+
+
+def group_rows(groups: Sequence[SampledGroup]) -> list[Row]:
+    """The rows of ``groups``, group-major."""
+    rows: list[Row] = []
+    for gi, g in enumerate(groups):
+        if not g.responses:
+            raise ValueError(f"group {g.group_id!r} has no responses")
+        for r in g.responses:
+            rows.append(
+                Row(gi, g.prompt_ids, r.token_ids, r.logprobs, float(r.reward), int(r.version), bool(r.truncated))
+            )
+    return rows
+
+
 def collate_groups(
-    groups: Sequence[GroupLike],
+    groups: Sequence[SampledGroup],
     *,
     pad_token_id: int = 0,
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
 ) -> RolloutBatch:
-    """Pad a list of groups into the learner's tensor layout (see module docstring).
+    """Pad a list of groups into the learner's tensor layout (see :func:`collate_rows`)."""
+    if not groups:
+        raise ValueError("groups must not be empty")
+    ids = [g.group_id for g in groups]
+    return collate_rows(
+        group_rows(groups),
+        group_ids=ids,
+        pad_token_id=pad_token_id,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
+    )
+
+
+def collate_rows(
+    rows: Sequence[Row],
+    *,
+    group_ids: Sequence[Any] | None = None,
+    pad_token_id: int = 0,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+) -> RolloutBatch:
+    """Pad response rows into the learner's tensor layout (see module docstring): the one collation every path uses.
 
     Tensors: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/``response_mask``/
     ``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/``prompt_lengths``/
-    ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool (a response's optional ``truncated``,
-    default False). ``P``/``T`` default to the longest prompt/response; a longer one raises ``ValueError``.
+    ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``P``/``T`` default to the longest
+    prompt/response; a longer one raises ``ValueError``, as do empty prompts or responses and log-probs that do not
+    match the tokens (``group_ids`` names the group in those errors).
     """
-    if not groups:
-        raise ValueError("groups must not be empty")
-    rows: list[tuple[int, Sequence[int], Any]] = []
-    for gi, g in enumerate(groups):
-        if not g.prompt_ids:
-            raise ValueError(f"group {g.group_id!r} has an empty prompt_ids")
-        if not g.responses:
-            raise ValueError(f"group {g.group_id!r} has no responses")
-        for r in g.responses:
-            if len(r.token_ids) == 0:
-                raise ValueError(f"group {g.group_id!r} has an empty response (token_ids=[])")
-            if len(r.logprobs) != len(r.token_ids):
-                raise ValueError(
-                    f"group {g.group_id!r}: logprobs has {len(r.logprobs)} entries for {len(r.token_ids)} tokens"
-                )
-            rows.append((gi, g.prompt_ids, r))
-    longest_p = max(len(p) for _, p, _ in rows)
-    longest_t = max(len(r.token_ids) for _, _, r in rows)
+    if not rows:
+        raise ValueError("rows must not be empty")
+
+    def name(gi: int) -> Any:
+        return group_ids[gi] if group_ids is not None else gi
+
+    for row in rows:
+        if len(row.prompt_ids) == 0:
+            raise ValueError(f"group {name(row.group)!r} has an empty prompt_ids")
+        if len(row.token_ids) == 0:
+            raise ValueError(f"group {name(row.group)!r} has an empty response (token_ids=[])")
+        if len(row.logprobs) != len(row.token_ids):
+            raise ValueError(
+                f"group {name(row.group)!r}: logprobs has {len(row.logprobs)} entries for {len(row.token_ids)} tokens"
+            )
+    longest_p = max(len(r.prompt_ids) for r in rows)
+    longest_t = max(len(r.token_ids) for r in rows)
     p_width = longest_p if max_prompt_length is None else max_prompt_length
     t_width = longest_t if max_response_length is None else max_response_length
     if longest_p > p_width:
@@ -188,44 +184,40 @@ def collate_groups(
     if longest_t > t_width:
         raise ValueError(f"a response has {longest_t} tokens > max_response_length={t_width}")
     b = len(rows)
-    prompts = torch.full((b, p_width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((b, p_width), dtype=torch.long)
-    responses = torch.full((b, t_width), pad_token_id, dtype=torch.long)
-    response_mask = torch.zeros((b, t_width), dtype=torch.long)
-    logprobs = torch.zeros((b, t_width), dtype=torch.float32)
-    scores = torch.zeros((b, t_width), dtype=torch.float32)
-    index = torch.empty(b, dtype=torch.long)
-    versions = torch.empty(b, dtype=torch.long)
-    truncated = torch.zeros(b, dtype=torch.bool)
-    p_lens = torch.empty(b, dtype=torch.long)
-    t_lens = torch.empty(b, dtype=torch.long)
-    for i, (gi, prompt, r) in enumerate(rows):
-        pl, tl = len(prompt), len(r.token_ids)
-        prompts[i, p_width - pl :] = torch.as_tensor(list(prompt), dtype=torch.long)
+    prompts = np.full((b, p_width), pad_token_id, dtype=np.int64)
+    prompt_mask = np.zeros((b, p_width), dtype=np.int64)
+    responses = np.full((b, t_width), pad_token_id, dtype=np.int64)
+    response_mask = np.zeros((b, t_width), dtype=np.int64)
+    logprobs = np.zeros((b, t_width), dtype=np.float32)
+    scores = np.zeros((b, t_width), dtype=np.float32)
+    p_lens = np.fromiter((len(r.prompt_ids) for r in rows), dtype=np.int64, count=b)
+    t_lens = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int64, count=b)
+    for i, r in enumerate(rows):
+        pl, tl = int(p_lens[i]), int(t_lens[i])
+        prompts[i, p_width - pl :] = r.prompt_ids
         prompt_mask[i, p_width - pl :] = 1
-        responses[i, :tl] = torch.as_tensor(list(r.token_ids), dtype=torch.long)
+        responses[i, :tl] = r.token_ids
         response_mask[i, :tl] = 1
-        logprobs[i, :tl] = torch.as_tensor(list(r.logprobs), dtype=torch.float32)
-        scores[i, tl - 1] = float(r.reward)
-        index[i], versions[i], p_lens[i], t_lens[i] = gi, int(getattr(r, "version", 0)), pl, tl
-        truncated[i] = bool(getattr(r, "truncated", False))
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        logprobs[i, :tl] = r.logprobs
+        scores[i, tl - 1] = r.reward
+    attention_mask = torch.from_numpy(np.concatenate([prompt_mask, response_mask], axis=1))
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    response_mask_t = torch.from_numpy(response_mask)
     return RolloutBatch(
         {
-            "input_ids": torch.cat([prompts, responses], dim=1),
+            "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),
-            "rollout_log_probs": logprobs,
-            "token_level_scores": scores,
-            "index": index,
-            "versions": versions,
-            "truncated": truncated,
-            "prompt_lengths": p_lens,
-            "response_lengths": t_lens,
+            "responses": torch.from_numpy(responses),
+            "response_mask": response_mask_t,
+            "loss_mask": response_mask_t.clone(),
+            "rollout_log_probs": torch.from_numpy(logprobs),
+            "token_level_scores": torch.from_numpy(scores),
+            "index": torch.tensor([r.group for r in rows], dtype=torch.long),
+            "versions": torch.tensor([r.version for r in rows], dtype=torch.long),
+            "truncated": torch.tensor([r.truncated for r in rows], dtype=torch.bool),
+            "prompt_lengths": torch.from_numpy(p_lens),
+            "response_lengths": torch.from_numpy(t_lens),
         }
     )
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -97,6 +99,40 @@ class DistContext:
             dist.broadcast(buf, src=src)
             return bytes(buf.cpu().numpy().tobytes())
         return b""
+
+    def broadcast_tensors(self, tensors: dict[str, torch.Tensor] | None, src: int = 0) -> dict[str, torch.Tensor]:
+        """Send rank ``src``'s named CPU tensors to every rank (others pass ``None``); returns them on CPU everywhere.
+
+        A msgpack header (names, dtypes, shapes) goes first; then one flat buffer per dtype, so a batch of a dozen
+        tensors costs three or four broadcasts, not a dozen."""
+        if not self.is_distributed:
+            if tensors is None:
+                raise ValueError("tensors must be given on the source rank")
+            return tensors
+        header = None
+        if self.rank == src:
+            if tensors is None:
+                raise ValueError("tensors must be given on the source rank")
+            header = msgspec.msgpack.encode(
+                [[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()]
+            )
+        spec = msgspec.msgpack.decode(self.broadcast_bytes(header, src=src))
+        out: dict[str, torch.Tensor] = {}
+        for dtype_name in dict.fromkeys(d for _, d, _ in spec):
+            dtype = getattr(torch, dtype_name)
+            carrier = torch.uint8 if dtype == torch.bool else dtype  # gloo has no bool collectives
+            names = [(k, shape) for k, d, shape in spec if d == dtype_name]
+            sizes = [math.prod(shape) for _, shape in names]
+            if self.rank == src:
+                assert tensors is not None
+                flat = torch.cat([tensors[k].reshape(-1).to(carrier) for k, _ in names]).to(self.device)
+            else:
+                flat = torch.empty(sum(sizes), dtype=carrier, device=self.device)
+            if flat.numel():
+                dist.broadcast(flat, src=src)
+            for (k, shape), part in zip(names, flat.cpu().to(dtype).split(sizes), strict=True):
+                out[k] = part.reshape(shape)
+        return out
 
 
 def local_context(device: torch.device | None = None) -> DistContext:

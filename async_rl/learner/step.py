@@ -1,8 +1,9 @@
 """The learner: one ``train_step`` turns a batch of rollout groups into one new policy version.
 
-Per step, on every rank with the same groups (rank 0 pulls them and :func:`share_groups` broadcasts them):
+Per step, on every rank with the same batch (rank 0 collates the groups it pulled and broadcasts the tensors, see
+:mod:`async_rl.runtime.rollout_source`; :meth:`Learner.train_step` collates in-process groups itself):
 
-1. collate to padded tensors; every rank holds the whole batch; a group with a token id outside the vocabulary is
+1. the padded tensors: every rank holds the whole batch; a group with a token id outside the vocabulary is
    dropped from the update (``learner/batch/invalid_groups``) instead of crashing the embedding;
 2. no-grad passes, each rank on its balanced share, all-gathered to ``[B, T]`` everywhere: the *proximal*
    ``old_log_probs`` under the current weights, reference log-probs (only for a KL term), critic values (GAE only);
@@ -49,15 +50,11 @@ from async_rl.algorithms import (
     rollout_is_weights,
 )
 from async_rl.learner.batching import (
-    GroupLike,
     RolloutBatch,
-    RolloutGroup,
+    SampledGroup,
     collate_groups,
-    decode_groups,
-    encode_groups,
     mask_out_of_vocab,
     mask_truncated,
-    to_rollout_groups,
 )
 from async_rl.learner.checkpoint import load_learner, save_learner
 from async_rl.learner.critic import Critic
@@ -71,17 +68,25 @@ from async_rl.learner.policy import build_micro_inputs, forward_full_batch, resp
 from async_rl.learner.settings import LearnerSettings
 from async_rl.learner.update import TrainedModel, run_updates
 
-__all__ = ["Learner", "share_groups"]
+__all__ = ["Learner", "share_batch"]
 
 logger = logging.getLogger(__name__)
 
 _EXTREME_SUFFIXES = {"_max": "max", "_min": "min"}
 
 
-def share_groups(ctx: DistContext, groups: Sequence[GroupLike] | None) -> list[RolloutGroup]:
-    """Broadcast rank 0's groups to every rank (msgpack bytes, not pickle); other ranks pass ``None``."""
-    data = encode_groups(to_rollout_groups(groups)) if ctx.is_rank0 and groups is not None else None
-    return decode_groups(ctx.broadcast_bytes(data, src=0))
+def share_batch(
+    ctx: DistContext, batch: RolloutBatch | None, group_ids: Sequence[int] | None
+) -> tuple[RolloutBatch, list[int]]:
+    """Broadcast rank 0's collated batch and its group ids to every rank as tensors (others pass ``None``)."""
+    tensors = None
+    if ctx.is_rank0:
+        if batch is None or group_ids is None:
+            raise ValueError("rank 0 must pass the batch and its group ids")
+        tensors = {**batch.tensors, "_group_ids": torch.tensor([int(g) for g in group_ids], dtype=torch.long)}
+    shared = ctx.broadcast_tensors(tensors)
+    ids = [int(g) for g in shared.pop("_group_ids").tolist()]
+    return RolloutBatch(shared), ids
 
 
 class Learner:
@@ -360,20 +365,31 @@ class Learner:
         return micro_loss
 
     # ------------------------------------------------------------------ the step
-    def train_step(self, groups: Sequence[GroupLike]) -> dict[str, float]:
-        """One policy version from ``groups`` (the same list on every rank). Returns ``learner/...`` metrics."""
-        s, ctx = self.settings, self.ctx
-        t_start = time.perf_counter()
-        batch = collate_groups(
+    def train_step(self, groups: Sequence[SampledGroup]) -> dict[str, float]:
+        """One policy version from in-process ``groups`` (the same list on every rank): collate, then
+        :meth:`train_batch`. A training run collates once on rank 0 and broadcasts the tensors instead
+        (:mod:`async_rl.runtime.rollout_source`)."""
+        return self.train_batch(self.collate(groups), [g.group_id for g in groups])
+
+    def collate(self, groups: Sequence[SampledGroup]) -> RolloutBatch:
+        """In-process groups -> this learner's padded batch (its pad id and length limits)."""
+        s = self.settings
+        return collate_groups(
             groups,
             pad_token_id=s.pad_token_id,
             max_prompt_length=s.max_prompt_length,
             max_response_length=s.max_response_length,
         )
+
+    def train_batch(self, batch: RolloutBatch, group_ids: Sequence[Any]) -> dict[str, float]:
+        """One policy version from a collated ``batch`` (the same on every rank; ``group_ids[i]`` names dense group
+        ``i`` in log lines). Returns ``learner/...`` metrics."""
+        s, ctx = self.settings, self.ctx
+        t_start = time.perf_counter()
         out: dict[str, float] = {}
         invalid = mask_out_of_vocab(batch, self.vocab_size, s.pad_token_id) if self.vocab_size is not None else []
         if invalid:
-            bad = [groups[i].group_id for i in invalid]
+            bad = [group_ids[i] for i in invalid]
             what = "dropped %d group(s) with token ids outside the vocabulary of %d: %s"
             log_rank0(ctx, logger, what, len(bad), self.vocab_size, bad, level=logging.ERROR)
         out["learner/batch/invalid_groups"] = float(len(invalid))

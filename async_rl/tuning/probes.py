@@ -6,7 +6,7 @@
 * ``generation``: the actor's :class:`GenerationEngine` (vLLM, the config's engine settings and sampling) keeps
   ``c`` prompt groups in flight for a few seconds at each concurrency level (closed loop, real prompts from the
   config's data) and reports generated tokens/s and the response lengths it saw;
-* ``learner``: every torchrun rank builds the config's :class:`Learner` and times ``share_groups`` + ``train_step``
+* ``learner``: every torchrun rank builds the config's :class:`Learner` and times ``share_batch`` + ``train_batch``
   on synthetic groups shaped like the workload (real prompt lengths, measured response lengths) at one or more
   batch sizes; rank 0 reports the median step time per size.
 
@@ -136,7 +136,7 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _synthetic_groups(records: list[Any], lengths: list[int], num: int, n: int, vocab: int, seed: int) -> list[Any]:
-    from async_rl.learner.batching import Response, RolloutGroup
+    from async_rl.learner.batching import Response, SampledGroup
 
     rng = random.Random(seed)
     groups = []
@@ -147,8 +147,19 @@ def _synthetic_groups(records: list[Any], lengths: list[int], num: int, n: int, 
             length = max(1, rng.choice(lengths))
             tokens = [rng.randrange(3, vocab) for _ in range(length)]
             responses.append(Response(tokens, [-1.0] * length, float(rng.random()), 0))
-        groups.append(RolloutGroup(g, prompt, responses))
+        groups.append(SampledGroup(g, prompt, responses))
     return groups
+
+
+def _shared_step(ctx: Any, learner: Any, groups: list[Any]) -> None:
+    """One step as a training run takes it: rank 0 collates, the ranks get the tensors, every rank trains."""
+    from async_rl.learner.step import share_batch
+
+    rank0 = ctx.is_rank0
+    batch, ids = share_batch(
+        ctx, learner.collate(groups) if rank0 else None, list(range(len(groups))) if rank0 else None
+    )
+    learner.train_batch(batch, ids)
 
 
 def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
@@ -156,7 +167,7 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
 
     from async_rl.learner import init_distributed, teardown
     from async_rl.learner.settings import LearnerSettings
-    from async_rl.learner.step import Learner, share_groups
+    from async_rl.learner.step import Learner
 
     cfg = _config(params)
     ctx = init_distributed(backend="auto")
@@ -186,8 +197,7 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
         times = []
         for rep in range(params["steps"] + 1):
             t0 = time.perf_counter()
-            shared = share_groups(ctx, groups if ctx.is_rank0 else None)
-            learner.train_step(shared)
+            _shared_step(ctx, learner, groups)
             if rep:  # the first step of each size is a warm-up
                 times.append(time.perf_counter() - t0)
         results.append({"groups": size, "tokens": tokens, "step_s": statistics.median(times), "all_s": times})
@@ -205,7 +215,7 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
             if flag == b"stop":
                 break
             t0 = time.perf_counter()
-            learner.train_step(share_groups(ctx, groups if ctx.is_rank0 else None))
+            _shared_step(ctx, learner, groups)
             if flag == b"time":
                 contended.append(time.perf_counter() - t0)
         if ctx.is_rank0:

@@ -11,7 +11,7 @@ import random
 import torch
 from torch import nn
 
-from async_rl.learner.batching import Response, RolloutGroup
+from async_rl.learner.batching import Response, SampledGroup
 from async_rl.learner.settings import LearnerSettings, OptimSettings
 
 VOCAB = 64
@@ -49,7 +49,7 @@ def tiny_critic(seed: int = 1) -> nn.Module:
     return Qwen2ForTokenClassification(cfg).float()
 
 
-def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) -> list[RolloutGroup]:
+def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) -> list[SampledGroup]:
     """Deterministic groups: random prompts (3..9 tokens), responses (1..12 tokens); reward = share of even tokens."""
     rng = random.Random(seed)
     groups = []
@@ -61,7 +61,7 @@ def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) ->
             logprobs = [-4.2 + rng.uniform(-0.3, 0.3) for _ in tokens]
             reward = sum(1 for t in tokens if t % 2 == 0) / len(tokens)
             responses.append(Response(token_ids=tokens, logprobs=logprobs, reward=reward, version=version))
-        groups.append(RolloutGroup(group_id=f"g{seed}-{g}", prompt_ids=prompt, responses=responses))
+        groups.append(SampledGroup(group_id=f"g{seed}-{g}", prompt_ids=prompt, responses=responses))
     return groups
 
 

@@ -31,7 +31,7 @@ from async_rl.learner import (  # noqa: E402
     iter_full_state,
     latest,
     local_context,
-    share_groups,
+    share_batch,
     teardown,
 )
 from async_rl.learner.model import build_model  # noqa: E402
@@ -123,9 +123,14 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         loaded = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
         res["hf_reload_max_diff"] = max(float((loaded.state_dict()[k] - v).abs().max()) for k, v in exported.items())
         res["hf_shards"] = len(list(hf_dir.glob("*.safetensors")))
-    # groups travel from rank 0 to every rank as msgpack bytes
-    shared = share_groups(ctx, scripted_groups(2, 2, seed=5) if ctx.is_rank0 else None)
-    res[f"share_groups_rank{ctx.rank}"] = shared == scripted_groups(2, 2, seed=5)
+    # rank 0's collated batch reaches every rank as tensors, equal to what each rank would collate itself
+    expected = dist_l.collate(scripted_groups(2, 2, seed=5))
+    got, ids = share_batch(ctx, expected if ctx.is_rank0 else None, [7, 9] if ctx.is_rank0 else None)
+    res[f"share_batch_rank{ctx.rank}"] = (
+        ids == [7, 9]
+        and sorted(got.tensors) == sorted(expected.tensors)
+        and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in expected.tensors.items())
+    )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
     tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied")
     tied_full = dict(iter_full_state(tied, ctx, all_ranks=True))

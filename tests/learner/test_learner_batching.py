@@ -1,26 +1,16 @@
-"""Collation of rollout groups into the learner's padded layout, and the msgpack round trip of groups."""
+"""Collation of rollout groups into the learner's padded layout."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import pytest
 import torch
 
-from async_rl.learner.batching import (
-    Response,
-    RolloutGroup,
-    collate_groups,
-    decode_groups,
-    encode_groups,
-    mask_out_of_vocab,
-    to_rollout_groups,
-)
+from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_out_of_vocab
 
 
-def two_groups() -> list[RolloutGroup]:
+def two_groups() -> list[SampledGroup]:
     return [
-        RolloutGroup(
+        SampledGroup(
             group_id="a",
             prompt_ids=[5, 6, 7],
             responses=[
@@ -28,7 +18,7 @@ def two_groups() -> list[RolloutGroup]:
                 Response(token_ids=[10], logprobs=[-0.5], reward=0.0, version=4),
             ],
         ),
-        RolloutGroup(
+        SampledGroup(
             group_id="b",
             prompt_ids=[11],
             responses=[Response(token_ids=[12, 13, 14], logprobs=[-1.0, -1.0, -1.0], reward=0.5, version=5)],
@@ -68,54 +58,23 @@ def test_collate_fixed_widths_and_select() -> None:
     ("groups", "kwargs", "match"),
     [
         ([], {}, "groups"),
-        ([RolloutGroup("x", [], [Response([1], [0.0], 1.0)])], {}, "prompt_ids"),
-        ([RolloutGroup("x", [1], [])], {}, "no responses"),
-        ([RolloutGroup("x", [1], [Response([], [], 1.0)])], {}, "empty response"),
-        ([RolloutGroup("x", [1], [Response([1, 2], [0.0], 1.0)])], {}, "logprobs"),
-        ([RolloutGroup("x", [1, 2], [Response([1], [0.0], 1.0)])], {"max_prompt_length": 1}, "max_prompt_length"),
-        ([RolloutGroup("x", [1], [Response([1, 2], [0.0, 0.0], 1.0)])], {"max_response_length": 1}, "max_response"),
+        ([SampledGroup("x", [], [Response([1], [0.0], 1.0)])], {}, "prompt_ids"),
+        ([SampledGroup("x", [1], [])], {}, "no responses"),
+        ([SampledGroup("x", [1], [Response([], [], 1.0)])], {}, "empty response"),
+        ([SampledGroup("x", [1], [Response([1, 2], [0.0], 1.0)])], {}, "logprobs"),
+        ([SampledGroup("x", [1, 2], [Response([1], [0.0], 1.0)])], {"max_prompt_length": 1}, "max_prompt_length"),
+        ([SampledGroup("x", [1], [Response([1, 2], [0.0, 0.0], 1.0)])], {"max_response_length": 1}, "max_response"),
     ],
 )
-def test_collate_rejects_bad_input(groups: list[RolloutGroup], kwargs: dict[str, int], match: str) -> None:
+def test_collate_rejects_bad_input(groups: list[SampledGroup], kwargs: dict[str, int], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         collate_groups(groups, **kwargs)
-
-
-def test_msgpack_round_trip() -> None:
-    groups = two_groups()
-    data = encode_groups(groups)
-    assert isinstance(data, bytes)
-    assert decode_groups(data) == groups
-
-
-@dataclass
-class OtherResponse:
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    reward: float
-    version: int = 0
-
-
-@dataclass
-class OtherGroup:
-    group_id: int
-    prompt_ids: tuple[int, ...]
-    responses: list[OtherResponse] = field(default_factory=list)
-
-
-def test_duck_typed_groups_convert_and_collate_identically() -> None:
-    other = [OtherGroup(7, (1, 2), [OtherResponse((3, 4), (-0.1, -0.2), 0.25, 2)])]
-    converted = to_rollout_groups(other)
-    assert converted == [RolloutGroup(7, [1, 2], [Response([3, 4], [-0.1, -0.2], 0.25, 2)])]
-    a, b = collate_groups(other), collate_groups(converted)
-    for key in a.tensors:
-        assert torch.equal(a[key], b[key]), key
 
 
 def test_a_group_with_an_out_of_vocab_id_is_made_inert_in_place() -> None:
     groups = two_groups()
     bad = groups[1].responses[0]
-    groups[1] = RolloutGroup("b", [11], [Response([12, 1_000_000, -1], bad.logprobs, bad.reward, bad.version)])
+    groups[1] = SampledGroup("b", [11], [Response([12, 1_000_000, -1], bad.logprobs, bad.reward, bad.version)])
     batch = collate_groups(groups, pad_token_id=0)
     assert mask_out_of_vocab(batch, vocab_size=20, pad_token_id=0) == [1]  # group "b", dense id 1
     # row 2 (group b): ids 1_000_000 and -1 became the pad id 0, and it adds no loss token, no reward

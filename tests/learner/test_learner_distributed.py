@@ -68,7 +68,7 @@ def test_two_rank_training_matches_single_process_and_exports(tmp_path: Path) ->
     assert res["hf_shards"] > 1
     assert res["hf_reload_max_diff"] == 0.0
     for rank in (0, 1):
-        assert res[f"share_groups_rank{rank}"] is True
+        assert res[f"share_batch_rank{rank}"] is True
         assert res[f"tied_export_ok_rank{rank}"] is True
     # a NaN loss on rank 1 only: both ranks skip all 4 updates of the step and keep their weights bit-for-bit
     for rank in (0, 1):

@@ -15,12 +15,12 @@ import torch
 from _learner_testlib import scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
-from async_rl.learner.batching import Response, RolloutGroup, collate_groups
+from async_rl.learner.batching import Response, SampledGroup, collate_groups
 
 COMMON = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 5, "max_response_length": 12}
 
 
-def _first_update(groups: list[RolloutGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _first_update(groups: list[SampledGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     learner = Learner(settings(**{**COMMON, **overrides}), local_context(), tiny_policy)
     grads: list[dict[str, torch.Tensor]] = []
     learner.actor.grad_hook = lambda m: grads.append(
@@ -30,7 +30,7 @@ def _first_update(groups: list[RolloutGroup], **overrides: object) -> tuple[dict
     return grads[0], metrics
 
 
-def _on_policy_groups(seed: int = 21) -> list[RolloutGroup]:
+def _on_policy_groups(seed: int = 21) -> list[SampledGroup]:
     """Scripted groups whose behaviour log-probs are exactly the initial model's (pi_rollout == pi_old)."""
     groups = scripted_groups(4, 4, seed=seed)
     learner = Learner(settings(**COMMON), local_context(), tiny_policy)
@@ -43,7 +43,7 @@ def _on_policy_groups(seed: int = 21) -> list[RolloutGroup]:
             lp = logps[row, : len(r.token_ids)].tolist()
             responses.append(Response(r.token_ids, lp, r.reward, r.version))
             row += 1
-        out.append(RolloutGroup(g.group_id, g.prompt_ids, responses))
+        out.append(SampledGroup(g.group_id, g.prompt_ids, responses))
     return out
 
 

@@ -1,10 +1,8 @@
-"""A completion's finish reason reaches the learner as ``truncated`` (transport group -> learner group -> msgpack
-between ranks -> ``batch["truncated"]``), and ``mask_truncated_responses`` takes those rows out of the loss after
-the advantages: no gradient from them, and no token in the token-mean denominator."""
+"""A completion's finish reason reaches the learner as ``truncated`` (transport group -> rank 0's collation ->
+tensors broadcast to the ranks -> ``batch["truncated"]``), and ``mask_truncated_responses`` takes those rows out of
+the loss after the advantages: no gradient from them, and no token in the token-mean denominator."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -12,18 +10,10 @@ import torch
 from _learner_testlib import scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
-from async_rl.learner.batching import (
-    Response,
-    RolloutGroup,
-    collate_groups,
-    decode_groups,
-    encode_groups,
-    mask_truncated,
-    to_rollout_groups,
-)
-from async_rl.learner.step import share_groups
+from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_truncated
+from async_rl.learner.step import share_batch
 from async_rl.learner.update import mini_batch_counts
-from async_rl.runtime.learner_main import _learner_groups
+from async_rl.runtime.rollout_source import collate_wire_groups
 from async_rl.transport.protocol import RolloutGroup as WireGroup
 from async_rl.transport.protocol import make_completion
 
@@ -38,33 +28,42 @@ def _wire_group() -> WireGroup:
 
 
 def test_the_finish_reason_flows_to_the_collated_batch() -> None:
-    coordinator = SimpleNamespace(source=SimpleNamespace(record=lambda pid: SimpleNamespace(token_ids=[1, 2, pid])))
-    groups = _learner_groups([_wire_group()], coordinator)
-    assert [r.truncated for r in groups[0].responses] == [False, True, False]  # only "length" is truncation
-    shared = share_groups(local_context(), groups)  # the rank-0 -> every-rank msgpack broadcast
-    assert [r.truncated for r in shared[0].responses] == [False, True, False]
-    assert decode_groups(encode_groups(groups)) == groups
-    batch = collate_groups(shared)
+    prompts = {3: [1, 2, 3]}
+    batch = collate_wire_groups(
+        [_wire_group()], prompts.__getitem__, pad_token_id=0, max_prompt_length=None, max_response_length=None
+    )
     assert batch["truncated"].dtype == torch.bool
-    assert batch["truncated"].tolist() == [False, True, False]
+    assert batch["truncated"].tolist() == [False, True, False]  # only "length" is truncation
+    assert batch["versions"].tolist() == [1, 1, 2]
     assert batch.select([1, 0])["truncated"].tolist() == [True, False]
+    shared, ids = share_batch(local_context(), batch, [3])  # the rank-0 -> every-rank tensor broadcast
+    assert ids == [3] and shared["truncated"].tolist() == [False, True, False]
+    # the wire path and the in-process path are one collation: the same groups give the same tensors
+    same = SampledGroup(
+        3,
+        [1, 2, 3],
+        [
+            Response([5, 6], [-0.1, -0.2], 1.0, version=1),
+            Response([7, 8, 9], [-0.3, -0.4, -0.5], 0.5, version=1, truncated=True),
+            Response([4], [-0.6], 0.0, version=2),
+        ],
+    )
+    expected = collate_groups([same])
+    assert sorted(batch.tensors) == sorted(expected.tensors)
+    for key, value in expected.tensors.items():
+        assert batch[key].dtype == value.dtype, key
+        assert torch.equal(batch[key], value), key
 
 
-def test_groups_without_the_field_default_to_not_truncated() -> None:
-    old = msgspec.msgpack.encode(
-        [{"group_id": 1, "prompt_ids": [1], "responses": [{"token_ids": [2], "logprobs": [-1.0], "reward": 0.0}]}]
-    )
-    assert decode_groups(old)[0].responses[0].truncated is False
-    duck = SimpleNamespace(
-        group_id=0, prompt_ids=[1], responses=[SimpleNamespace(token_ids=[2], logprobs=[-1.0], reward=0.0)]
-    )
-    assert to_rollout_groups([duck])[0].responses[0].truncated is False
-    assert collate_groups([duck])["truncated"].tolist() == [False]
+def test_responses_default_to_not_truncated() -> None:
+    group = SampledGroup(0, [1], [Response([2], [-1.0], 0.0)])
+    assert group.responses[0].truncated is False
+    assert collate_groups([group])["truncated"].tolist() == [False]
 
 
 def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
     groups = [
-        RolloutGroup(
+        SampledGroup(
             "a",
             [5, 6],
             [
@@ -72,7 +71,7 @@ def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
                 Response([10, 11, 12], [-1.0] * 3, 0.0, truncated=True),
             ],
         ),
-        RolloutGroup("b", [7], [Response([13], [-0.5], 0.5, truncated=True), Response([14, 15], [-1.0] * 2, 0.0)]),
+        SampledGroup("b", [7], [Response([13], [-0.5], 0.5, truncated=True), Response([14, 15], [-1.0] * 2, 0.0)]),
     ]
     batch = collate_groups(groups)
     ctx = local_context()
@@ -84,7 +83,7 @@ def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
     assert mask_truncated(batch) == 0  # already out: counted once
 
 
-def _grpo_groups(truncate: bool, perturb: bool = False) -> list[RolloutGroup]:
+def _grpo_groups(truncate: bool, perturb: bool = False) -> list[SampledGroup]:
     """4 groups x 4; in groups 0 and 2 one response is truncated and its reward is the group mean (advantage 0)."""
     groups = scripted_groups(4, 4, seed=41)
     out = []
@@ -96,11 +95,11 @@ def _grpo_groups(truncate: bool, perturb: bool = False) -> list[RolloutGroup]:
             r = responses[3]
             tokens = [(t * 7 + 3) % 63 + 1 for t in r.token_ids] if perturb else r.token_ids
             responses[3] = msgspec.structs.replace(r, token_ids=tokens, truncated=truncate)
-        out.append(RolloutGroup(g.group_id, g.prompt_ids, responses))
+        out.append(SampledGroup(g.group_id, g.prompt_ids, responses))
     return out
 
 
-def _first_grads(groups: list[RolloutGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _first_grads(groups: list[SampledGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     # one mini-batch of all 16 rows (one optimizer step; ratio 1 on the first step), token-mean
     learner = Learner(
         settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=5, **overrides), local_context(), tiny_policy
@@ -134,11 +133,11 @@ def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(packed
 def test_a_masked_truncated_row_gives_no_gradient_whatever_its_tokens() -> None:
     # Give the truncated rows a non-zero advantage (the scripted rewards) and change their tokens: masked, the
     # gradient does not move; unmasked (the control), it does.
-    def groups(perturb: bool, truncate: bool = True) -> list[RolloutGroup]:
+    def groups(perturb: bool, truncate: bool = True) -> list[SampledGroup]:
         out = []
         for g in _grpo_groups(truncate=truncate, perturb=perturb):
             out.append(
-                RolloutGroup(
+                SampledGroup(
                     g.group_id,
                     g.prompt_ids,
                     [

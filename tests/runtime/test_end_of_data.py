@@ -2,8 +2,8 @@
 smaller than data.train_batch_size (the coordinator hands over what is left) is dropped with a warning, as verl's
 ``drop_last=True`` does, instead of crashing the update or waiting forever.
 
-The learner's wait (:func:`_wait_for_groups`) runs here on a single-process context against a real coordinator fed
-by an in-process client, without model or actor processes.
+The learner's batch source (:class:`RolloutSource`: the wait, then rank 0's collation and broadcast) runs here on
+a single-process context against a real coordinator fed by an in-process client, without model or actor processes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,14 +20,13 @@ import pytest
 
 from async_rl.config import load_config
 from async_rl.learner.dist import local_context
-from async_rl.learner.step import share_groups
-from async_rl.runtime.learner_main import _learner_groups, _wait_for_groups
+from async_rl.runtime.rollout_source import RolloutSource, wait_for_groups
 from async_rl.runtime.run_length import derive_run_length
 from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, RolloutClient, make_completion, unpack_array
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 ROOT = Path(__file__).resolve().parents[2]
-LOGGER = "async_rl.runtime.learner_main"
+LOGGER = "async_rl.runtime.rollout_source"
 
 
 class _NoPublisher:
@@ -79,19 +79,22 @@ def _grants(client: RolloutClient, want: int, loaded: int, timeout_s: float) -> 
 
 def _run_until_exhausted(coord: Coordinator, client: RolloutClient, batch: int) -> list[int]:
     """Train (mark trained, bump the version) batch after batch until the wait returns []; the batch sizes seen."""
-    ctx = local_context()
+    learner = SimpleNamespace(
+        settings=SimpleNamespace(pad_token_id=0, max_prompt_length=None, max_response_length=None), version=0
+    )
+    source = RolloutSource(local_context(), coord, _NoPublisher(), learner, batch_size=batch, poll_s=0.1)
     sizes: list[int] = []
     for version in range(100):
         for g in _grants(client, batch, loaded=version, timeout_s=0.3):
             client.send_group(_answer(g, version))
         assert client.wait_acked(3.0)
-        raw = _wait_for_groups(ctx, coord, _NoPublisher(), None, batch, timeout_s=10.0, poll_s=0.1)
-        shared = share_groups(ctx, _learner_groups(raw, coord))  # what every rank gets; [] ends the loop in _train
-        assert len(shared) == len(raw)
-        if not shared:
+        rollouts = source.next(timeout_s=10.0)  # what every rank gets; None ends the Trainer's loop
+        if rollouts is None:
             return sizes
-        sizes.append(len(shared))
-        coord.mark_trained([g.prompt_id for g in raw])
+        assert rollouts.group_ids == [g.prompt_id for g in rollouts.groups]
+        assert len(rollouts.batch) == sum(len(g.completions) for g in rollouts.groups)
+        sizes.append(len(rollouts.groups))
+        coord.mark_trained(rollouts.group_ids)
         coord.set_policy_version(version + 1)
     raise AssertionError("the data never ran out")
 
@@ -120,7 +123,7 @@ def test_final_short_batch_is_dropped_and_the_derived_length_never_reaches_it(
     # Asking again after the end returns [] at once (nothing is coming), without another warning.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert _wait_for_groups(local_context(), coord, _NoPublisher(), None, batch, timeout_s=10.0) == []
+        assert wait_for_groups(local_context(), coord, _NoPublisher(), None, batch, timeout_s=10.0) == []
     assert not caplog.records
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from async_rl.learner.dist import local_context
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
-from async_rl.runtime.learner_main import _wait_for_groups
+from async_rl.runtime.rollout_source import wait_for_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,4 +142,4 @@ class _Agreed:
 def test_the_rollout_wait_raises_stop_requested_before_taking_any_group() -> None:
     # coordinator None: the wait must leave before it asks the coordinator for groups (none is taken, none lost)
     with pytest.raises(StopRequested, match="waiting for rollouts"):
-        _wait_for_groups(local_context(), None, None, None, 8, timeout_s=10.0, stop=_Agreed())  # type: ignore[arg-type]
+        wait_for_groups(local_context(), None, None, None, 8, timeout_s=10.0, stop=_Agreed())  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from typing import Any
 from async_rl.config import load_config
 from async_rl.learner.dist import init_distributed, local_context, teardown
 from async_rl.models.tiny import build_char_tokenizer
-from async_rl.runtime.learner_main import load_prompts
+from async_rl.runtime.trainer import load_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "configs" / "demo_grpo.yaml")

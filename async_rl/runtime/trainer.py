@@ -1,0 +1,273 @@
+"""The :class:`Trainer`: one learner rank's run, built from the config, stepped until the run length or the data ends.
+
+Every torchrun rank builds one (see :mod:`async_rl.runtime.learner_main`); rank 0's also owns the coordinator, the
+metric sinks and the audit log. The state a step changes lives on the object: the learner (weights, version), the
+newest published version, the newest checkpointed step. One step reads top to bottom in :meth:`Trainer.train_step`:
+the batch from the :class:`RolloutSource`, the update, the ledger, the weight publish, the checkpoint, validation,
+the metrics line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from async_rl.config import Config
+from async_rl.runtime import resources
+from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
+from async_rl.runtime.metrics import ActorActivity
+from async_rl.runtime.rollout_metrics import rollout_metrics
+from async_rl.runtime.rollout_source import RolloutSource, StepRollouts
+from async_rl.runtime.run_state import append_audit, maybe_resume, save_checkpoint
+
+__all__ = ["Trainer", "load_prompts"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_prompts(cfg: Config, ctx: Any, tokenizer: Any) -> tuple[list[Any] | None, int]:
+    """Rank 0 loads the training prompts and derives the run length from them; every rank learns the step count.
+
+    Returns ``(records, total_steps)`` on rank 0 and ``(None, total_steps)`` elsewhere. Bad data (no prompts, fewer
+    than one batch) raises ``ValueError`` on every rank, so no rank waits for a broadcast that never comes.
+    """
+    from async_rl.runtime.run_length import derive_run_length
+
+    records = None
+    message = None
+    failure: ValueError | None = None
+    if ctx.rank == 0:
+        try:
+            records = resources.prompt_records(cfg, tokenizer)
+            length = derive_run_length(cfg, len(records))
+        except ValueError as exc:
+            failure = exc
+            message = json.dumps({"error": str(exc)}).encode()
+        else:
+            logger.info("%s", length.how)
+            if length.warning:
+                logger.warning("%s", length.warning)
+            message = json.dumps({"steps": length.steps}).encode()
+    shared = json.loads(ctx.broadcast_bytes(message))
+    if failure is not None:
+        raise failure
+    if "error" in shared:
+        raise ValueError(shared["error"])
+    return records, int(shared["steps"])
+
+
+class Trainer:
+    """One learner rank's run (see the module docstring); :meth:`train` runs it and returns rank 0's summary."""
+
+    def __init__(self, cfg: Config, ctx: Any, stop: GracefulStop) -> None:
+        from transformers import AutoTokenizer
+
+        from async_rl.learner.step import Learner
+        from async_rl.runtime.validation import build_validator
+        from async_rl.weight_sync.publisher import WeightPublisher
+
+        self.cfg, self.ctx, self.stop = cfg, ctx, stop
+        self.out_dir = resources.run_dir(cfg)
+        if ctx.rank == 0:  # rank 0 builds builtin models once; the others then find them on disk
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
+        ctx.barrier()
+        policy_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(policy_path)
+        records, self.total_steps = load_prompts(cfg, ctx, self.tokenizer)
+        self.learner = Learner(self._settings(policy_path), ctx, policy_path)
+        self.coordinator = self._coordinator(records) if records is not None else None
+        ws = cfg.async_training.weight_sync
+        self.publisher = WeightPublisher(
+            ctx,
+            self.coordinator,
+            host=ws.master_addr,
+            port=ws.master_port,
+            backend=ws.backend,
+            bucket_size_mb=ws.bucket_size_mb,
+            timeout_s=ws.timeout_s,
+            join_timeout_s=ws.join_timeout_s,
+        )
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        self.start_step = maybe_resume(cfg, self.learner, self.coordinator, self.ckpt_dir)
+        self.saved_step = self.start_step  # the newest step a checkpoint holds (or the run started from)
+        self.published = self.learner.version  # the newest version the actors were sent (or start with)
+        self.sink = self._open_sink() if ctx.rank == 0 else None
+        self.started = time.monotonic()
+        self.validator = build_validator(cfg, ctx, self.coordinator, self.tokenizer, self._log_validation)
+        self.source = RolloutSource(
+            ctx,
+            self.coordinator,
+            self.publisher,
+            self.learner,
+            batch_size=cfg.data.train_batch_size,
+            validator=self.validator,
+            stop=stop,
+        )
+        self.actor_activity = ActorActivity()
+
+    # ------------------------------------------------------------------ set-up
+    def _settings(self, policy_path: str) -> Any:
+        from async_rl.learner.settings import LearnerSettings
+
+        settings = LearnerSettings.from_config(self.cfg, total_training_steps=self.total_steps)
+        settings = settings.replace(pad_token_id=int(self.tokenizer.pad_token_id or 0))
+        if settings.critic is not None:
+            critic_path = resources.resolve_model_path(self.cfg.critic.model.path or policy_path, self.out_dir)
+            settings = settings.replace(critic=dataclasses.replace(settings.critic, model_path=critic_path))
+        return settings
+
+    def _coordinator(self, records: list[Any]) -> Any:
+        from async_rl.transport import Coordinator, FilterSettings
+
+        cfg = self.cfg
+        fg = cfg.algorithm.filter_groups  # DAPO dynamic sampling, done by the coordinator (transport/filtering.py)
+        coordinator = Coordinator(
+            records,
+            resources.plane_settings(cfg),
+            sampling=resources.sampling_params(cfg, seed=cfg.trainer.seed),
+            seed=cfg.trainer.seed,
+            shuffle_seed=cfg.data.seed if cfg.data.shuffle else None,
+            max_epochs=cfg.trainer.total_epochs,
+            autostart=False,
+            vocab_size=self.learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
+            filter_groups=FilterSettings(
+                enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches
+            ),
+        )
+        logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
+        return coordinator
+
+    def _open_sink(self) -> Any:
+        from async_rl.config import config_to_dict
+        from async_rl.runtime.metrics import MetricsLogger
+
+        t = self.cfg.trainer
+        return MetricsLogger(
+            self.out_dir,
+            list(t.logger),
+            project=t.project_name,
+            experiment=t.experiment_name,
+            total_steps=self.total_steps,
+            config=config_to_dict(self.cfg),
+        )
+
+    def _log_validation(self, step: int, values: dict[str, float]) -> None:
+        if self.sink is not None:
+            self.sink.log(step, {**values, "time/wall_s": time.monotonic() - self.started})
+
+    # ------------------------------------------------------------------ the run
+    def train(self) -> dict[str, Any]:
+        """Step until the run length or the end of the data; ``{"stopped": True, ...}`` after a signal."""
+        if self.coordinator is not None:
+            if self.start_step:
+                self.coordinator.set_policy_version(self.learner.version)
+            self.coordinator.start()
+        if self.validator.schedule.at_start():
+            self.validator.start(self.learner.version)
+        summary: dict[str, float] = {}
+        for step in range(self.start_step, self.total_steps):
+            step_started = time.monotonic()
+            try:
+                rollouts = self._next_rollouts(step)
+            except StopRequested:
+                return self._stopped(step)
+            if rollouts is None:
+                if self.ctx.rank == 0:
+                    logger.warning("data exhausted after %d of %d steps: stopping the run", step, self.total_steps)
+                break
+            summary = self.train_step(step, rollouts, step_started)
+        return self._finish(summary)
+
+    def _next_rollouts(self, step: int) -> StepRollouts | None:
+        if self.stop.agreed(self.ctx):
+            raise StopRequested("stop requested between steps")
+        t = self.cfg.async_training.timeouts
+        # The first step also waits for the actors to start (engine start-up, model load).
+        return self.source.next(t.step_s + (t.actor_start_s if step == self.start_step else 0.0))
+
+    def train_step(self, step: int, rollouts: StepRollouts, step_started: float) -> dict[str, float]:
+        """Step ``step`` -> policy version ``step + 1``: update, ledger, publish, checkpoint, validation, metrics."""
+        metrics = self.learner.train_batch(rollouts.batch, rollouts.group_ids)
+        version = self.learner.version
+        if self.coordinator is not None:
+            metrics.update(rollout_metrics(rollouts.groups, version - 1, self.tokenizer.eos_token_id))
+            self.coordinator.mark_trained([g.prompt_id for g in rollouts.groups])
+            append_audit(self.out_dir, step + 1, rollouts.groups)
+        metrics.update(self._sync(version))
+        every = self.cfg.async_training.checkpoint.save_every_n_steps
+        if every and (version % every == 0 or step + 1 == self.total_steps):
+            self._save(step + 1)
+        self.validator.poll()  # a finished round is logged at its own (earlier) step before this step's line
+        if self.sink is not None and self.coordinator is not None:
+            metrics.update(self.coordinator.metrics())
+            metrics.update(self.actor_activity(metrics))
+            metrics["learner/idle_fraction"] = rollouts.wait_s / max(time.monotonic() - step_started, 1e-9)
+            metrics["time/wall_s"] = time.monotonic() - self.started
+            self.sink.log(step + 1, metrics)
+        return metrics
+
+    def _sync(self, version: int) -> dict[str, float]:
+        """Publish ``version`` every ``sync_every_n_steps`` and whenever it is due for validation (its round needs it
+        on the actors); otherwise the coordinator only learns the new version."""
+        validate = self.validator.schedule.due(version)
+        if version % self.cfg.async_training.sync_every_n_steps == 0 or validate:
+            report = self._publish(version)
+            if validate:
+                self.validator.start(version)
+            return report
+        if self.coordinator is not None:
+            self.coordinator.set_policy_version(version)
+        return {}
+
+    def _publish(self, version: int) -> dict[str, float]:
+        self.validator.before_publish(version)
+        report = self.publisher.publish(version, self.learner.iter_weights)
+        self.published = version
+        return report
+
+    def _save(self, step: int) -> Path:
+        path = save_checkpoint(
+            self.learner, self.coordinator, self.ckpt_dir, step, self.cfg.async_training.checkpoint.keep_last
+        )
+        self.saved_step = step
+        return path
+
+    def _stopped(self, step: int) -> dict[str, Any]:
+        """A signal stopped the run before step ``step``: checkpoint what is new (if checkpointing is on), close."""
+        due = bool(self.cfg.async_training.checkpoint.save_every_n_steps) and step > self.saved_step
+        checkpoint = self._save(step) if due else None
+        if self.ctx.rank == 0:
+            logger.warning("stopped by signal after step %d; checkpoint: %s", step, checkpoint or "none written")
+        self._close()
+        return {"stopped": True, "steps": step, "checkpoint": str(checkpoint) if checkpoint else None}
+
+    def _finish(self, summary: dict[str, float]) -> dict[str, Any]:
+        """The final validation round (its version published first if sync skipped it), close, export the model."""
+        from async_rl.learner.export import export_hf
+
+        version = self.learner.version
+        if self.validator.schedule.at_end() and self.validator.last_version != version:
+            if self.published != version:
+                self._publish(version)
+            self.validator.start(version)
+        self.validator.wait()
+        self._close()
+        final_dir = self.out_dir / "final_hf"
+        export_hf(self.learner.model, self.ctx, final_dir)  # collective; rank 0 writes
+        if self.ctx.rank != 0:
+            return {}
+        self.tokenizer.save_pretrained(final_dir)
+        return {"steps": version, "last": summary, "run_dir": str(self.out_dir), "final_model": str(final_dir)}
+
+    def _close(self) -> None:
+        """The run is over (finished or stopped): tell the actors to shut down, close the weight sync and the sinks."""
+        if self.coordinator is not None:
+            self.coordinator.close(notify_actors=True)
+        self.publisher.close()
+        if self.sink is not None:
+            self.sink.close()

@@ -22,7 +22,6 @@ from async_rl.algorithms.advantages import (
     compute_rloo_vectorized_outcome_advantage,
     needs_critic,
 )
-from async_rl.algorithms.importance import IS_LEVELS, IS_MODES, compute_is_weights
 from async_rl.algorithms.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -56,8 +55,6 @@ __all__ = [
     "CRITIC_ESTIMATORS",
     "DEFAULT_LOGPROB_CHUNK_SIZE",
     "ENTROPY_MODES",
-    "IS_LEVELS",
-    "IS_MODES",
     "KL_KINDS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
@@ -76,7 +73,6 @@ __all__ = [
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_opo_outcome_advantage",
-    "compute_is_weights",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_rloo_outcome_advantage",

@@ -1,12 +1,11 @@
 """Policy-gradient losses (PPO with dual clip, GMPO, GSPO, CISPO, REINFORCE) with off-policy importance correction.
 
 This is the objective the learner minimises. The PPO ratio is taken against ``old_log_prob``, the *proximal* policy the
-learner recomputed under the weights version it trains from; when the actor's behaviour log-probs
-(``rollout_log_prob``) are supplied with a ``tis_cap``, each token's clipped loss is additionally reweighted by the
-detached importance weight ``pi_old / pi_rollout`` (see ``importance.py``), which corrects both weight staleness and
-inference/training numeric mismatch; alternatively the learner passes weights it computed once per step
-(``is_weights``, e.g. from ``rollout_correction.rollout_is_weights``). Loss modes live in the ``POLICY_LOSSES``
-registry under verl's names; ``reinforce_loss`` (verl's bypass-mode REINFORCE) is a separate function.
+learner recomputed under the weights version it trains from. Each token's clipped loss is additionally reweighted by
+precomputed, detached importance weights ``is_weights`` = ``pi_old / pi_rollout`` (the learner gets them from
+``rollout_correction.rollout_is_weights``, the one IS implementation), which correct both weight staleness and
+inference/training numeric mismatch. Loss modes live in the ``POLICY_LOSSES`` registry under verl's names;
+``reinforce_loss`` (verl's bypass-mode REINFORCE) is a separate function.
 Metrics are returned as detached 0-d tensors (no device synchronisation; call ``.item()`` when logging).
 """
 
@@ -18,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from async_rl.algorithms._checks import check_2d, check_choice, check_positive_count, check_same_shape, float_mask
-from async_rl.algorithms.importance import IS_LEVELS, IS_MODES, compute_is_weights
 from async_rl.algorithms.losses import LOSS_AGG_MODES, Count, agg_loss
 from async_rl.algorithms.masking import masked_mean, masked_sum, safe_count
 
@@ -187,12 +185,7 @@ def policy_loss(
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
-    rollout_log_prob: torch.Tensor | None = None,
-    tis_cap: float | None = None,
     loss_mode: str = "vanilla",
-    is_level: str = "token",
-    is_mode: str = "truncate",
-    is_threshold_lower: float | None = None,
     is_weights: torch.Tensor | None = None,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
@@ -224,34 +217,23 @@ def policy_loss(
     ``log_prob`` on every token (the clipped ratio is only a weight); ``pg_clipfrac`` = fraction of valid tokens
     whose ratio was clipped, ``pg_clipfrac_lower`` is 0.
 
-    Off-policy correction, one of: ``is_weights`` (``[B, T]``, detached here; e.g. computed once per step by
-    ``rollout_correction.rollout_is_weights``; no IS metrics are added), or ``rollout_log_prob`` with ``tis_cap``:
-    ``w`` = IS weights ``pi_old / pi_rollout`` at ``is_level`` with ``is_mode`` (see ``compute_is_weights``), whose
-    metrics are added. Passing ``is_weights`` together with ``rollout_log_prob`` and ``tis_cap`` is an error.
-    Otherwise ``w = 1``. With ``rollout_log_prob == old_log_prob`` every weight is exactly 1, so the loss is
+    Off-policy correction: ``w`` = ``is_weights`` (``[B, T]``, detached here), as computed by
+    ``rollout_correction.rollout_is_weights`` (which also returns the IS metrics); ``w = 1`` when ``None``. The
+    weights never change the mask, so zero-weight (e.g. IcePop-rejected) tokens still count in the denominators.
+    When the behaviour and proximal log-probs are equal every valid token's weight is exactly 1, so the loss is
     bitwise equal to the uncorrected one.
 
-    Metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl`` (masked mean of ``old_log_prob - log_prob``) and,
-    with ``tis_cap`` IS active, ``is_weight_mean/max/min``, ``is_frac_truncated`` or ``is_frac_masked``, ``is_ess``.
+    Metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl`` (masked mean of ``old_log_prob - log_prob``).
     Bad names, shapes or ranges raise ``ValueError``.
     """
     check_2d("old_log_prob", old_log_prob)
     check_same_shape("log_prob", log_prob, "old_log_prob", old_log_prob)
     check_same_shape("advantages", advantages, "old_log_prob", old_log_prob)
     check_same_shape("response_mask", response_mask, "old_log_prob", old_log_prob)
-    if rollout_log_prob is not None:
-        check_same_shape("rollout_log_prob", rollout_log_prob, "old_log_prob", old_log_prob)
     if is_weights is not None:
         check_same_shape("is_weights", is_weights, "old_log_prob", old_log_prob)
-        if rollout_log_prob is not None and tis_cap is not None:
-            raise ValueError(
-                "is_weights was given together with rollout_log_prob and tis_cap; pass either precomputed "
-                "is_weights or rollout_log_prob with tis_cap, not both"
-            )
     check_choice("loss_mode", loss_mode, POLICY_LOSSES)
     check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-    check_choice("is_level", is_level, IS_LEVELS)
-    check_choice("is_mode", is_mode, IS_MODES)
     _check_clip("clip_ratio", clip_ratio)
     _check_clip("clip_ratio_low", clip_ratio_low)
     _check_clip("clip_ratio_high", clip_ratio_high)
@@ -260,20 +242,7 @@ def policy_loss(
     check_positive_count("loss_scale_factor", loss_scale_factor)
 
     mask = float_mask(response_mask, log_prob)
-    weights: torch.Tensor | None = None
-    is_metrics: dict[str, torch.Tensor] = {}
-    if is_weights is not None:
-        weights = is_weights.detach().to(dtype=log_prob.dtype, device=log_prob.device)
-    elif rollout_log_prob is not None and tis_cap is not None:
-        weights, is_metrics = compute_is_weights(
-            old_log_prob,
-            rollout_log_prob,
-            mask,
-            tis_cap=tis_cap,
-            is_level=is_level,
-            is_mode=is_mode,
-            is_threshold_lower=is_threshold_lower,
-        )
+    weights = None if is_weights is None else is_weights.detach().to(dtype=log_prob.dtype, device=log_prob.device)
     inputs = PolicyLossInputs(
         old_log_prob=old_log_prob,
         log_prob=log_prob,
@@ -288,9 +257,7 @@ def policy_loss(
         global_num_seqs=global_num_seqs,
         loss_scale_factor=loss_scale_factor,
     )
-    loss, metrics = POLICY_LOSSES[loss_mode](inputs)
-    metrics.update(is_metrics)
-    return loss, metrics
+    return POLICY_LOSSES[loss_mode](inputs)
 
 
 def reinforce_loss(

@@ -12,9 +12,9 @@ same tokens. ``d = old_log_prob - rollout_log_prob`` is the per-token log import
 
 Both follow verl's ``rollout_corr_helper`` (``compute_rollout_correction_weights``, ``compute_rollout_rejection_mask``)
 in values and comparison directions; the metrics keep verl's names without the ``rollout_corr/`` prefix and are
-detached 0-d tensors (no device synchronisation). Padding gets IS weight 0 here, as in verl, whereas
-``importance.compute_is_weights`` puts 1 there; the loss mask excludes padding, so either is harmless. Everything runs
-without gradient tracking.
+detached 0-d tensors (no device synchronisation). Padding gets IS weight 0, as in verl (the loss mask excludes
+padding anyway). ``rollout_is_weights`` is the only IS-weight implementation: ``policy_loss`` and ``reinforce_loss``
+take its output as ``is_weights``. Everything runs without gradient tracking.
 """
 
 from __future__ import annotations
@@ -70,22 +70,23 @@ def rollout_is_weights(
 
     With ``d = old_log_prob - rollout_log_prob`` on valid tokens (0 on padding): ``level="token"`` gives
     ``raw_t = exp(clamp(d_t, -20, 20))``; ``level="sequence"`` gives ``raw_i = exp(clamp(sum_t d_t, -20, 20))`` on
-    every token of row i. Padding gets weight 0. ``threshold`` (see ``parse_is_threshold``): a single upper bound
+    every token of row i, ``level="geometric"`` the same with the mean over the row's valid tokens instead of the sum
+    (not in verl). Padding gets weight 0. ``threshold`` (see ``parse_is_threshold``): a single upper bound
     truncates, ``w = min(raw, upper)`` (TIS); ``"lower_upper"`` keeps ``raw`` where ``lower <= raw <= upper`` and
     zeroes it elsewhere (IcePop; kept weights are not set to 1).
 
     ``batch_normalize`` then divides every weight by their mean ``m`` (if ``m > 1e-8``; otherwise the weights are
-    left as they are): at token level the mean over valid tokens, at sequence level the mean of the row weights over
-    rows with at least one valid token. ``all_reduce``, when given, receives the 1-D tensor ``[sum, count]`` behind
-    ``m`` and must return it summed over ranks, making ``m`` global; without it the mean is over this batch (enough
-    when every rank holds the whole batch).
+    left as they are): at token level the mean over valid tokens, at the per-row levels (sequence, geometric) the
+    mean of the row weights over rows with at least one valid token. ``all_reduce``, when given, receives the 1-D
+    tensor ``[sum, count]`` behind ``m`` and must return it summed over ranks, making ``m`` global; without it the
+    mean is over this batch (enough when every rank holds the whole batch).
 
     Metrics (before normalisation): ``rollout_is_mean`` (masked mean of ``w``); ``rollout_is_max/min`` (of ``w`` over
-    valid tokens at token level, of the raw row weights over non-empty rows at sequence level; 1 with no valid
-    token); ``rollout_is_ratio_fraction_high/low`` (fraction of valid tokens, or of non-empty rows at sequence level,
-    with ``raw > upper`` / ``raw < lower``, ``lower`` defaulting to ``1 / upper``); ``rollout_is_eff_sample_size``
-    ``= mean(w)^2 / mean(w^2)`` over valid tokens (0 if every weight is 0, 1 with no valid token); with IcePop
-    ``rollout_is_oob_ratio`` (fraction of valid tokens zeroed); with ``batch_normalize``
+    valid tokens at token level, of the raw row weights over non-empty rows at the per-row levels; 1 with no valid
+    token); ``rollout_is_ratio_fraction_high/low`` (fraction of valid tokens, or of non-empty rows at the per-row
+    levels, with ``raw > upper`` / ``raw < lower``, ``lower`` defaulting to ``1 / upper``);
+    ``rollout_is_eff_sample_size`` ``= mean(w)^2 / mean(w^2)`` over valid tokens (0 if every weight is 0, 1 with no
+    valid token); with IcePop ``rollout_is_oob_ratio`` (fraction of valid tokens zeroed); with ``batch_normalize``
     ``rollout_is_batch_norm_factor`` (``m``, or 1 when not applied). verl's sequence-level fractions and extremes
     count every row, fully padded ones included; these count non-empty rows only.
     """
@@ -152,7 +153,7 @@ def normalize_is_weights(
     """Divide IS weights ``[B, T]`` by their batch mean ``m``; returns ``(weights / factor, factor)``, both detached.
 
     ``level="token"``: ``m`` = mean of the weights over valid tokens. ``level="sequence"`` (or ``"geometric"``, the
-    other per-row level of ``compute_is_weights``): ``m`` = mean over rows with at least one valid token of the row
+    other per-row level): ``m`` = mean over rows with at least one valid token of the row
     weight (the largest valid weight of the row, which is the row's single value at those levels). ``factor = m``
     when ``m > 1e-8``, otherwise 1 (verl 0.9.1 ``rollout_is_batch_normalize``). Every position, padding included, is
     divided, so padding weights 0 stay 0. ``all_reduce`` (see ``rollout_is_weights``) makes ``m`` a global mean:

@@ -5,6 +5,9 @@ Compared against verl 0.9.1 ``compute_policy_loss_vanilla`` / ``compute_policy_l
 for the same tensors. GMPO with IS weights <-> ``compute_policy_loss_geo_mean``: the sequence weight
 ``exp(sum_t log(w_t + 1e-10) * m_t / (n + 1e-8))`` (a geometric mean) and ``torch.mean`` over all B rows when no
 global sequence count is given. ``tools/verl_crosscheck.py`` runs both libraries on random inputs.
+
+IS weights reach every loss precomputed (``is_weights``, from ``rollout_is_weights``): they scale each token's loss
+and gradient, are detached, leave the denominators alone, and on-policy (all weights 1) change nothing, bitwise.
 """
 
 import math
@@ -14,9 +17,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, compute_is_weights, policy_loss
+from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, policy_loss, rollout_is_weights
 
 E = math.e
+LN2 = math.log(2.0)
 
 
 def _vanilla_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,8 +142,8 @@ def test_micro_batches_with_global_counts_match_full_batch(b: int, mode: str, lo
     adv = torch.randn(b, 5, generator=gen, dtype=torch.float64)
     mask = (torch.rand(b, 5, generator=gen) > 0.3).to(torch.float64)
     mask[:, 0] = 1.0
-    kw = {"loss_agg_mode": mode, "loss_mode": loss_mode, "tis_cap": 2.0}
-    full, _ = policy_loss(old, log_prob, adv, mask, rollout_log_prob=rollout, **kw)
+    w, _ = rollout_is_weights(old, rollout, mask, threshold=2.0)
+    full, _ = policy_loss(old, log_prob, adv, mask, is_weights=w, loss_agg_mode=mode, loss_mode=loss_mode)
     total = torch.zeros((), dtype=torch.float64)
     for rows in (slice(0, b // 2), slice(b // 2, b)):
         part, _ = policy_loss(
@@ -147,8 +151,9 @@ def test_micro_batches_with_global_counts_match_full_batch(b: int, mode: str, lo
             log_prob[rows],
             adv[rows],
             mask[rows],
-            rollout_log_prob=rollout[rows],
-            **kw,
+            is_weights=w[rows],
+            loss_agg_mode=mode,
+            loss_mode=loss_mode,
             global_num_tokens=float(mask.sum()),
             global_num_seqs=b,
         )
@@ -171,29 +176,77 @@ def test_bad_arguments_raise_value_error() -> None:
         policy_loss(old, log_prob, adv[:, :2], mask)
     with pytest.raises(ValueError, match="old_log_prob"):
         policy_loss(old[0], log_prob, adv, mask)
-    with pytest.raises(ValueError, match="rollout_log_prob"):
-        policy_loss(old, log_prob, adv, mask, rollout_log_prob=old[:1], tis_cap=2.0)
+
+
+def test_is_weights_scale_each_token_and_are_detached() -> None:
+    # d = old - rollout = [ln 2, 0 | ln 3, pad]; IcePop "0.5_2.5" -> w = [2, 1 | 0 (e^ln3 = 3 > 2.5), 0 (padding)]
+    old = torch.zeros(2, 2)
+    rollout = torch.tensor([[-LN2, 0.0], [-math.log(3.0), 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    w, _ = rollout_is_weights(old, rollout, mask, threshold="0.5_2.5")
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0], [0.0, 0.0]]))
+    log_prob = torch.zeros(2, 2, requires_grad=True)
+    loss, metrics = policy_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w)
+    # ratio 1, A = +1: token losses -w = [-2, -1 | 0]; the rejected token still counts: token-mean over 3 tokens
+    assert loss.item() == pytest.approx(-1.0)
+    assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}  # no IS metrics from the loss
+    loss.backward()
+    assert rollout.grad is None and not w.requires_grad
+    # d(-A * w * ratio)/dlr at ratio 1, / 3 tokens
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-2 / 3, -1 / 3], [0.0, 0.0]]))
+    # weights that do carry a graph are detached by the loss itself
+    w_graph = w.clone().requires_grad_(True)
+    again, _ = policy_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w_graph)
+    again.backward()
+    assert w_graph.grad is None
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    loss_mode=st.sampled_from(sorted(POLICY_LOSSES)),
+    level=st.sampled_from(sorted(ROLLOUT_IS_LEVELS)),
+    threshold=st.one_of(
+        st.floats(1.0, 10.0), st.tuples(st.floats(0.1, 1.0), st.floats(1.0, 10.0)).map(lambda b: f"{b[0]}_{b[1]}")
+    ),
+    batch_normalize=st.booleans(),
+    agg=st.sampled_from(sorted(LOSS_AGG_MODES)),
+)
+def test_on_policy_is_weights_leave_the_loss_bitwise_unchanged(
+    seed: int, loss_mode: str, level: str, threshold: float | str, batch_normalize: bool, agg: str
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    old = torch.randn(3, 4, generator=gen)
+    lp = old + 0.5 * torch.randn(3, 4, generator=gen)
+    adv = torch.randn(3, 4, generator=gen)
+    mask = (torch.rand(3, 4, generator=gen) > 0.3).float()
+    w, is_m = rollout_is_weights(
+        old, old.clone(), mask, level=level, threshold=threshold, batch_normalize=batch_normalize
+    )
+    assert torch.equal(w, mask)  # exactly 1 on valid tokens (TIS caps and IcePop bounds enclose 1), 0 on padding
+    if mask.sum() > 0:
+        assert is_m["rollout_is_min"].item() == is_m["rollout_is_max"].item() == 1.0
+        assert is_m["rollout_is_eff_sample_size"].item() == 1.0
+    plain, plain_m = policy_loss(old, lp, adv, mask, loss_mode=loss_mode, loss_agg_mode=agg)
+    corrected, m = policy_loss(old, lp, adv, mask, loss_mode=loss_mode, loss_agg_mode=agg, is_weights=w)
+    assert torch.equal(plain, corrected)  # bitwise
+    assert set(m) == set(plain_m)
+    for key, value in plain_m.items():
+        assert torch.equal(value, m[key])
 
 
 def test_geo_mean_is_weight_is_a_geometric_mean_in_mask_mode() -> None:
     old, log_prob, adv, mask = _gmpo_case()
     # rollout so that d = old - rollout = [[-1, 0], [.5, 0]]: token weights [[e^-1, 1], [e^.5, 1]];
-    # mask mode with cap 2 (lower 1/2) zeroes e^-1 = .368 and keeps e^.5 = 1.6487
+    # IcePop "0.5_2" zeroes e^-1 = .368 and keeps e^.5 = 1.6487
     rollout = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 0.0, 0.0]])
-    loss, metrics = policy_loss(
-        old, log_prob, adv, mask, loss_mode="geo_mean", rollout_log_prob=rollout, tis_cap=2.0, is_mode="mask"
-    )
+    w, _ = rollout_is_weights(old, rollout, mask, threshold="0.5_2.0")
+    loss, _ = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
     # Without weights (see test_policy_loss): row 0 -> -e^.05, row 1 -> +e^.2.
     # Row weights exp(mean log(w + 1e-10)): row 0 exp((log 1e-10 + log 1) / 2) = 1e-5 (the zeroed token nearly zeroes
     # the sequence; an arithmetic mean would give .5); row 1 exp((.5 + 0) / 2) = e^.25.
     expected = (-math.exp(0.05) * 1e-5 + math.exp(0.2) * math.exp(0.25)) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-5)  # 0.784150
-    assert metrics["is_frac_masked"].item() == pytest.approx(0.25)
-    # the same weights passed precomputed give the same loss
-    w, _ = compute_is_weights(old, rollout, mask, tis_cap=2.0, is_mode="mask")
-    pre, pre_metrics = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
-    assert pre.item() == pytest.approx(loss.item(), rel=1e-7)
-    assert "is_frac_masked" not in pre_metrics
 
 
 def test_geo_mean_without_counts_is_a_plain_mean_over_all_rows() -> None:

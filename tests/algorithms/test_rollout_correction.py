@@ -19,10 +19,12 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from async_rl.algorithms import (
+    ROLLOUT_IS_LEVELS,
     RS_OPTIONS,
-    compute_is_weights,
     normalize_is_weights,
     parse_is_threshold,
     parse_rs_options,
@@ -139,6 +141,35 @@ def test_token_icepop_zeroes_outside_bounds() -> None:
     assert m["rollout_is_min"].item() == 0.0
 
 
+def test_sequence_icepop_zeroes_whole_rows() -> None:
+    # row 0: d = [ln 2, ln 2, 0] -> raw 4 > 3, the whole row is zeroed; row 1: d = [0] -> raw 1, kept (padding garbage)
+    ln2 = math.log(2.0)
+    old = torch.zeros(2, 3)
+    rollout = torch.tensor([[-ln2, -ln2, 0.0], [0.0, 5.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    w, m = rollout_is_weights(old, rollout, mask, level="sequence", threshold="0.5_3.0")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
+    assert m["rollout_is_oob_ratio"].item() == pytest.approx(0.75)  # of valid tokens
+    assert m["rollout_is_ratio_fraction_high"].item() == pytest.approx(0.5)  # of non-empty rows
+    assert m["rollout_is_ratio_fraction_low"].item() == 0.0
+    assert (m["rollout_is_min"].item(), m["rollout_is_max"].item()) == pytest.approx((1.0, 4.0))  # raw row weights
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), level=st.sampled_from(sorted(ROLLOUT_IS_LEVELS)))
+def test_truncated_weights_are_bounded_with_ess_in_unit_interval(seed: int, level: str) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    old = torch.randn(4, 5, generator=gen)
+    rollout = (old + torch.randn(4, 5, generator=gen)).requires_grad_(True)
+    mask = (torch.rand(4, 5, generator=gen) > 0.2).float()
+    mask[0, 0] = 1.0
+    w, m = rollout_is_weights(old, rollout, mask, level=level, threshold=4.0)
+    assert 0.0 < m["rollout_is_eff_sample_size"].item() <= 1.0
+    assert 0.0 <= w.min().item() and w.max().item() <= 4.0
+    assert bool((w[mask.bool()] > 0).all())  # truncation never zeroes a valid token
+    assert not w.requires_grad
+
+
 def test_sequence_level_weights_and_batch_normalize() -> None:
     # row sums of d: 0 -> weight 1; .6 -> e^.6 = 1.822 truncated to 1.5
     w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="sequence", threshold=1.5)
@@ -190,7 +221,7 @@ def test_token_batch_normalize_and_all_zero_weights() -> None:
 
 
 def test_normalize_is_weights_for_precomputed_weights() -> None:
-    # compute_is_weights puts 1 on padding; only valid tokens / non-empty rows enter the mean
+    # weights from elsewhere may hold anything on padding (here 1); only valid tokens / non-empty rows enter the mean
     w = torch.tensor([[1.0, 1.0, 1.0], [1.5, 1.5, 1.5]])
     ws, fs = normalize_is_weights(w, MASK, level="sequence")
     assert fs.item() == pytest.approx(1.25)  # rows 1 and 1.5
@@ -198,8 +229,8 @@ def test_normalize_is_weights_for_precomputed_weights() -> None:
     wt, ft = normalize_is_weights(w, MASK, level="token")
     assert ft.item() == pytest.approx(6.5 / 5)
     torch.testing.assert_close(wt, w / 1.3)
-    # "geometric" (a per-row level of compute_is_weights) normalises like "sequence"
-    geo, _ = compute_is_weights(OLD, ROLLOUT, MASK, tis_cap=1.5, is_level="geometric")
+    # "geometric" (the other per-row level) normalises like "sequence"
+    geo, _ = rollout_is_weights(OLD, ROLLOUT, MASK, level="geometric", threshold=1.5)
     _, fg = normalize_is_weights(geo, MASK, level="geometric")
     # row log-ratio means 0 and .2 -> weights 1 and e^.2 = 1.2214 (under the cap)
     assert fg.item() == pytest.approx((1 + math.exp(0.2)) / 2, rel=1e-6)
@@ -319,7 +350,7 @@ def test_rejection_keeps_dtype_clamps_and_rejects_nan() -> None:
 
 def test_geometric_level_is_the_per_token_geometric_mean() -> None:
     """Not in verl (this project's extension): one weight per row, exp(mean of d over its valid tokens)."""
-    old = torch.tensor([[0.3, -0.1, 0.4, 0.0], [0.2, 0.0, 0.0, 0.0]])
+    old = torch.tensor([[0.3, -0.1, 0.4, 9.0], [0.2, -7.0, 5.0, 9.0]])  # padding holds garbage
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     w, _ = rollout_is_weights(old, torch.zeros_like(old), mask, level="geometric", threshold=2.0)
     # row 0: mean(0.3, -0.1, 0.4) = 0.2 -> e^0.2 = 1.2214 on its 3 tokens; row 1: e^0.2 as well; padding 0

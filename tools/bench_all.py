@@ -41,7 +41,7 @@ from async_rl.tuning.bench import BenchLine, format_line, parse  # noqa: E402
 
 # name -> (script, full-run arguments, --quick arguments, timeout seconds)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str], float]] = {
-    "actor": ("bench_actor.py", [], ["--prompts", "32", "--rounds", "2"], 900),
+    "actor": ("bench_actor.py", [], ["--prompts", "32", "--rounds", "6"], 900),
     "transport": ("bench_transport.py", [], ["--groups", "2000", "--repeats", "1"], 900),
     "weight_sync": ("bench_weight_sync.py", [], ["--hidden", "512", "--layers", "2", "--reps", "2"], 900),
     "learner": ("bench_learner.py", [], ["--steps", "2"], 900),

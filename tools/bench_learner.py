@@ -71,13 +71,19 @@ def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[Samp
 
 
 def make_settings(args: argparse.Namespace, packed: bool) -> LearnerSettings:
-    return LearnerSettings(
+    return LearnerSettings.defaults(
+        adv_estimator="grpo",
         ppo_mini_batch_size=args.groups // 2,
         ppo_micro_batch_size_per_gpu=args.micro,
         log_prob_micro_batch_size_per_gpu=args.micro,
         rollout_n=args.n,
         use_remove_padding=packed,
-        optim=OptimSettings(lr=1e-5),
+        optim=OptimSettings.defaults(lr=1e-5),
+        rollout_is=None,
+        enable_gradient_checkpointing=False,
+        max_prompt_length=None,
+        max_response_length=None,
+        seed=0,
     )
 
 

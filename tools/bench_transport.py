@@ -69,7 +69,7 @@ def run_raw_sender(args: argparse.Namespace) -> None:
     buf = WireCodec().encode(group)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.SNDHWM, PlaneSettings().socket_hwm)
+    sock.setsockopt(zmq.SNDHWM, PlaneSettings.defaults().socket_hwm)
     sock.connect(args.address)
     for _ in range(args.groups):
         sock.send(buf, copy=False)
@@ -79,7 +79,7 @@ def run_raw_sender(args: argparse.Namespace) -> None:
 
 def run_plane_actor(args: argparse.Namespace) -> None:
     comps = _completions(args.n, args.tokens)
-    client = RolloutClient(args.address, "bench-actor", PlaneSettings(), ack_timeout_s=30.0)
+    client = RolloutClient(args.address, "bench-actor", PlaneSettings.defaults(), ack_timeout_s=30.0)
     client.hello()
     work: deque[PromptGrant] = deque()
     sent = 0
@@ -102,7 +102,7 @@ def bench_raw(args: argparse.Namespace) -> float:
     """Seconds per message, receiver side."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.RCVHWM, PlaneSettings().socket_hwm)
+    sock.setsockopt(zmq.RCVHWM, PlaneSettings.defaults().socket_hwm)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     proc = _spawn("raw-sender", f"tcp://127.0.0.1:{port}", args)
     try:
@@ -124,7 +124,7 @@ def bench_raw(args: argparse.Namespace) -> float:
 def bench_plane(args: argparse.Namespace) -> tuple[float, int]:
     """(seconds per group at the learner, bytes per group on the wire)."""
     records = [PromptRecord(np.arange(16, dtype=np.int32)) for _ in range(args.groups)]
-    settings = PlaneSettings(max_staleness=1, groups_per_step=GROUPS_PER_STEP, max_inflight_groups=INFLIGHT)
+    settings = PlaneSettings.defaults(max_staleness=1, groups_per_step=GROUPS_PER_STEP, max_inflight_groups=INFLIGHT)
     coord = Coordinator(
         records,
         settings,

@@ -90,7 +90,9 @@ def run_main(args: argparse.Namespace) -> None:
     import vllm
 
     from async_rl.models import build_tiny_model
+    from async_rl.transport.protocol import WeightSyncPlan
     from async_rl.weight_sync import EngineWeightSync, vllm_engine_kwargs
+    from async_rl.weight_sync.membership import JoinInfo
 
     with tempfile.TemporaryDirectory() as tmp:
         heads = max(1, args.hidden // 64)
@@ -139,7 +141,11 @@ def run_main(args: argparse.Namespace) -> None:
         group.close()
 
         sync = EngineWeightSync(llm)
-        sync.join("127.0.0.1", port, world_size=2, epoch=1, backend=args.backend, timeout_s=args.timeout)
+        plan = WeightSyncPlan(
+            host="127.0.0.1", port=port, backend=group.backend, timeout_s=args.timeout, join_timeout_s=args.timeout,
+            version=-1, epoch=1, candidates=(),
+        )  # fmt: skip
+        sync.join(JoinInfo(plan=plan, world_size=2, rank_offset=1))  # a fixed group: the sender builds no roster
         full_times, reports = [], []
         for version in range(args.reps + 1):
             t0 = time.perf_counter()

@@ -7,6 +7,7 @@ Each run is ``label=run_dir`` (its ``metrics.jsonl``). ``--train`` keys are read
 ``--val`` keys from the validation records (a comma list: the first key a run logged is used, so one entry can name
 the accuracy of runs whose rewards differ, e.g. ``acc_mean`` under overlong shaping and ``reward_mean`` without).
 The table prints, per run, each value with the wall clock (minutes from the learner's start) it was logged at.
+Every key must be one the metric catalog names (``python -m async_rl.metric_catalog --markdown step``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from async_rl.metric_catalog import find
 from async_rl.runtime.metrics import WALL_KEY, read_metrics
-from async_rl.runtime.plot import by_step, finite_number, validation_records
+from async_rl.runtime.plot import REWARD_KEY, by_step, finite_number, validation_records
 
 
 def _pick(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> str | None:
@@ -79,8 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not sep or not (Path(path) / "metrics.jsonl").exists():
             parser.error(f"{spec!r}: expected label=run_dir with a metrics.jsonl in run_dir")
         runs[label] = Path(path)
-    train = [k.split(",") for k in args.train] or [["learner/batch/reward_mean"]]
+    train = [k.split(",") for k in args.train] or [[REWARD_KEY]]
     val = [k.split(",") for k in args.val]
+    for record, panels in (("step", train), ("val", val)):
+        unknown = [k for keys in panels for k in keys if find(k, record) is None]
+        if unknown:
+            parser.error(f"not {record} metrics of async_rl/metric_catalog.py: {', '.join(unknown)}")
     print(compare(runs, train, val, args.out))
     print(f"plot: {args.out}")
     return 0

@@ -42,8 +42,7 @@ import torch
 from async_rl.actor.engine import Completion, EngineStats, SamplingSpec, UpdateMode
 from async_rl.rewards import RewardResult
 from async_rl.weight_sync import WeightReceiver, WeightSyncError, WeightSyncGroup
-from async_rl.weight_sync.client import init_info
-from async_rl.weight_sync.membership import announce_at, join_epoch
+from async_rl.weight_sync.membership import JoinInfo, announce_at, join_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,8 @@ class TokenRatePacer:
     """Finish times of jobs on one FIFO server of fixed token rate, with pauses (pure: the caller passes ``now``).
 
     ``submit(now, tokens)`` -> ticket; ``finish_time(ticket)``; ``pause(now)`` / ``resume(now)`` shift every job not
-    finished when the pause began by the pause's length; ``forget(ticket)`` drops a collected job.
+    finished when the pause began by the pause's length; ``forget(ticket)`` drops a collected job, and
+    ``abandon_all()`` every job (they were aborted).
     """
 
     def __init__(self, tokens_per_s: float) -> None:
@@ -86,6 +86,11 @@ class TokenRatePacer:
     def forget(self, ticket: int) -> None:
         self._finish.pop(ticket, None)
 
+    def abandon_all(self) -> None:
+        """Every queued job was aborted: the server owes nothing, and the next job starts at once (or at resume)."""
+        self._finish.clear()
+        self.busy_until = float("-inf")
+
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
@@ -112,9 +117,8 @@ class EmulatedEngine:
     """Stands in for :class:`~async_rl.actor.engine.GenerationEngine` (the surface ``ActorLoop`` uses).
 
     ``response_len`` fixes the tokens per completion (default: each grant's ``max_tokens``); ``logprob`` is the
-    behaviour log-prob recorded for every token. ``vllm`` returns the engine itself: the loop calls
-    ``pause_generation`` / ``resume_generation`` on it when a weight update fails (``mode="abort"`` ends every running
-    group with finish reason ``abort``, as vLLM does).
+    behaviour log-prob recorded for every token. A failed weight update ends every running group with finish reason
+    ``abort`` and leaves the server paused until an update succeeds, as ``GenerationEngine`` does with vLLM.
     """
 
     def __init__(
@@ -136,15 +140,14 @@ class EmulatedEngine:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    @property
-    def vllm(self) -> EmulatedEngine:
-        return self
-
     def _arm(self, ticket: int) -> None:
         """(Re)schedule the timer that ends group ``ticket`` at its finish time (none while paused)."""
         old = self._timers.pop(ticket, None)
         if old is not None:
             old.cancel()
+        fut = self._waiters.get(ticket)
+        if fut is None or fut.done():  # ended (aborted) already
+            return
         if not self.pacer.paused:
             loop = asyncio.get_running_loop()  # loop.time() is time.monotonic(), the pacer's clock
             self._timers[ticket] = loop.call_at(self.pacer.finish_time(ticket), self._fire, ticket)
@@ -203,43 +206,43 @@ class EmulatedEngine:
             self.stats.requests += 1
             self.stats.completions += spec.n
             self.stats.generated_tokens += spec.n * length
-            span = end_version - start_version
-            self.stats.versions_spanned[span] = self.stats.versions_spanned.get(span, 0) + 1
         return completions
 
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Pause -> ``load()`` -> set version -> resume, like ``GenerationEngine.update_weights``.
 
         ``"inflight"`` pauses at once (unfinished groups finish later by the update's length); ``"drain"`` waits for
-        every running group to finish first.
+        every running group to finish first. If ``load`` raises, every running group is aborted, the server stays
+        paused (until an update succeeds) and the error propagates.
         """
         if mode not in ("inflight", "drain"):
             raise ValueError(f"update mode must be 'inflight' or 'drain', got {mode!r}")
         if new_version < self.version:
             raise ValueError(f"new_version {new_version} is older than the loaded version {self.version}")
-        started = time.monotonic()
-        if mode == "drain":
+        if mode == "drain" and not self.pacer.paused:  # a paused server (a failed update) has nothing to drain
             await self._idle.wait()
-        await self.pause_generation(mode="keep")
+        self._pause(abort=False)
         try:
             await load()
-            self.version = new_version
-        finally:
-            await self.resume_generation()
+        except BaseException:
+            self._pause(abort=True)
+            raise
+        self.version = new_version
+        self._resume()
         self.stats.updates += 1
-        self.stats.update_seconds += time.monotonic() - started
 
-    async def pause_generation(self, mode: str = "keep", clear_cache: bool = False) -> None:
-        """Stop the server; ``mode="abort"`` also ends every running group (finish reason ``abort``)."""
-        del clear_cache  # there is no cache
+    def _pause(self, *, abort: bool) -> None:
+        """Stop the server; ``abort`` also ends every running group (finish reason ``abort``)."""
         self.pacer.pause(time.monotonic())
         for ticket in list(self._waiters):
-            if mode == "abort":
+            if abort:
                 self._end(ticket, aborted=True)
             else:
                 self._arm(ticket)  # paused: cancels its timer
+        if abort:
+            self.pacer.abandon_all()
 
-    async def resume_generation(self) -> None:
+    def _resume(self) -> None:
         self.pacer.resume(time.monotonic())
         for ticket in list(self._waiters):
             self._arm(ticket)  # at the finish time the pause moved
@@ -248,7 +251,6 @@ class EmulatedEngine:
         return {
             "actor/emulated/tokens_per_s": self.pacer.tokens_per_s,
             "actor/emulated/paused_s": self.pacer.paused_s,
-            "actor/emulated/update_seconds": self.stats.update_seconds,
             "actor/emulated/updates": float(self.stats.updates),
             "actor/emulated/process_cpu_s": time.process_time(),  # the whole actor process: should stay near zero
         }
@@ -282,20 +284,18 @@ class ReceiveOnlyWeightSync:
         self.updates = 0
         self.last_report: dict[str, object] | None = None
 
-    async def join(self, host: str, port: int, **kwargs: Any) -> None:
-        info = init_info(host, port, **kwargs)  # the same validation as the vLLM path
+    async def join(self, info: JoinInfo) -> None:
         await asyncio.to_thread(self._join, info)
 
-    def _join(self, info: dict[str, Any]) -> None:
+    def _join(self, info: JoinInfo) -> None:
         self.close()
         self.group = join_epoch(info)
 
     async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
         await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
 
-    async def update(self, version: int, *, pause: str | None = None, **kwargs: Any) -> dict[str, Any]:
-        """Receive and verify one complete update of ``version`` (``pause`` is the engine's business, not ours)."""
-        del pause, kwargs
+    async def update(self, version: int) -> dict[str, Any]:
+        """Receive and verify one complete update of ``version`` (the engine pauses around it)."""
         group = self.group
         if group is None or group.broken:
             raise WeightSyncError("weight-sync group not joined (or broken): join under a new epoch first")

@@ -18,14 +18,14 @@ The engine runs inside the actor's asyncio loop; all methods are coroutines exce
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
+
+from async_rl.config import Config, default_config
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +39,33 @@ class EngineDead(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Sampling parameters of one prompt group (``n`` completions)."""
+    """Sampling parameters of one prompt group (``n`` completions); no defaults here, they live in the config."""
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 32
-    seed: int | None = None
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    seed: int | None
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, seed: int | None) -> SamplingSpec:
+        """Training sampling: ``actor_rollout_ref.rollout.{n, temperature, top_p, top_k}``, ``data.max_response_length``
+        tokens."""
+        r = cfg.actor_rollout_ref.rollout
+        return cls(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=cfg.data.max_response_length,
+            seed=seed,
+        )
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> SamplingSpec:
+        """The config's default training sampling (unseeded), with ``overrides`` replaced; for tests and tools."""
+        return replace(cls.from_config(default_config(), seed=None), **overrides)
 
 
 @dataclass
@@ -69,29 +88,55 @@ class EngineStats:
     completions: int = 0
     generated_tokens: int = 0
     updates: int = 0
-    update_seconds: float = 0.0
-    busy_seconds: float = 0.0
-    versions_spanned: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What the engine is built from (mirrors ``actor_rollout_ref.rollout.*`` and ``async_training.actor.*``)."""
+    """What the engine is built from: ``actor_rollout_ref.rollout.*``, ``async_training.actor.logprobs_mode`` and
+    ``trainer.seed`` (see :meth:`from_config`; no defaults here, they live in the config)."""
 
     model_path: str
-    tensor_parallel_size: int = 1
-    dtype: str = "auto"
-    max_model_len: int = 1024
-    gpu_memory_utilization: float = 0.5
-    max_num_seqs: int = 256
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    max_num_batched_tokens: int | None = None
-    logprobs_mode: LogprobsMode = "processed"
-    seed: int = 0
+    tensor_parallel_size: int
+    dtype: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    max_num_batched_tokens: int | None  # None: vLLM's own default
+    logprobs_mode: LogprobsMode
+    seed: int
     # vLLM engine arguments that install the weight-sync worker extension (see async_rl.weight_sync.vllm_engine_kwargs)
-    extra_engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_engine_kwargs: dict[str, Any]
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, model_path: str, extra_engine_kwargs: dict[str, Any]) -> EngineSettings:
+        """From a validated config (``rollout.max_model_len`` filled in); ``model_path`` is the resolved directory."""
+        r = cfg.actor_rollout_ref.rollout
+        if r.max_model_len is None:
+            raise ValueError("actor_rollout_ref.rollout.max_model_len is null: validate the config first")
+        return cls(
+            model_path=model_path,
+            tensor_parallel_size=r.tensor_model_parallel_size,
+            dtype=r.dtype,
+            max_model_len=r.max_model_len,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_num_seqs=r.max_num_seqs,
+            enforce_eager=r.enforce_eager,
+            enable_prefix_caching=r.enable_prefix_caching,
+            enable_chunked_prefill=r.enable_chunked_prefill,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            logprobs_mode=cfg.async_training.actor.logprobs_mode,
+            seed=cfg.trainer.seed,
+            extra_engine_kwargs=extra_engine_kwargs,
+        )
+
+    @classmethod
+    def defaults(cls, model_path: str, **overrides: Any) -> EngineSettings:
+        """The config's defaults (no weight-sync extension), with ``overrides`` replaced; for tests and tools."""
+        base = cls.from_config(default_config(), model_path=model_path, extra_engine_kwargs={})
+        return replace(base, **overrides)
 
 
 class GenerationEngine:
@@ -106,10 +151,8 @@ class GenerationEngine:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._next_request = 0
-        self._busy_since: float | None = None
+        self._halted = False  # a failed update aborted everything and left generation paused
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -182,7 +225,7 @@ class GenerationEngine:
         logprobs: dict[int, list[float]] = {i: [] for i in range(spec.n)}
         texts: dict[int, list[str]] = {i: [] for i in range(spec.n)}
         reasons: dict[int, str] = {}
-        self._enter()
+        self._inflight += 1
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=f"v{start_version}")
             async for output in engine.generate(prompt, self._sampling_params(spec), request_id=request_id):
@@ -198,7 +241,7 @@ class GenerationEngine:
                 raise EngineDead(f"the vLLM engine died while generating {request_id}: {exc!r}") from exc
             raise
         finally:
-            self._exit()
+            self._inflight -= 1
         if sorted(reasons) != list(range(spec.n)):
             raise RuntimeError(
                 f"vLLM finished completions {sorted(reasons)} of request {request_id}, expected n={spec.n}"
@@ -217,26 +260,10 @@ class GenerationEngine:
                     text="".join(texts[i]),
                 )
             )
-            span = end_version - start_version
-            self.stats.versions_spanned[span] = self.stats.versions_spanned.get(span, 0) + 1
             self.stats.generated_tokens += len(token_ids)
         self.stats.requests += 1
         self.stats.completions += len(completions)
         return completions
-
-    def _enter(self) -> None:
-        if self._inflight == 0:
-            self._busy_since = time.monotonic()
-        self._inflight += 1
-        self._idle.clear()
-
-    def _exit(self) -> None:
-        self._inflight -= 1
-        if self._inflight == 0:
-            if self._busy_since is not None:
-                self.stats.busy_seconds += time.monotonic() - self._busy_since
-                self._busy_since = None
-            self._idle.set()
 
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Swap in the weights of ``new_version`` without restarting the engine.
@@ -246,25 +273,32 @@ class GenerationEngine:
           under the new weights after resume, and record the version span.
         - ``"drain"``: stop scheduling new requests and let running ones finish first (``mode="wait"``), then swap.
         New requests are salted with the new version, so no prefix-cache entry computed under old weights is reused.
-        If ``load`` raises, the engine is resumed on its old weights and version and the error propagates.
+
+        If ``load`` raises, the weights are presumed unusable (a transfer that broke half-way leaves the model half
+        loaded): every running request is aborted (finish reason ``abort``), generation stays paused, and the error
+        propagates. The engine generates again only after a later ``update_weights`` succeeds (it pauses, which is
+        harmless when paused already, loads and resumes). This is the one pause/resume path of a weight update.
         """
         if mode not in ("inflight", "drain"):
             raise ValueError(f"update mode must be 'inflight' or 'drain', got {mode!r}")
         if new_version < self.version:
             raise ValueError(f"new_version {new_version} is older than the loaded version {self.version}")
         engine = self.vllm
-        started = time.monotonic()
-        await engine.pause_generation(mode="keep" if mode == "inflight" else "wait", clear_cache=False)
+        drain = mode == "drain" and not self._halted  # halted: everything was aborted, nothing is left to drain
+        await engine.pause_generation(mode="wait" if drain else "keep", clear_cache=False)
         try:
             await load()
-            self.version = new_version
-        finally:
-            await engine.resume_generation()
+        except BaseException:
+            self._halted = True
+            try:
+                await engine.pause_generation(mode="abort", clear_cache=True)
+            except Exception as exc:  # noqa: BLE001 - report the update's failure, not this one
+                logger.error("aborting generation after a failed weight update failed too: %r", exc)
+            raise
+        self.version = new_version
+        self._halted = False
+        await engine.resume_generation()
         self.stats.updates += 1
-        self.stats.update_seconds += time.monotonic() - started
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
 
     async def shutdown(self) -> None:
         if self._engine is not None:

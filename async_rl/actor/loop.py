@@ -3,12 +3,13 @@
 One asyncio loop drives everything, so the rollout client (not thread-safe) is only touched from one thread:
 
     hello -> (join the weight-sync group, receive weights when the learner publishes) -> loop:
-        poll the coordinator (acks, heartbeats, version updates)
-        if a weight update for this actor is announced: pause -> receive + verify -> resume   (engine.update_weights)
+        poll the coordinator (acks, heartbeats, version updates; queued groups go out as backpressure allows)
+        if the learner's plan (``client.weight_sync``) invites this actor to a new version: join its epoch, then
+        pause -> receive + verify -> resume   (engine.update_weights, the one pause/resume path)
         keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
         each finished group: score its completions in the reward worker (then the optional length shaping,
         ``reward_shaping``: DAPO's overlong penalty, so the reward on the wire is the shaped one), send it
-        (tracked until acked)
+        (tracked until acked; the send never blocks the loop)
 
 A grant is started only on weights at least as new as its ``min_version`` (the staleness bound); otherwise it waits
 for the next update. An eval grant (a validation round, ``grant.is_eval``) starts only on EXACTLY its ``min_version``:
@@ -17,8 +18,8 @@ actor on that version). Its group goes back tagged with the round; if a weight u
 completions' version span shows it and the coordinator grants the prompt again (the learner publishes no newer
 version while a round is open, so this only happens when the learner gave up waiting for the round).
 
-A failed weight update leaves the engine's weights unusable: every running request is aborted (their leases expire
-and the coordinator grants the prompts again) and generation stays paused until an update succeeds.
+A failed weight update leaves the engine's weights unusable: the engine aborts every running request (their leases
+expire and the coordinator grants the prompts again) and stays paused until an update succeeds.
 
 Two failures end the actor at once instead (``run`` raises :class:`ActorFailed` naming the cause, the process exits
 non-zero, and the launcher reports it): a dead vLLM engine (``EngineDead``: nothing can be generated again), and a
@@ -43,8 +44,9 @@ import numpy as np
 
 from async_rl.actor.engine import Completion, EngineDead, EngineStats, SamplingSpec, UpdateMode
 from async_rl.rewards import OverlongShaping, RewardResult
-from async_rl.transport.protocol import PromptGrant, RolloutGroup, make_completion, unpack_array
+from async_rl.transport.protocol import PromptGrant, RolloutGroup, WeightSyncPlan, make_completion, unpack_array
 from async_rl.weight_sync.errors import WeightMismatchError
+from async_rl.weight_sync.membership import JoinInfo
 
 logger = logging.getLogger(__name__)
 
@@ -53,28 +55,46 @@ class Scorer(Protocol):
     def score(self, prompt: str, completion: str, ground_truth: str, extra: dict[str, Any] | None = None) -> Any: ...
 
 
+class PlaneClient(Protocol):
+    """What the loop needs from its rollout client (``transport.RolloutClient``); none of it blocks for long."""
+
+    shutdown_requested: bool
+    weight_sync: WeightSyncPlan | None  # the learner's latest plan
+    report: dict[str, float]  # cumulative counters sent on heartbeats
+
+    def hello(self, loaded_version: int = 0) -> object: ...
+
+    def poll(self, timeout_s: float = 0.0) -> None: ...
+
+    def request_work(self, max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]: ...
+
+    def send_group(self, group: RolloutGroup) -> None: ...  # queues it; backpressure never blocks the caller
+
+    def wait_acked(self, timeout_s: float) -> bool: ...
+
+
 class Engine(Protocol):
     """What the loop needs from a generation engine: ``GenerationEngine`` (vLLM) or the emulated one (benchmarks)."""
 
     version: int
     stats: EngineStats
 
-    @property
-    def vllm(self) -> Any: ...  # pause_generation(mode=, clear_cache=) / resume_generation() on a failed update
-
     async def generate(self, prompt_token_ids: list[int], spec: SamplingSpec) -> list[Completion]: ...
 
-    async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None: ...
+    async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
+        """Pause -> ``load()`` -> set version -> resume; when ``load`` raises: abort every running request, stay
+        paused (until an update succeeds) and re-raise."""
+        ...
 
 
 class WeightSync(Protocol):
-    """What the loop needs from the weight-sync driver (``AsyncEngineWeightSync``)."""
+    """What the loop needs from the weight-sync driver (``AsyncEngineWeightSync``, ``ReceiveOnlyWeightSync``)."""
 
     async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None: ...
 
-    async def join(self, host: str, port: int, **kwargs: Any) -> None: ...
+    async def join(self, info: JoinInfo) -> None: ...
 
-    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]: ...
+    async def update(self, version: int) -> dict[str, Any]: ...  # receive and load (the engine pauses around it)
 
 
 class ActorFailed(RuntimeError):
@@ -88,7 +108,6 @@ class ActorLoopStats:
     eval_groups_sent: int = 0
     eval_grants_dropped: int = 0  # eval grants pinned to a version older than the engine's (never started)
     grants_received: int = 0
-    grants_waiting_for_weights: int = 0
     update_failures: int = 0
     joins_left_out: int = 0  # invited to a weight-sync epoch but not in its roster (too late, or the join failed)
     idle_seconds: float = 0.0
@@ -101,14 +120,13 @@ class ActorLoop:
         self,
         *,
         actor_id: str,
-        client: Any,
+        client: PlaneClient,
         engine: Engine,
         scorer: Scorer,
         weight_sync: WeightSync | None,
         reward_shaping: OverlongShaping | None = None,
         max_concurrent_groups: int,
         update_mode: UpdateMode = "inflight",
-        detokenize: Any = None,
         poll_interval_s: float = 0.01,
         max_groups: int | None = None,
     ) -> None:
@@ -122,7 +140,6 @@ class ActorLoop:
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
         self.update_mode = update_mode
-        self.detokenize = detokenize
         self.poll_interval_s = poll_interval_s
         self.max_groups = max_groups
         self.stats = ActorLoopStats()
@@ -131,7 +148,7 @@ class ActorLoop:
         self._finished: asyncio.Queue[RolloutGroup] = asyncio.Queue()
         self._epoch: int | None = None
         self._failed_epoch: int | None = None  # a group that broke under us is never rejoined; wait for a new epoch
-        self._announced: tuple[Any, ...] | None = None  # (host, port, epoch) of the last candidacy we announced
+        self._announced: tuple[str, int, int] | None = None  # (host, port, epoch) of the last candidacy announced
         self._token = uuid.uuid4().hex  # with a counter: each announcement is fresh evidence of life
         self._announcements = 0
         self._weights_valid = True
@@ -141,51 +158,37 @@ class ActorLoop:
 
     # ------------------------------------------------------------------ weights
     async def _maybe_update_weights(self) -> None:
-        plan = getattr(self.client, "weight_sync", None) or {}
-        if self.weight_sync is None or not plan.get("host"):
-            return
+        plan: WeightSyncPlan | None = self.client.weight_sync
         sync = self.weight_sync
-        version = int(plan.get("version", -1))
-        epoch = int(plan.get("epoch", -1))
-        if self.actor_id not in (plan.get("candidates") or ()) or epoch == self._failed_epoch:
-            await self._announce(plan, epoch)
+        if sync is None or plan is None:
+            return
+        if self.actor_id not in plan.candidates or plan.epoch == self._failed_epoch:
+            await self._announce(plan)
             return
         # A newer version, or the same version re-sent to a re-formed group (a member joined or left): receive it.
-        if version < self.engine.version or (version == self.engine.version and epoch == self._epoch):
+        if plan.version < self.engine.version or (plan.version == self.engine.version and plan.epoch == self._epoch):
             return
-        if self._epoch != epoch:
+        if self._epoch != plan.epoch:
             try:
                 async with self._keepalive():
-                    await sync.join(
-                        plan["host"],
-                        int(plan["port"]),
-                        member=self.actor_id,
-                        epoch=epoch,
-                        backend=plan.get("backend", "auto"),
-                        timeout_s=float(plan["timeout_s"]),
-                        join_timeout_s=float(plan["join_timeout_s"]),
-                    )
+                    await sync.join(JoinInfo(plan=plan, member=self.actor_id))
             except Exception as exc:  # not in the roster (too late) or the store was unreachable: weights stay valid
                 self.stats.joins_left_out += 1
                 self._epoch = None
-                self._failed_epoch = epoch
+                self._failed_epoch = plan.epoch
                 logger.warning(
-                    "actor %s: not in weight-sync epoch %d (%s); announcing again", self.actor_id, epoch, exc
+                    "actor %s: not in weight-sync epoch %d (%s); announcing again", self.actor_id, plan.epoch, exc
                 )
                 return
-            self._epoch = epoch
+            self._epoch = plan.epoch
+        version = plan.version
+
+        async def load() -> None:
+            await sync.update(version)
+
         try:
-
-            async def load() -> None:
-                await sync.update(version, pause=None)
-
             async with self._keepalive():
-                if self._weights_valid:
-                    await self.engine.update_weights(version, load, self.update_mode)
-                else:
-                    await load()
-                    self.engine.version = version
-                    await self.engine.vllm.resume_generation()
+                await self.engine.update_weights(version, load, self.update_mode)
             self._weights_valid = True
             logger.info("actor %s now on policy version %d", self.actor_id, version)
         except WeightMismatchError as exc:
@@ -196,11 +199,9 @@ class ActorLoop:
         except Exception as exc:  # a broken transfer must not kill the actor: wait for the next (re-formed) update
             self.stats.update_failures += 1
             self._epoch = None
-            self._failed_epoch = epoch
+            self._failed_epoch = plan.epoch
+            self._weights_valid = False  # the engine aborted its requests and stays paused until an update succeeds
             logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
-            if self._weights_valid:
-                self._weights_valid = False
-                await self.engine.vllm.pause_generation(mode="abort", clear_cache=True)
 
     @contextlib.asynccontextmanager
     async def _keepalive(self) -> AsyncIterator[None]:
@@ -220,17 +221,17 @@ class ActorLoop:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _announce(self, plan: dict[str, Any], epoch: int) -> None:
+    async def _announce(self, plan: WeightSyncPlan) -> None:
         """Tell the learner (once per epoch) that this actor can receive weights; it then invites us to an epoch."""
-        where = (plan["host"], int(plan["port"]), epoch)
+        where = (plan.host, plan.port, plan.epoch)
         if self._announced == where:
             return
         assert self.weight_sync is not None
         self._announcements += 1
+        token = f"{self._token}-{self._announcements}"
         try:
-            await self.weight_sync.announce(
-                plan["host"], int(plan["port"]), member=self.actor_id, token=f"{self._token}-{self._announcements}"
-            )
+            async with self._keepalive():  # a store that does not answer holds us for the announcement's timeout
+                await self.weight_sync.announce(plan.host, plan.port, member=self.actor_id, token=token)
         except Exception as exc:  # the learner's store is unreachable now: try again with the next epoch's plan
             logger.warning("actor %s: could not announce itself for weight sync: %s", self.actor_id, exc)
         self._announced = where
@@ -263,9 +264,7 @@ class ActorLoop:
         extras = dict(grant.extras)
         prompt_text = str(extras.get("prompt", ""))
         ground_truth = str(extras.get("ground_truth", ""))
-        texts = [
-            c.text if c.text or self.detokenize is None else self.detokenize(c.token_ids.tolist()) for c in completions
-        ]
+        texts = [c.text for c in completions]
 
         shaping = self.reward_shaping
 
@@ -336,7 +335,6 @@ class ActorLoop:
                     if self._can_start(grant):
                         self._launch(grant)
                     else:
-                        self.stats.grants_waiting_for_weights += 1
                         self._pending.append(grant)
             now = time.monotonic()
             if self._tasks:

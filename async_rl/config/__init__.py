@@ -12,7 +12,14 @@ Every user mistake raises :class:`ConfigError` (a ``ValueError``) naming the dot
 from async_rl.config.cli import CliFlags, config_to_dict, format_config, help_text, parse_cli
 from async_rl.config.errors import ConfigError
 from async_rl.config.introspect import KeyDoc, iter_schema
-from async_rl.config.loader import build_raw, convert, load_config, load_config_with_warnings, parse_override
+from async_rl.config.loader import (
+    build_raw,
+    convert,
+    default_config,
+    load_config,
+    load_config_with_warnings,
+    parse_override,
+)
 from async_rl.config.names import (
     ADV_ESTIMATORS,
     CRITIC_ESTIMATORS,
@@ -41,6 +48,7 @@ __all__ = [
     "build_raw",
     "config_to_dict",
     "convert",
+    "default_config",
     "format_config",
     "help_text",
     "is_loopback",

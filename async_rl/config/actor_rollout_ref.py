@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from async_rl.config.common import FsdpConfig, OptimConfig
+from async_rl.config.common import ActorFsdpConfig, FsdpConfig, OptimConfig
 from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, UnitInterval, doc, noop
 from async_rl.config.names import KLKind, LossAggMode, PolicyLossMode, RolloutDtype, RolloutEngine, Strategy
 
@@ -25,7 +25,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = "builtin:tiny-arith"
     enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward to save memory.")] = True
     use_remove_padding: Annotated[bool, doc("Pack sequences without padding in the learner forward (varlen).")] = False
-    trust_remote_code: Annotated[bool, doc("Allow custom model code from the hub when loading the model.")] = False
+    trust_remote_code: Annotated[
+        bool, noop("Custom model code from the hub is never run here: a model that needs it fails to load.")
+    ] = False
     external_lib: Annotated[str | None, noop("Python module imported to register custom models.")] = None
     override_config: Annotated[dict[str, Any], noop("HF config overrides.")] = msgspec.field(default_factory=dict)
     enable_activation_offload: Annotated[bool, noop("Activation offload.")] = False
@@ -63,10 +65,14 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ),
     ] = None
     use_dynamic_bsz: Annotated[
-        bool, doc("Form micro-batches by token budget (ppo_max_token_len_per_gpu) instead of a sequence count.")
+        bool,
+        doc(
+            "verl's token-budget micro-batches (instead of a sequence count); not supported by this learner yet, so"
+            " true is rejected at start-up."
+        ),
     ] = False
     ppo_max_token_len_per_gpu: Annotated[
-        PosInt, doc("Token budget per micro-batch per rank when use_dynamic_bsz (>= prompt + response length).")
+        PosInt, noop("Token budget of a dynamic micro-batch (use_dynamic_bsz, which is not supported).")
     ] = 16384
     ppo_epochs: Annotated[PosInt, doc("Passes over each training batch.")] = 1
     shuffle: Annotated[bool, doc("Shuffle sequences between mini-batches within a step.")] = False
@@ -103,7 +109,16 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = False
     policy_loss: Annotated[PolicyLossConfig, doc("Policy objective.")] = msgspec.field(default_factory=PolicyLossConfig)
     optim: Annotated[OptimConfig, doc("Actor optimizer.")] = msgspec.field(default_factory=OptimConfig)
-    fsdp_config: Annotated[FsdpConfig, doc("Actor FSDP options.")] = msgspec.field(default_factory=FsdpConfig)
+    fsdp_config: Annotated[ActorFsdpConfig, doc("Actor FSDP options and the learner's precision.")] = msgspec.field(
+        default_factory=ActorFsdpConfig
+    )
+    max_consecutive_nonfinite: Annotated[
+        PosInt,
+        doc(
+            "Stop the run after this many optimizer steps in a row skipped for a non-finite loss or gradient norm"
+            " (the actor and the critic each count their own)."
+        ),
+    ] = 5
     use_torch_compile: Annotated[bool, noop("torch.compile of the loss helpers.")] = True
     ulysses_sequence_parallel_size: Annotated[int, noop("Ulysses sequence parallelism (not supported).")] = 1
     data_loader_seed: Annotated[int | None, noop("Seed of verl's actor data loader.")] = None
@@ -153,10 +168,11 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         doc(f"Sequences per rank per forward when the learner recomputes old log-probs; {_MICRO} from the actor's."),
     ] = None
     log_prob_use_dynamic_bsz: Annotated[
-        bool | None, doc("Token-budget micro-batches for log-prob recomputation; null = actor.use_dynamic_bsz.")
+        bool | None,
+        doc("Token-budget micro-batches for log-prob recomputation (not supported: true is rejected); null = actor's."),
     ] = None
     log_prob_max_token_len_per_gpu: Annotated[
-        PosInt | None, doc("Token budget for log-prob recomputation; null = actor.ppo_max_token_len_per_gpu.")
+        PosInt | None, noop("Token budget of a dynamic log-prob micro-batch (dynamic batching is not supported).")
     ] = None
     val_kwargs: Annotated[ValKwargs, doc("Validation sampling.")] = msgspec.field(default_factory=ValKwargs)
     mode: Annotated[str, noop("verl rollout mode (sync/async); always asynchronous here.")] = "sync"
@@ -178,16 +194,26 @@ class RefConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     strategy: Annotated[Strategy, doc("Data-parallel strategy ('fsdp' and 'fsdp2' both mean FSDP2).")] = "fsdp"
     fsdp_config: Annotated[FsdpConfig, doc("Reference-model FSDP options.")] = msgspec.field(default_factory=FsdpConfig)
     log_prob_micro_batch_size: Annotated[
-        PosInt | None, doc("Deprecated: GLOBAL reference forward micro-batch; use _per_gpu.")
+        PosInt | None,
+        noop(
+            "Deprecated GLOBAL reference micro-batch; the reference runs with"
+            " rollout.log_prob_micro_batch_size_per_gpu."
+        ),
     ] = None
     log_prob_micro_batch_size_per_gpu: Annotated[
-        PosInt | None, doc(f"Sequences per rank per reference forward; {_MICRO} from the actor's.")
+        PosInt | None,
+        doc(
+            "Sequences per rank per reference forward. The reference runs with"
+            " rollout.log_prob_micro_batch_size_per_gpu: null = that value; a different one is ignored with a"
+            " start-up warning."
+        ),
     ] = None
     log_prob_use_dynamic_bsz: Annotated[
-        bool | None, doc("Token-budget micro-batches for the reference; null = actor.use_dynamic_bsz.")
+        bool | None,
+        doc("Token-budget micro-batches for the reference (not supported: true is rejected); null = actor's."),
     ] = None
     log_prob_max_token_len_per_gpu: Annotated[
-        PosInt | None, doc("Reference token budget per micro-batch; null = actor.ppo_max_token_len_per_gpu.")
+        PosInt | None, noop("Token budget of a dynamic reference micro-batch (dynamic batching is not supported).")
     ] = None
     use_torch_compile: Annotated[bool, noop("torch.compile.")] = True
     ulysses_sequence_parallel_size: Annotated[int, noop("Ulysses sequence parallelism (not supported).")] = 1

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import msgspec
 
-from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc
+from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc, noop
 from async_rl.config.names import ActorFailurePolicy, LogprobsMode, StalePolicy, UpdateMode, WeightSyncBackend
 
 
@@ -48,7 +48,17 @@ class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     curve_server_public_key: Annotated[str | None, doc("CURVE: coordinator public-key file (actors need it).")] = None
     curve_client_keys_dir: Annotated[str | None, doc("CURVE: directory of authorised actor public keys.")] = None
     curve_client_secret_key: Annotated[str | None, doc("CURVE: this actor's secret-key file.")] = None
-    curve_client_public_key: Annotated[str | None, doc("CURVE: this actor's public-key file.")] = None
+    curve_client_public_key: Annotated[
+        str | None,
+        doc(
+            "CURVE: this actor's public-key file (the one the coordinator authorises); an actor refuses to start"
+            " when it is not the public half of curve_client_secret_key."
+        ),
+    ] = None
+    socket_hwm: Annotated[
+        PosInt, doc("ZeroMQ send/receive high-water mark, in messages, of every socket of the rollout plane.")
+    ] = 256
+    max_actors: Annotated[PosInt, doc("The most actor identities the coordinator tracks at once.")] = 4096
 
 
 class WeightSyncConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -82,7 +92,13 @@ class CheckpointConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     dir: Annotated[str | None, doc("Checkpoint directory; null = trainer.default_local_dir.")] = None
     save_every_n_steps: Annotated[PosInt | None, doc("Checkpoint period in steps; null = trainer.save_freq.")] = None
     keep_last: Annotated[PosInt | None, doc("Keep only the newest N checkpoints (null = keep all).")] = None
-    save_hf: Annotated[bool, doc("Also write a Hugging Face model directory with each checkpoint.")] = False
+    save_hf: Annotated[
+        bool,
+        noop(
+            "A Hugging Face model directory with each checkpoint; checkpoints hold FSDP state only, and the Hugging"
+            " Face directory is written once, at the end of the run (final_hf/ in the run directory)."
+        ),
+    ] = False
 
 
 class TimeoutsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -17,6 +17,7 @@ import msgspec
 import yaml
 
 from async_rl.config.errors import ConfigError
+from async_rl.config.fields import NOOP_PREFIX
 from async_rl.config.introspect import iter_schema
 from async_rl.config.loader import load_config_with_warnings
 from async_rl.config.schema import Config
@@ -65,7 +66,7 @@ def help_text() -> str:
         "",
         "Config files are deep-merged in order, then key=value overrides are applied (values parsed as YAML:",
         "lists like trainer.logger=['console','wandb'], null, 1e-6). Keys and meanings follow verl; keys marked",
-        "'[verl key, no effect here]' are accepted and produce a warning when set.",
+        f"'{NOOP_PREFIX}' are accepted and produce a warning when set.",
     ]
     for entry in iter_schema():
         if entry.is_section:
@@ -74,7 +75,7 @@ def help_text() -> str:
         lines.append(f"  {entry.key}: {entry.type} = {_fmt_default(entry.default)}")
         desc = entry.description
         if entry.noop and not desc.startswith("["):
-            desc = f"[verl key, no effect here] {desc}"
+            desc = f"{NOOP_PREFIX} {desc}"
         lines += textwrap.wrap(desc, width=116, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines) + "\n"
 

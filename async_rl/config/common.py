@@ -1,10 +1,11 @@
 """Config sections shared by several parts of the tree: optimizer/scheduler settings and FSDP settings.
 
-``OptimConfig`` appears under ``actor_rollout_ref.actor.optim`` and ``critic.optim``; ``FsdpConfig`` under the actor,
-reference and critic. Names and meanings follow verl so its command lines port unchanged.
+``OptimConfig`` appears under ``actor_rollout_ref.actor.optim`` and ``critic.optim``; ``FsdpConfig`` under the
+reference and critic, and ``ActorFsdpConfig`` (the same plus verl's ``mixed_precision``) under the actor. Names and
+meanings follow verl so its command lines port unchanged.
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -48,11 +49,13 @@ def critic_optim_default() -> OptimConfig:
 class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """FSDP2 sharding options for one model (verl's ``fsdp_config``)."""
 
-    param_offload: Annotated[bool, doc("Keep sharded parameters in CPU memory between uses.")] = False
-    optimizer_offload: Annotated[bool, doc("Keep optimizer state in CPU memory between steps.")] = False
-    model_dtype: Annotated[
-        ModelDtype, doc("Dtype of the master parameters held by FSDP ('fp32' recommended; compute is mixed precision).")
-    ] = "fp32"
+    param_offload: Annotated[bool, noop("CPU offload of the sharded parameters; they always stay on the device.")] = (
+        False
+    )
+    optimizer_offload: Annotated[bool, noop("CPU offload of the optimizer state; it always stays on the device.")] = (
+        False
+    )
+    model_dtype: Annotated[ModelDtype, noop("Dtype of the master parameters; they are always fp32 here.")] = "fp32"
     offload_policy: Annotated[bool, noop("FSDP2 CPUOffloadPolicy switch.")] = False
     reshard_after_forward: Annotated[bool, noop("FSDP2 reshard-after-forward switch.")] = True
     fsdp_size: Annotated[int, noop("FSDP group size (-1 = world).")] = -1
@@ -60,4 +63,28 @@ class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     wrap_policy: Annotated[dict[str, Any], noop("FSDP wrap policy.")] = msgspec.field(default_factory=dict)
 
 
-__all__ = ["FsdpConfig", "OptimConfig", "critic_optim_default"]
+class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's ``fsdp_config.mixed_precision``: the dtypes FSDP2 computes and reduces in (verl's null = these)."""
+
+    param_dtype: Annotated[
+        Literal["bf16", "fp32"],
+        doc(
+            "Dtype the parameters are all-gathered in for forward and backward: 'bf16' = mixed precision (master"
+            " weights, gradient reduction and optimizer state stay fp32), 'fp32' = full precision. Used by the actor"
+            " and the critic on CUDA; on CPU the learner computes in fp32, and the frozen reference model computes in"
+            " bf16 on CUDA either way."
+        ),
+    ] = "bf16"
+    reduce_dtype: Annotated[Literal["fp32"], doc("Dtype of the gradient reduction (always fp32).")] = "fp32"
+    buffer_dtype: Annotated[Literal["fp32"], doc("Dtype of the model buffers (always fp32).")] = "fp32"
+
+
+class ActorFsdpConfig(FsdpConfig, kw_only=True, forbid_unknown_fields=True):
+    """The policy's FSDP2 options: :class:`FsdpConfig` plus the learner's precision."""
+
+    mixed_precision: Annotated[MixedPrecisionConfig, doc("Learner compute precision (verl's key).")] = msgspec.field(
+        default_factory=MixedPrecisionConfig
+    )
+
+
+__all__ = ["ActorFsdpConfig", "FsdpConfig", "MixedPrecisionConfig", "OptimConfig", "critic_optim_default"]

@@ -21,9 +21,24 @@ class CriticModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         str | None,
         doc("HF hub id or directory of the value-model backbone; 'builtin:tiny-arith' = the demo model built in code."),
     ] = "builtin:tiny-arith"
-    enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward to save memory.")] = True
-    use_remove_padding: Annotated[bool, doc("Pack sequences without padding in the critic forward.")] = False
-    trust_remote_code: Annotated[bool, doc("Allow custom model code from the hub.")] = False
+    enable_gradient_checkpointing: Annotated[
+        bool | None,
+        doc(
+            "Recompute activations in backward. The critic is built with"
+            " actor_rollout_ref.model.enable_gradient_checkpointing: null = that value; a different one is ignored"
+            " with a start-up warning."
+        ),
+    ] = None
+    use_remove_padding: Annotated[
+        bool | None,
+        doc(
+            "Pack sequences without padding. The critic packs as actor_rollout_ref.model.use_remove_padding says:"
+            " null = that value; a different one is ignored with a start-up warning."
+        ),
+    ] = None
+    trust_remote_code: Annotated[
+        bool, noop("Custom model code from the hub is never run here: a model that needs it fails to load.")
+    ] = False
     fsdp_config: Annotated[FsdpConfig, doc("Critic FSDP options.")] = msgspec.field(default_factory=FsdpConfig)
     tokenizer_path: Annotated[str | None, noop("Critic tokenizer (the policy's tokenizer is used).")] = None
     override_config: Annotated[dict[str, Any], noop("HF config overrides.")] = msgspec.field(default_factory=dict)
@@ -52,8 +67,12 @@ class CriticConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ppo_micro_batch_size_per_gpu: Annotated[
         PosInt | None, doc("Sequences per critic forward/backward per rank; null = the rank's mini-batch share.")
     ] = None
-    use_dynamic_bsz: Annotated[bool | None, doc("Token-budget micro-batches; null = actor.use_dynamic_bsz.")] = None
-    ppo_max_token_len_per_gpu: Annotated[PosInt, doc("Critic token budget per micro-batch when dynamic.")] = 32768
+    use_dynamic_bsz: Annotated[
+        bool | None, doc("Token-budget micro-batches (not supported: true is rejected); null = actor.use_dynamic_bsz.")
+    ] = None
+    ppo_max_token_len_per_gpu: Annotated[
+        PosInt, noop("Token budget of a dynamic critic micro-batch (dynamic batching is not supported).")
+    ] = 32768
     ppo_epochs: Annotated[PosInt | None, doc("Critic passes per batch; null = actor.ppo_epochs.")] = None
     shuffle: Annotated[bool | None, doc("Shuffle between critic mini-batches; null = actor.shuffle.")] = None
     grad_clip: Annotated[PosFloat, doc("Critic gradient-norm clip.")] = 1.0

@@ -196,6 +196,15 @@ def load_config_with_warnings(
     return cfg, warnings
 
 
+def default_config() -> Config:
+    """The defaults of every key as a validated, resolved Config (a fresh one each call; no warnings logged).
+
+    The settings views of the learner, the rollout plane and the actor engine take their defaults from it
+    (``LearnerSettings.defaults()``, ``PlaneSettings.defaults()``, ...), so defaults live in the config only.
+    """
+    return load_config_with_warnings()[0]
+
+
 def load_config(paths: Sequence[str] | str | None = None, overrides: Sequence[str] = ()) -> Config:
     """Load, convert, validate and resolve a config, logging each start-up warning once."""
     cfg, warnings = load_config_with_warnings(paths, overrides)
@@ -209,6 +218,7 @@ __all__ = [
     "build_raw",
     "convert",
     "deep_merge",
+    "default_config",
     "load_config",
     "load_config_with_warnings",
     "load_yaml_file",

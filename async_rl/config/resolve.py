@@ -3,8 +3,9 @@
 What is resolved (in place, idempotent; run by :func:`async_rl.config.validate.validate_config`):
 rollout prompt/response/model lengths from ``data``; clip_ratio_low/high from clip_ratio; the deprecated verl global
 micro-batch sizes into per-rank ones (global // learner world size); unset per-rank micro-batches (the rank's whole
-mini-batch share for the actor/critic, the actor's value for log-prob passes); critic keys inheriting the actor's
-(only when the estimator uses a critic); ``warmup_style`` into ``lr_scheduler_type``; the optimizer horizon from
+mini-batch share for the actor/critic, the actor's value for log-prob passes, the rollout's for the reference);
+critic keys inheriting the actor's (only when the estimator uses a critic; the critic model's packing and checkpointing
+are always the policy's); ``warmup_style`` into ``lr_scheduler_type``; the optimizer horizon from
 ``trainer.total_training_steps``; the rollout-correction aliases into verl's keys; checkpoint dir/period/retention
 from their verl aliases; ``reward.reward_kwargs`` from its older verl spellings (``reward_model.reward_kwargs.*``,
 ``reward_model.overlong_buffer.*``, which are then cleared) and ``max_resp_len`` from ``data.max_response_length``.
@@ -95,17 +96,18 @@ def resolve_config(cfg: Config) -> None:
     if actor.ppo_micro_batch_size_per_gpu is None and not actor.use_dynamic_bsz:
         actor.ppo_micro_batch_size_per_gpu = actor.ppo_mini_batch_size * n // world
 
+    ro.log_prob_micro_batch_size_per_gpu = _per_rank(
+        ro.log_prob_micro_batch_size_per_gpu, ro.log_prob_micro_batch_size, world
+    )
+    ro.log_prob_micro_batch_size = None
+    if ro.log_prob_micro_batch_size_per_gpu is None:
+        ro.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+    # the reference forward runs with the rollout's micro-batch (validation warns when these said otherwise)
+    ref.log_prob_micro_batch_size_per_gpu = ro.log_prob_micro_batch_size_per_gpu
+    ref.log_prob_micro_batch_size = None
     for sec in (ro, ref):
-        sec.log_prob_micro_batch_size_per_gpu = _per_rank(
-            sec.log_prob_micro_batch_size_per_gpu, sec.log_prob_micro_batch_size, world
-        )
-        sec.log_prob_micro_batch_size = None
-        if sec.log_prob_micro_batch_size_per_gpu is None:
-            sec.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
         if sec.log_prob_use_dynamic_bsz is None:
             sec.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
-        if sec.log_prob_max_token_len_per_gpu is None:
-            sec.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
 
     _resolve_optim(actor.optim, tr.total_training_steps)
     if needs_critic(cfg.algorithm.adv_estimator):
@@ -120,6 +122,9 @@ def resolve_config(cfg: Config) -> None:
             crit.loss_agg_mode = actor.loss_agg_mode
         if crit.use_dynamic_bsz is None:
             crit.use_dynamic_bsz = actor.use_dynamic_bsz
+        # the critic is built with the policy model's settings (validation warns when these said otherwise)
+        crit.model.enable_gradient_checkpointing = arr.model.enable_gradient_checkpointing
+        crit.model.use_remove_padding = arr.model.use_remove_padding
         crit.ppo_micro_batch_size_per_gpu = _per_rank(
             crit.ppo_micro_batch_size_per_gpu, crit.ppo_micro_batch_size, world
         )

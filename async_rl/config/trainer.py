@@ -51,9 +51,18 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     val_before_train: Annotated[
         bool, doc("Validate the starting policy (version 0, or the resumed one) before the first step.")
     ] = True
-    critic_warmup: Annotated[NonNegInt, doc("Steps that train only the critic before the actor starts updating.")] = 0
+    critic_warmup: Annotated[
+        NonNegInt, noop("Critic-only steps before the actor updates; the actor updates from the first step here.")
+    ] = 0
     seed: Annotated[int, doc("Global seed (model init, sampling seeds, learner shuffles).")] = 1
-    device: Annotated[Device, doc("Learner device: 'auto' = cuda when available else cpu.")] = "auto"
+    device: Annotated[
+        Device,
+        doc(
+            "'cuda' = launchers/local.py gives the learner and each actor their own GPUs (CUDA_VISIBLE_DEVICES);"
+            " 'auto' and 'cpu' pin nothing. The learner and vLLM use CUDA whenever it is visible (hide it with"
+            " CUDA_VISIBLE_DEVICES= to run on CPU); 'cpu' with weight_sync.backend='nccl' is an error."
+        ),
+    ] = "auto"
     max_actor_ckpt_to_keep: Annotated[
         PosInt | None, doc("verl name for async_training.checkpoint.keep_last (null = keep all).")
     ] = None

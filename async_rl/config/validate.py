@@ -129,6 +129,34 @@ def _check_logprob_batching(cfg: Config, errors: list[str]) -> None:
             errors.append(f"{prefix}.log_prob_micro_batch_size ({micro}) must be >= the learner world size ({world})")
 
 
+# Keys the learner does not read: it uses another key's value (resolution copies it in), so one set to a different value
+# is ignored and a start-up warning says so.
+_FOLLOWERS = (
+    ("critic.model.enable_gradient_checkpointing", f"{ARR}.model.enable_gradient_checkpointing"),
+    ("critic.model.use_remove_padding", f"{ARR}.model.use_remove_padding"),
+    (f"{ARR}.ref.log_prob_micro_batch_size_per_gpu", f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu"),
+)
+
+
+def _value(cfg: Config, key: str) -> object:
+    node: object = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _follower_warnings(cfg: Config, given: dict[str, object]) -> list[str]:
+    """``given``: the followers' values before resolution; ``cfg`` resolved (each follower holds the value used)."""
+    warnings = []
+    for key, used in _FOLLOWERS:
+        value = given[key]
+        if key.startswith("critic.") and not needs_critic(cfg.algorithm.adv_estimator):
+            continue  # critic keys are unused then, and a changed one is already an error
+        if value is not None and value != _value(cfg, used):
+            warnings.append(f"{key}={value} is ignored: the learner uses {used}={_value(cfg, used)} (set them equal)")
+    return warnings
+
+
 def _check_sampling(cfg: Config, errors: list[str]) -> None:
     ro, data = cfg.actor_rollout_ref.rollout, cfg.data
     for prefix, top_k in ((f"{ARR}.rollout", ro.top_k), (f"{ARR}.rollout.val_kwargs", ro.val_kwargs.top_k)):
@@ -406,7 +434,7 @@ def collect_warnings(cfg: Config) -> list[str]:
     warnings: list[str] = []
     noop = changed_keys(cfg, Config(), "", only_noop=True)
     if noop:
-        warnings.append(f"these verl keys are accepted but have no effect in async_rl: {', '.join(noop)}")
+        warnings.append(f"these keys are accepted but have no effect in async_rl: {', '.join(noop)}")
     actor, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
     if alg.use_kl_in_reward and actor.use_kl_loss:
         warnings.append(
@@ -461,7 +489,9 @@ def validate_config(cfg: Config) -> list[str]:
     if errors:
         raise ConfigError(f"{len(errors)} config errors:\n" + "\n".join(f"  - {e}" for e in errors))
     warnings = collect_warnings(cfg)
+    followers = {key: _value(cfg, key) for key, _ in _FOLLOWERS}
     resolve_config(cfg)
+    warnings.extend(_follower_warnings(cfg, followers))
     return warnings
 
 

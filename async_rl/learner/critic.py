@@ -88,7 +88,7 @@ class Critic:
             epochs=s.ppo_epochs,
             world_size=self.ctx.world_size,
             rank=self.ctx.rank,
-            shuffle=False,
+            shuffle=s.shuffle,
             seed=seed,
         )
         device = self.ctx.device

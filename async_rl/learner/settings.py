@@ -1,55 +1,64 @@
 """The learner's own view of the configuration: small frozen dataclasses with verl's field names.
 
 The learner needs a few dozen knobs out of the full config tree (``actor_rollout_ref.actor.*``, ``critic.*``,
-``algorithm.*``). Keeping them in a flat, frozen, validated dataclass lets the learner and its tests run without the
-config package and makes every knob the learner honours visible in one place. ``LearnerSettings.from_config`` reads
-the verl dotted names from a config object (attribute access, guarded with ``getattr`` so missing sections fall back
-to the defaults here) and is the single place that maps config keys to learner fields.
+``algorithm.*``). Keeping them in a flat, frozen, validated dataclass makes every knob the learner honours visible in
+one place. :meth:`LearnerSettings.from_config` reads them from a validated :class:`~async_rl.config.Config` by typed
+attribute access and is the single place that maps config keys to learner fields.
+
+The dataclasses declare no defaults of their own: the config sections are the one place defaults live. Tests and tools
+that want "the defaults with a few changes" call :meth:`LearnerSettings.defaults` (likewise ``OptimSettings`` and
+``CriticSettings``), which derive from :func:`async_rl.config.default_config`. ``__post_init__`` re-checks the rules a
+hand-built or ``replace``-d instance could break.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, get_args
+import functools
+from dataclasses import dataclass
+from typing import Any, TypeVar, get_args
 
+from async_rl.config import Config, default_config
+from async_rl.config.common import OptimConfig
 from async_rl.config.correction import parse_is_threshold, parse_rs_spec
-from async_rl.config.names import LOSS_AGG_MODES, BypassLossType, ISLevel
+from async_rl.config.critic import CriticConfig
+from async_rl.config.names import LOSS_AGG_MODES, BypassLossType, ISLevel, LRSchedule, needs_critic
 
-__all__ = ["CriticSettings", "LearnerSettings", "OptimSettings"]
+__all__ = ["ADAMW_EPS", "CriticSettings", "LearnerSettings", "OptimSettings"]
 
 _LOSS_AGG_MODES = LOSS_AGG_MODES
 _IS_LEVELS = get_args(ISLevel)
 _BYPASS_LOSS_TYPES = get_args(BypassLossType)
-_LR_SCHEDULES = ("constant", "cosine")
+_LR_SCHEDULES = get_args(LRSchedule)
+
+ADAMW_EPS = 1e-8  # torch's AdamW default; verl has no key for it either
+
+T = TypeVar("T")
 
 
-def _get(obj: Any, dotted: str, default: Any) -> Any:
-    """Follow ``dotted`` attribute (or mapping key) names from ``obj``; return ``default`` when any link is missing."""
-    cur = obj
-    for part in dotted.split("."):
-        if cur is None:
-            return default
-        if isinstance(cur, dict):
-            cur = cur.get(part, None)
-        else:
-            cur = getattr(cur, part, None)
-    return default if cur is None else cur
+def _derived(value: T | None, key: str) -> T:
+    """A "null = derived" config value, which validation fills in; None means the config was never validated."""
+    if value is None:
+        raise ValueError(
+            f"{key} is null: the learner settings need a validated config (load_config and validate_config fill in"
+            " the derived keys)"
+        )
+    return value
 
 
 @dataclass(frozen=True)
 class OptimSettings:
     """AdamW and learning-rate schedule (verl ``*.optim.*``)."""
 
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    lr_warmup_steps: int = 0
-    lr_scheduler_type: str = "constant"
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5  # cosine half-periods: 0.5 decays once to the floor
-    total_training_steps: int = 0
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eps: float
+    lr_warmup_steps: int
+    lr_scheduler_type: str
+    min_lr_ratio: float
+    num_cycles: float  # cosine half-periods: 0.5 decays once to the floor
+    total_training_steps: int
 
     def __post_init__(self) -> None:
         if self.lr < 0:
@@ -64,43 +73,45 @@ class OptimSettings:
             raise ValueError("optim.total_training_steps must be > 0 for the cosine schedule")
 
     @classmethod
-    def from_config(cls, optim: Any, total_training_steps: int = 0) -> OptimSettings:
-        d = cls()
-        betas = _get(optim, "betas", d.betas)
-        warmup = int(_get(optim, "lr_warmup_steps", -1))
-        ratio = float(_get(optim, "lr_warmup_steps_ratio", 0.0))
-        total = int(_get(optim, "total_training_steps", -1))
-        if total < 0:
-            total = total_training_steps
-        if warmup < 0:
-            warmup = int(ratio * total)
-        schedule = _get(optim, "lr_scheduler_type", None) or _get(optim, "warmup_style", d.lr_scheduler_type)
+    def from_config(cls, optim: OptimConfig, total_training_steps: int) -> OptimSettings:
+        """From a validated ``optim`` section; ``total_training_steps`` is the run length, used as the horizon when
+        the section leaves it at -1 (and to turn ``lr_warmup_steps_ratio`` into steps when lr_warmup_steps is -1)."""
+        if optim.warmup_style is not None:
+            raise ValueError("optim.warmup_style is set: validate the config first (it becomes lr_scheduler_type)")
+        total = optim.total_training_steps if optim.total_training_steps >= 0 else total_training_steps
+        warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * total)
         return cls(
-            lr=float(_get(optim, "lr", d.lr)),
-            weight_decay=float(_get(optim, "weight_decay", d.weight_decay)),
-            betas=(float(betas[0]), float(betas[1])),
-            eps=float(_get(optim, "eps", d.eps)),
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            betas=(optim.betas[0], optim.betas[1]),
+            eps=ADAMW_EPS,
             lr_warmup_steps=warmup,
-            lr_scheduler_type=str(schedule),
-            min_lr_ratio=float(_get(optim, "min_lr_ratio", d.min_lr_ratio)),
-            num_cycles=float(_get(optim, "num_cycles", d.num_cycles)),
+            lr_scheduler_type=optim.lr_scheduler_type,
+            min_lr_ratio=optim.min_lr_ratio,
+            num_cycles=optim.num_cycles,
             total_training_steps=total,
         )
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> OptimSettings:
+        """The actor optimizer's config defaults (horizon 0: no run length), with ``overrides`` replaced."""
+        return dataclasses.replace(_default_learner().optim, **overrides)
 
 
 @dataclass(frozen=True)
 class CriticSettings:
     """Value model (verl ``critic.*``); only used by the ``gae`` estimator."""
 
-    ppo_mini_batch_size: int = 1
-    ppo_micro_batch_size_per_gpu: int = 1
-    ppo_epochs: int = 1
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None  # critic.loss_scale_factor (None: the padded response length)
-    grad_clip: float = 1.0
-    model_path: str = ""
-    optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-5))
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int
+    ppo_epochs: int
+    shuffle: bool
+    cliprange_value: float
+    loss_agg_mode: str
+    loss_scale_factor: float | None  # critic.loss_scale_factor (None: the padded response length)
+    grad_clip: float
+    model_path: str
+    optim: OptimSettings
 
     def __post_init__(self) -> None:
         for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
@@ -109,63 +120,90 @@ class CriticSettings:
         if self.loss_agg_mode not in _LOSS_AGG_MODES:
             raise ValueError(f"critic.loss_agg_mode must be one of {_LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
 
+    @classmethod
+    def from_config(cls, critic: CriticConfig, total_training_steps: int) -> CriticSettings:
+        """From a validated ``critic`` section (its null keys then hold the actor's values)."""
+        if _derived(critic.use_dynamic_bsz, "critic.use_dynamic_bsz"):
+            raise ValueError("critic.use_dynamic_bsz=true is not supported by the learner yet")
+        return cls(
+            ppo_mini_batch_size=_derived(critic.ppo_mini_batch_size, "critic.ppo_mini_batch_size"),
+            ppo_micro_batch_size_per_gpu=_derived(
+                critic.ppo_micro_batch_size_per_gpu, "critic.ppo_micro_batch_size_per_gpu"
+            ),
+            ppo_epochs=_derived(critic.ppo_epochs, "critic.ppo_epochs"),
+            shuffle=_derived(critic.shuffle, "critic.shuffle"),
+            cliprange_value=critic.cliprange_value,
+            loss_agg_mode=_derived(critic.loss_agg_mode, "critic.loss_agg_mode"),
+            loss_scale_factor=critic.loss_scale_factor,
+            grad_clip=critic.grad_clip,
+            model_path=critic.model.path or "",
+            optim=OptimSettings.from_config(critic.optim, total_training_steps),
+        )
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> CriticSettings:
+        """The critic's config defaults (those of the default, GAE, config), with ``overrides`` replaced."""
+        critic = _default_learner().critic
+        assert critic is not None  # the default estimator is gae
+        return dataclasses.replace(critic, **overrides)
+
 
 @dataclass(frozen=True)
 class LearnerSettings:
     """Everything the learner step reads. Field names follow verl (``actor_rollout_ref.actor.*`` unless noted)."""
 
     # batch geometry
-    ppo_mini_batch_size: int = 1  # prompts per optimizer step (x rollout_n sequences)
-    ppo_micro_batch_size_per_gpu: int = 1  # sequences per forward/backward
-    log_prob_micro_batch_size_per_gpu: int = 4  # sequences per no-grad forward (old/ref log-probs, values)
-    ppo_epochs: int = 1
-    shuffle: bool = False
-    rollout_n: int = 1  # actor_rollout_ref.rollout.n
-    temperature: float = 1.0  # actor_rollout_ref.rollout.temperature: logits are divided by it, as at sampling
-    pad_token_id: int = 0
-    max_prompt_length: int | None = None  # data.max_prompt_length: fixed P (default: longest prompt of the step)
-    max_response_length: int | None = None  # data.max_response_length: fixed T (seq-mean-token-sum-norm needs it)
-    use_remove_padding: bool = False  # actor_rollout_ref.model.use_remove_padding: sequence packing
-    enable_gradient_checkpointing: bool = False  # actor_rollout_ref.model.enable_gradient_checkpointing
+    ppo_mini_batch_size: int  # prompts per optimizer step (x rollout_n sequences)
+    ppo_micro_batch_size_per_gpu: int  # sequences per forward/backward
+    log_prob_micro_batch_size_per_gpu: int  # rollout.*: sequences per no-grad forward (old/ref log-probs, values)
+    ppo_epochs: int
+    shuffle: bool
+    rollout_n: int  # actor_rollout_ref.rollout.n
+    temperature: float  # actor_rollout_ref.rollout.temperature: logits are divided by it, as at sampling
+    pad_token_id: int  # the tokenizer's (not a config key)
+    max_prompt_length: int | None  # data.max_prompt_length: fixed P (None: the longest prompt of the step)
+    max_response_length: int | None  # data.max_response_length: fixed T (seq-mean-token-sum-norm needs it)
+    use_remove_padding: bool  # actor_rollout_ref.model.use_remove_padding: sequence packing
+    enable_gradient_checkpointing: bool  # actor_rollout_ref.model.enable_gradient_checkpointing
     # policy loss
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    loss_mode: str = "vanilla"  # actor.policy_loss.loss_mode
-    mask_truncated_responses: bool = False  # rows that hit the length limit leave the loss (after advantages)
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    grad_clip: float = 1.0
-    optim: OptimSettings = field(default_factory=OptimSettings)
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    loss_agg_mode: str
+    loss_mode: str  # actor.policy_loss.loss_mode
+    mask_truncated_responses: bool  # rows that hit the length limit leave the loss (after advantages)
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    grad_clip: float
+    optim: OptimSettings
     # algorithm.*
-    adv_estimator: str = "grpo"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"
-    kl_ctrl_type: str = "fixed"
-    kl_coef: float = 0.001
-    kl_target: float = 0.1
-    kl_horizon: int = 10000
-    loss_scale_factor: float | None = None  # actor.loss_scale_factor: Dr. GRPO's constant (None: max_response_length)
+    adv_estimator: str
+    gamma: float
+    lam: float
+    norm_adv_by_std_in_grpo: bool
+    use_kl_in_reward: bool
+    kl_penalty: str
+    kl_ctrl_type: str
+    kl_coef: float
+    kl_target: float
+    kl_horizon: int
+    loss_scale_factor: float | None  # actor.loss_scale_factor: Dr. GRPO's constant (None: max_response_length)
     # algorithm.rollout_correction.*: behaviour-policy (vLLM) vs proximal-policy importance weights
-    rollout_is: str | None = None  # 'token' | 'sequence' | 'geometric'; None: no IS weights
-    rollout_is_threshold: float | str = 2.0  # a number = TIS cap; 'lower_upper' = IcePop bounds
-    is_batch_normalize: bool = False  # rollout_is_batch_normalize
-    rollout_rs: str | None = None  # rejection-sampling options (comma list), see async_rl.config.correction
-    rollout_rs_threshold: float | str | None = None
-    bypass_mode: bool = False  # old log-probs = the actor's; no proximal pass
-    bypass_loss_type: str = "ppo_clip"  # rollout_correction.loss_type: 'ppo_clip' or 'reinforce'
+    rollout_is: str | None  # 'token' | 'sequence' | 'geometric'; None: no IS weights
+    rollout_is_threshold: float | str  # a number = TIS cap; 'lower_upper' = IcePop bounds
+    is_batch_normalize: bool  # rollout_is_batch_normalize
+    rollout_rs: str | None  # rejection-sampling options (comma list), see async_rl.config.correction
+    rollout_rs_threshold: float | str | None
+    bypass_mode: bool  # old log-probs = the actor's; no proximal pass
+    bypass_loss_type: str  # rollout_correction.loss_type: 'ppo_clip' or 'reinforce'
     # robustness / system
-    max_consecutive_nonfinite: int = 5
-    mixed_precision: bool = True  # bf16 params / fp32 reduce on GPU; always fp32 on CPU
-    seed: int = 0
-    critic: CriticSettings | None = None
+    max_consecutive_nonfinite: int  # actor.max_consecutive_nonfinite
+    mixed_precision: bool  # actor.fsdp_config.mixed_precision.param_dtype == 'bf16' (used on CUDA only)
+    seed: int  # trainer.seed
+    critic: CriticSettings | None  # None unless the estimator needs a critic
 
     def __post_init__(self) -> None:
         for name in (
@@ -207,96 +245,98 @@ class LearnerSettings:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_config(cls, cfg: Any, total_training_steps: int | None = None) -> LearnerSettings:
-        """Build from the full config tree using verl's dotted names; missing keys keep the defaults above.
+    def defaults(cls, **overrides: Any) -> LearnerSettings:
+        """``from_config(default_config())`` with ``overrides`` replaced: the config's defaults, for tests and tools.
+
+        The default estimator is verl's ``gae``; overriding ``adv_estimator`` with a critic-free one also drops the
+        critic settings (unless ``critic`` is given), as :meth:`from_config` would. Overriding ``clip_ratio`` moves
+        both clip bounds with it unless they are given (the config's null ``clip_ratio_low``/``high``).
+        """
+        if "adv_estimator" in overrides and "critic" not in overrides and not needs_critic(overrides["adv_estimator"]):
+            overrides = {**overrides, "critic": None}
+        if "clip_ratio" in overrides:
+            overrides = {"clip_ratio_low": None, "clip_ratio_high": None, **overrides}
+        return _default_learner().replace(**overrides)
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, total_training_steps: int | None = None, *, pad_token_id: int = 0
+    ) -> LearnerSettings:
+        """Build from a validated config (derived keys filled in; ``load_config`` and ``validate_config`` do that).
 
         ``total_training_steps`` is the run length when the config leaves it to the data (``trainer.total_epochs``,
         see ``async_rl.runtime.run_length``); it sets the optimizer schedules' horizon unless an ``optim`` section
-        sets its own. By default it is ``trainer.total_training_steps``.
+        sets its own. By default it is ``trainer.total_training_steps``. ``pad_token_id`` is the tokenizer's.
         """
-        d = cls()
-        actor = _get(cfg, "actor_rollout_ref.actor", None)
-        rollout = _get(cfg, "actor_rollout_ref.rollout", None)
-        model = _get(cfg, "actor_rollout_ref.model", None)
-        algo = _get(cfg, "algorithm", None)
-        corr = _get(algo, "rollout_correction", None)
+        arr, algo = cfg.actor_rollout_ref, cfg.algorithm
+        actor, rollout, model, ref = arr.actor, arr.rollout, arr.model, arr.ref
+        corr, kl_ctrl = algo.rollout_correction, algo.kl_ctrl
         if total_training_steps is None:
-            total_training_steps = _get(cfg, "trainer.total_training_steps", 0)
+            total_training_steps = cfg.trainer.total_training_steps
         total = int(total_training_steps or 0)
-        estimator = str(_get(algo, "adv_estimator", d.adv_estimator))
-        critic: CriticSettings | None = None
-        if estimator == "gae":
-            c = _get(cfg, "critic", None)
-            cd = CriticSettings()
-            critic = CriticSettings(
-                ppo_mini_batch_size=int(_get(c, "ppo_mini_batch_size", cd.ppo_mini_batch_size)),
-                ppo_micro_batch_size_per_gpu=int(
-                    _get(c, "ppo_micro_batch_size_per_gpu", cd.ppo_micro_batch_size_per_gpu)
-                ),
-                ppo_epochs=int(_get(c, "ppo_epochs", cd.ppo_epochs)),
-                cliprange_value=float(_get(c, "cliprange_value", cd.cliprange_value)),
-                loss_agg_mode=str(_get(c, "loss_agg_mode", cd.loss_agg_mode)),
-                loss_scale_factor=_get(c, "loss_scale_factor", None),
-                grad_clip=float(_get(c, "grad_clip", cd.grad_clip)),
-                model_path=str(_get(c, "model.path", "")),
-                optim=OptimSettings.from_config(_get(c, "optim", None), total),
-            )
-        micro = int(_get(actor, "ppo_micro_batch_size_per_gpu", d.ppo_micro_batch_size_per_gpu))
-        if bool(_get(actor, "use_dynamic_bsz", False)):
-            raise ValueError("actor_rollout_ref.actor.use_dynamic_bsz=true is not supported by the learner yet")
-        level = getattr(corr, "rollout_is", None) if corr is not None else None
-        threshold = _get(corr, "rollout_is_threshold", d.rollout_is_threshold)
-        scale = _get(actor, "loss_scale_factor", None)
+        for key, dynamic in (
+            ("actor_rollout_ref.actor.use_dynamic_bsz", actor.use_dynamic_bsz),
+            ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", rollout.log_prob_use_dynamic_bsz),
+            ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", ref.log_prob_use_dynamic_bsz),
+        ):
+            if dynamic:
+                raise ValueError(f"{key}=true is not supported by the learner yet")
+        critic = CriticSettings.from_config(cfg.critic, total) if needs_critic(algo.adv_estimator) else None
         return cls(
-            ppo_mini_batch_size=int(_get(actor, "ppo_mini_batch_size", d.ppo_mini_batch_size)),
-            ppo_micro_batch_size_per_gpu=micro,
-            log_prob_micro_batch_size_per_gpu=int(
-                _get(rollout, "log_prob_micro_batch_size_per_gpu", d.log_prob_micro_batch_size_per_gpu)
+            ppo_mini_batch_size=actor.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=_derived(
+                actor.ppo_micro_batch_size_per_gpu, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
             ),
-            ppo_epochs=int(_get(actor, "ppo_epochs", d.ppo_epochs)),
-            shuffle=bool(_get(actor, "shuffle", d.shuffle)),
-            rollout_n=int(_get(rollout, "n", d.rollout_n)),
-            temperature=float(_get(rollout, "temperature", d.temperature)),
-            pad_token_id=int(_get(model, "pad_token_id", d.pad_token_id)),
-            max_prompt_length=_get(cfg, "data.max_prompt_length", None),
-            max_response_length=_get(cfg, "data.max_response_length", None),
-            use_remove_padding=bool(_get(model, "use_remove_padding", d.use_remove_padding)),
-            enable_gradient_checkpointing=bool(
-                _get(model, "enable_gradient_checkpointing", d.enable_gradient_checkpointing)
+            log_prob_micro_batch_size_per_gpu=_derived(
+                rollout.log_prob_micro_batch_size_per_gpu, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
             ),
-            clip_ratio=float(_get(actor, "clip_ratio", d.clip_ratio)),
-            clip_ratio_low=_get(actor, "clip_ratio_low", None),
-            clip_ratio_high=_get(actor, "clip_ratio_high", None),
-            clip_ratio_c=float(_get(actor, "clip_ratio_c", d.clip_ratio_c)),
-            loss_agg_mode=str(_get(actor, "loss_agg_mode", d.loss_agg_mode)),
-            loss_mode=str(_get(actor, "policy_loss.loss_mode", d.loss_mode)),
-            mask_truncated_responses=bool(_get(actor, "mask_truncated_responses", d.mask_truncated_responses)),
-            entropy_coeff=float(_get(actor, "entropy_coeff", d.entropy_coeff)),
-            use_kl_loss=bool(_get(actor, "use_kl_loss", d.use_kl_loss)),
-            kl_loss_coef=float(_get(actor, "kl_loss_coef", d.kl_loss_coef)),
-            kl_loss_type=str(_get(actor, "kl_loss_type", d.kl_loss_type)),
-            grad_clip=float(_get(actor, "grad_clip", d.grad_clip)),
-            optim=OptimSettings.from_config(_get(actor, "optim", None), total),
-            adv_estimator=estimator,
-            gamma=float(_get(algo, "gamma", d.gamma)),
-            lam=float(_get(algo, "lam", d.lam)),
-            norm_adv_by_std_in_grpo=bool(_get(algo, "norm_adv_by_std_in_grpo", d.norm_adv_by_std_in_grpo)),
-            use_kl_in_reward=bool(_get(algo, "use_kl_in_reward", d.use_kl_in_reward)),
-            kl_penalty=str(_get(algo, "kl_penalty", d.kl_penalty)),
-            kl_ctrl_type=str(_get(algo, "kl_ctrl.type", d.kl_ctrl_type)),
-            kl_coef=float(_get(algo, "kl_ctrl.kl_coef", d.kl_coef)),
-            kl_target=float(_get(algo, "kl_ctrl.target_kl", d.kl_target)),
-            kl_horizon=int(_get(algo, "kl_ctrl.horizon", d.kl_horizon)),
-            loss_scale_factor=None if scale is None else float(scale),
-            rollout_is=None if level is None else str(level),
-            rollout_is_threshold=threshold,
-            is_batch_normalize=bool(_get(corr, "rollout_is_batch_normalize", False)),
-            rollout_rs=_get(corr, "rollout_rs", None),
-            rollout_rs_threshold=_get(corr, "rollout_rs_threshold", None),
-            bypass_mode=bool(_get(corr, "bypass_mode", False)),
-            bypass_loss_type=str(_get(corr, "loss_type", d.bypass_loss_type)),
-            max_consecutive_nonfinite=int(_get(cfg, "learner.max_consecutive_nonfinite", d.max_consecutive_nonfinite)),
-            mixed_precision=bool(_get(cfg, "learner.mixed_precision", d.mixed_precision)),
-            seed=int(_get(cfg, "trainer.seed", d.seed)),
+            ppo_epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle,
+            rollout_n=rollout.n,
+            temperature=rollout.temperature,
+            pad_token_id=pad_token_id,
+            max_prompt_length=cfg.data.max_prompt_length,
+            max_response_length=cfg.data.max_response_length,
+            use_remove_padding=model.use_remove_padding,
+            enable_gradient_checkpointing=model.enable_gradient_checkpointing,
+            clip_ratio=actor.clip_ratio,
+            clip_ratio_low=actor.clip_ratio_low,
+            clip_ratio_high=actor.clip_ratio_high,
+            clip_ratio_c=actor.clip_ratio_c,
+            loss_agg_mode=actor.loss_agg_mode,
+            loss_mode=actor.policy_loss.loss_mode,
+            mask_truncated_responses=actor.mask_truncated_responses,
+            entropy_coeff=actor.entropy_coeff,
+            use_kl_loss=actor.use_kl_loss,
+            kl_loss_coef=actor.kl_loss_coef,
+            kl_loss_type=actor.kl_loss_type,
+            grad_clip=actor.grad_clip,
+            optim=OptimSettings.from_config(actor.optim, total),
+            adv_estimator=algo.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            use_kl_in_reward=algo.use_kl_in_reward,
+            kl_penalty=algo.kl_penalty,
+            kl_ctrl_type=kl_ctrl.type,
+            kl_coef=kl_ctrl.kl_coef,
+            kl_target=kl_ctrl.target_kl,
+            kl_horizon=kl_ctrl.horizon,
+            loss_scale_factor=actor.loss_scale_factor,
+            rollout_is=corr.rollout_is,
+            rollout_is_threshold=corr.rollout_is_threshold,
+            is_batch_normalize=corr.rollout_is_batch_normalize,
+            rollout_rs=corr.rollout_rs,
+            rollout_rs_threshold=corr.rollout_rs_threshold,
+            bypass_mode=corr.bypass_mode,
+            bypass_loss_type=corr.loss_type,
+            max_consecutive_nonfinite=actor.max_consecutive_nonfinite,
+            mixed_precision=actor.fsdp_config.mixed_precision.param_dtype == "bf16",
+            seed=cfg.trainer.seed,
             critic=critic,
         )
+
+
+@functools.cache
+def _default_learner() -> LearnerSettings:
+    return LearnerSettings.from_config(default_config())

@@ -67,6 +67,7 @@ from async_rl.learner.partition import padding_waste, plan_updates
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs
 from async_rl.learner.settings import LearnerSettings
 from async_rl.learner.update import TrainedModel, run_updates
+from async_rl.metric_catalog import histogram_mean, lag_histogram
 
 __all__ = ["Learner", "share_batch"]
 
@@ -469,7 +470,7 @@ class Learner:
         ``offpolicy``: the reduced sums of :func:`_accumulate_offpolicy` when the proximal pass was skipped."""
         mask = batch["response_mask"].bool()
         adv = batch["advantages"][batch["loss_mask"].bool()]
-        stale = (self.version - batch["versions"]).float()  # weights trained on vs weights that sampled
+        lags = lag_histogram(self.version, batch["versions"].tolist())  # weights trained on vs weights that sampled
         # Off-policy gap between the behaviour policy (vLLM) and the proximal policy (learner, current weights).
         if offpolicy is None:
             log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[mask].double()
@@ -494,8 +495,8 @@ class Learner:
             "learner/batch/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
             "learner/batch/advantages_max": float(adv.max()) if adv.numel() else 0.0,
             "learner/batch/advantages_min": float(adv.min()) if adv.numel() else 0.0,
-            "learner/staleness/mean": float(stale.mean()),
-            "learner/staleness/max": float(stale.max()),
+            "learner/staleness/mean": histogram_mean(lags),
+            "learner/staleness/max": float(max(lags, default=0)),
             "learner/offpolicy/ess": ess,
             "learner/offpolicy/abs_log_ratio_mean": abs_sum / count if count else 0.0,
         }

@@ -75,11 +75,11 @@ def run_updates(
         for mini in epoch:
             rows = [i for micro in mini for i in micro]
             tokens, seqs = mini_batch_counts(ctx, batch, rows)
-            loss_sum = torch.zeros((), dtype=torch.float64)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)  # stays on the device: no host sync
             for micro in mini:
                 loss = micro_loss(micro, max(tokens, 1.0), max(seqs, 1.0))
                 (loss * ctx.world_size).backward()
-                loss_sum += loss.detach().double().cpu()
+                loss_sum += loss.detach().double()
             total = ctx.all_reduce(loss_sum, "sum")
             if trained.grad_hook is not None:
                 trained.grad_hook(trained.model)
@@ -95,7 +95,7 @@ def run_updates(
             if stepped:
                 # identical on every rank (the total is all-reduced), so the mean over ranks is the value itself
                 acc.mean(f"{trained.name}/grad_norm", norm)
-                acc.mean(f"{trained.name}/loss", float(total))
+                acc.mean(f"{trained.name}/loss", total)
             else:
                 skipped += 1
     acc.mean(f"{trained.name}/lr", trained.lr)

@@ -49,22 +49,7 @@ def engine_settings(cfg: Config, model_path: str) -> Any:
     from async_rl.actor.engine import EngineSettings
     from async_rl.weight_sync import vllm_engine_kwargs
 
-    r = cfg.actor_rollout_ref.rollout
-    return EngineSettings(
-        model_path=model_path,
-        tensor_parallel_size=r.tensor_model_parallel_size,
-        dtype=r.dtype,
-        max_model_len=int(r.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length)),
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        max_num_seqs=r.max_num_seqs,
-        enforce_eager=r.enforce_eager,
-        enable_prefix_caching=r.enable_prefix_caching,
-        enable_chunked_prefill=r.enable_chunked_prefill,
-        max_num_batched_tokens=r.max_num_batched_tokens,
-        logprobs_mode=cfg.async_training.actor.logprobs_mode,
-        seed=cfg.trainer.seed,
-        extra_engine_kwargs=vllm_engine_kwargs(),
-    )
+    return EngineSettings.from_config(cfg, model_path=model_path, extra_engine_kwargs=vllm_engine_kwargs())
 
 
 async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> dict[str, float]:

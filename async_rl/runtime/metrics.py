@@ -13,6 +13,9 @@ fans it out to the backends named in ``trainer.logger``:
 Optional backends whose package is missing (tensorboard, wandb) are skipped with one warning instead of failing the
 run, and an error inside one of them later disables that backend only: metrics must never stop training. Errors of
 the jsonl and console sinks propagate (a full disk should be noticed).
+
+Every key is defined in the metric catalog (``runtime/metric_catalog.py``: key, reduction, meaning); a key logged
+that the catalog does not name is warned about once, and the keys read here are taken through ``metric_key``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TextIO
+
+from async_rl.metric_catalog import find, metric_key, record_kind
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +47,26 @@ __all__ = [
 
 ALLOWED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
-WALL_KEY = "time/wall_s"
+WALL_KEY = metric_key("time/wall_s")
 # Present in (only) the records of validation rounds (runtime/validation.py), logged at the evaluated version's step.
-VAL_VERSION_KEY = "val/version"
+VAL_VERSION_KEY = metric_key("val/version")
 
-# (label, candidate keys in order of preference, format) for the console line; missing keys are left out.
-_CONSOLE_FIELDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("reward", ("learner/batch/reward_mean", "reward/mean"), "{:.3f}"),
-    ("gen tok/s", ("actor/tokens_per_s", "actor/gen_tokens_per_s"), "{:.4g}"),
-    ("learn tok/s", ("learner/perf/tokens_per_s",), "{:.4g}"),
-    ("stale", ("learner/staleness/mean", "transport/staleness_mean"), "{:.2f}"),
-    ("ess", ("learner/offpolicy/ess",), "{:.3f}"),
-    ("sync", ("sync/seconds",), "{:.2f}s"),
-    ("pg_loss", ("learner/actor/pg_loss",), "{:.4g}"),
+# (label, key, format) for the console line; missing keys are left out. Keys: runtime/metric_catalog.py.
+_CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = tuple(
+    (label, metric_key(key), fmt)
+    for label, key, fmt in (
+        ("reward", "learner/batch/reward_mean", "{:.3f}"),
+        ("gen tok/s", "actor/gen_tokens_per_s", "{:.4g}"),
+        ("learn tok/s", "learner/perf/tokens_per_s", "{:.4g}"),
+        ("stale", "learner/staleness/mean", "{:.2f}"),
+        ("ess", "learner/offpolicy/ess", "{:.3f}"),
+        ("sync", "sync/seconds", "{:.2f}s"),
+        ("pg_loss", "learner/actor/pg_loss", "{:.4g}"),
+    )
 )
+_ACTOR_TOTALS = tuple(metric_key(f"transport/actors/{k}_total") for k in ("generated_tokens", "idle_s", "uptime_s"))
+_ACTORS_ALIVE = metric_key("transport/actors_alive")
+_VAL_REWARD, _VAL_SAMPLES, _VAL_WALL = (metric_key(f"val/{k}") for k in ("reward_mean", "num_samples", "wall_s"))
 
 
 class Sink(Protocol):
@@ -82,12 +93,9 @@ def _finite_or_none(value: float | int) -> float | int | None:
     return value if isinstance(value, int) or math.isfinite(value) else None
 
 
-def _pick(metrics: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
-    for key in keys:
-        value = metrics.get(key)
-        if isinstance(value, int | float) and math.isfinite(value):
-            return float(value)
-    return None
+def _pick(metrics: Mapping[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 class ActorActivity:
@@ -98,13 +106,11 @@ class ActorActivity:
     and ``actor/gen_tokens_per_s`` = tokens / actor-seconds x live actors (the whole fleet's rate).
     """
 
-    KEYS = ("generated_tokens", "idle_s", "uptime_s")
-
     def __init__(self) -> None:
         self._prev = (0.0, 0.0, 0.0)
 
     def __call__(self, metrics: Mapping[str, Any]) -> dict[str, float]:
-        values = [_pick(metrics, (f"transport/actors/{key}_total",)) for key in self.KEYS]
+        values = [_pick(metrics, key) for key in _ACTOR_TOTALS]
         if any(v is None for v in values):
             return {}
         tokens, idle, uptime = (float(v) for v in values)  # type: ignore[arg-type]
@@ -112,7 +118,7 @@ class ActorActivity:
         if d_up <= 0.0:
             return {}
         self._prev = (tokens, idle, uptime)
-        alive = max(1.0, _pick(metrics, ("transport/actors_alive",)) or 1.0)
+        alive = max(1.0, _pick(metrics, _ACTORS_ALIVE) or 1.0)
         return {
             "actor/idle_fraction": min(1.0, max(0.0, d_idle / d_up)),
             "actor/gen_tokens_per_s": max(0.0, d_tokens) / d_up * alive,
@@ -122,8 +128,8 @@ class ActorActivity:
 def format_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
     """The compact one-line summary of a step, e.g. ``step 10/100 (10%) | reward 0.512 | stale 0.80``."""
     parts = [f"step {step}/{total_steps} ({100.0 * step / total_steps:.0f}%)"]
-    for label, keys, fmt in _CONSOLE_FIELDS:
-        value = _pick(metrics, keys)
+    for label, key, fmt in _CONSOLE_FIELDS:
+        value = _pick(metrics, key)
         if value is not None:
             parts.append(f"{label} {fmt.format(value)}")
     return " | ".join(parts)
@@ -131,12 +137,12 @@ def format_line(step: int, total_steps: int, metrics: Mapping[str, Any]) -> str:
 
 def format_val_line(metrics: Mapping[str, Any]) -> str:
     """A validation round in one line, e.g. ``reward 0.875 | arith 0.875 | 8 samples | 3.2s``."""
-    parts = [f"reward {_pick(metrics, ('val/reward_mean',)) or 0.0:.3f}"]
+    parts = [f"reward {_pick(metrics, _VAL_REWARD) or 0.0:.3f}"]
     for key, value in sorted(metrics.items()):
         if key.startswith("val/") and key.endswith("/reward_mean") and key.count("/") == 2:
             parts.append(f"{key.split('/')[1]} {value:.3f}")
-    parts.append(f"{int(metrics.get('val/num_samples', 0))} samples")
-    parts.append(f"{float(metrics.get('val/wall_s', 0.0)):.1f}s")
+    parts.append(f"{int(metrics.get(_VAL_SAMPLES, 0))} samples")
+    parts.append(f"{float(metrics.get(_VAL_WALL, 0.0)):.1f}s")
     return " | ".join(parts)
 
 
@@ -260,8 +266,8 @@ class ConsoleSink:
             return
         if self._bar is not None:
             postfix: dict[str, str] = {}
-            for label, keys, fmt in _CONSOLE_FIELDS[:-1]:  # all but the loss: keep the bar narrow
-                value = _pick(metrics, keys)
+            for label, key, fmt in _CONSOLE_FIELDS[:-1]:  # all but the loss: keep the bar narrow
+                value = _pick(metrics, key)
                 if value is not None:
                     postfix[label] = fmt.format(value)
             self._bar.set_postfix(postfix, refresh=False)
@@ -317,6 +323,7 @@ class MetricsLogger:
         self.backends = list(dict.fromkeys(backends))  # de-duplicated, order kept
         self._started = time.monotonic()
         self._closed = False
+        self._checked: set[tuple[str, str]] = set()  # (record, key) pairs looked up in the catalog
         self._sinks: dict[str, Sink] = {}
         for name in self.backends:
             sink = self._make_sink(name, project, experiment, total_steps, config, console_stream)
@@ -368,6 +375,7 @@ class MetricsLogger:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         clean: dict[str, float] = {str(k): _to_number(str(k), v) for k, v in metrics.items()}
         clean.setdefault(WALL_KEY, time.monotonic() - self._started)
+        self._warn_uncatalogued(clean)
         for name, sink in list(self._sinks.items()):
             if name in ("jsonl", "console"):
                 sink.log(step, clean)
@@ -377,6 +385,15 @@ class MetricsLogger:
             except Exception:
                 logger.exception("metrics: %s backend failed at step %d; disabling it", name, step)
                 del self._sinks[name]
+
+    def _warn_uncatalogued(self, metrics: Mapping[str, float]) -> None:
+        """Warn once per key that the metric catalog does not name (a new metric needs its entry there)."""
+        record = record_kind(metrics)
+        for key in metrics:
+            if (record, key) not in self._checked:
+                self._checked.add((record, key))
+                if find(key, record) is None:
+                    logger.warning("metric %r is not in async_rl/metric_catalog.py; add it there", key)
 
     def close(self) -> None:
         """Flush and close every backend; safe to call twice."""

@@ -6,7 +6,8 @@ the rollout queue, idle fractions, response length, and validation reward (overa
 vs wall-clock time. Validation rounds are records of their own (they carry ``val/version``, at the step of the version
 they evaluated); ``by_step`` leaves them out and ``validation_records`` returns them. Keys a run did not log are
 skipped; a panel with nothing to show says "no data". ``summarize_run`` gives the numbers the demo prints (first-10%
-vs last-10% mean reward, steps, wall time, mean throughput).
+vs last-10% mean reward, steps, wall time, mean throughput). Each curve reads one key of the metric catalog
+(runtime/metric_catalog.py), taken through ``metric_key`` so that a renamed key fails on import.
 
 Drawing uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot, so importing or calling this
 does not change the process-wide matplotlib backend and needs no display.
@@ -20,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from async_rl.metric_catalog import metric_key
 from async_rl.runtime.metrics import VAL_VERSION_KEY, WALL_KEY, read_metrics
 
 logger = logging.getLogger(__name__)
@@ -34,14 +36,16 @@ __all__ = [
     "validation_records",
 ]
 
-REWARD_KEYS = ("learner/batch/reward_mean", "reward/mean")
-COMPONENT_PREFIXES = ("reward/components/", "learner/batch/reward_")
-GEN_RATE_KEYS = ("actor/tokens_per_s", "actor/gen_tokens_per_s")
-GEN_COUNTER_KEY = "actor/generated_tokens"  # cumulative; a rate is derived from it when no rate key was logged
-LEARNER_RATE_KEY = "learner/perf/tokens_per_s"
-STALENESS_KEYS = ("learner/staleness/mean", "transport/staleness_mean")
-STALENESS_MAX_KEY = "learner/staleness/max"
-ESS_KEY = "learner/offpolicy/ess"
+REWARD_KEY = metric_key("learner/batch/reward_mean")
+REWARD_KEYS = (REWARD_KEY,)  # the keys a reward curve is read from, first found wins (tuning/sweep_report.py)
+COMPONENT_PREFIX = "rollout/reward/"  # rollout/reward/{component}
+GEN_RATE_KEY = metric_key("actor/gen_tokens_per_s")
+LEARNER_RATE_KEY = metric_key("learner/perf/tokens_per_s")
+STALENESS_KEY = metric_key("learner/staleness/mean")
+STALENESS_MAX_KEY = metric_key("learner/staleness/max")
+ESS_KEY = metric_key("learner/offpolicy/ess")
+SYNC_KEY = metric_key("sync/seconds")
+VAL_REWARD_KEY = metric_key("val/reward_mean")
 MAX_COMPONENTS = 8
 
 Series = tuple[list[float], list[float]]
@@ -86,49 +90,12 @@ def _series(records: Sequence[dict[str, Any]], key: str, x_key: str = "step") ->
     return xs, ys
 
 
-def _first_key(records: Sequence[dict[str, Any]], keys: Sequence[str]) -> str | None:
-    for key in keys:
-        if any(finite_number(r.get(key)) is not None for r in records):
-            return key
-    return None
-
-
 def _component_keys(records: Sequence[dict[str, Any]]) -> list[str]:
-    found = {
-        k
-        for r in records
-        for k in r
-        if k.startswith(COMPONENT_PREFIXES) and k not in REWARD_KEYS and finite_number(r.get(k)) is not None
-    }
+    found = {k for r in records for k in r if k.startswith(COMPONENT_PREFIX) and finite_number(r.get(k)) is not None}
     keys = sorted(found)
     if len(keys) > MAX_COMPONENTS:
         logger.info("plot: %d reward components, drawing the first %d", len(keys), MAX_COMPONENTS)
     return keys[:MAX_COMPONENTS]
-
-
-def _derived_rate(records: Sequence[dict[str, Any]], counter_key: str) -> Series:
-    """Per-interval rate of a cumulative counter against wall time (skips counter resets and zero intervals)."""
-    xs: list[float] = []
-    ys: list[float] = []
-    prev: tuple[float, float] | None = None
-    for record in records:
-        step, t = finite_number(record.get("step")), finite_number(record.get(WALL_KEY))
-        c = finite_number(record.get(counter_key))
-        if step is None or t is None or c is None:
-            continue
-        if prev is not None and t > prev[0] and c >= prev[1]:
-            xs.append(step)
-            ys.append((c - prev[1]) / (t - prev[0]))
-        prev = (t, c)
-    return xs, ys
-
-
-def _generation_rate(records: Sequence[dict[str, Any]]) -> tuple[str, Series] | None:
-    key = _first_key(records, GEN_RATE_KEYS)
-    if key is not None:
-        return "generation", _series(records, key)
-    derived = _derived_rate(records, GEN_COUNTER_KEY)
-    return ("generation (from token count)", derived) if derived[0] else None
 
 
 def rolling_mean(ys: Sequence[float], window: int) -> list[float]:
@@ -153,8 +120,7 @@ def _no_data(ax: Any, title: str) -> None:
 def _reward_panel(
     ax: Any, records: Sequence[dict[str, Any]], x_key: str, title: str, x_label: str, x_scale: float = 1.0
 ) -> None:
-    main = _first_key(records, REWARD_KEYS)
-    main_series = _series(records, main, x_key) if main else ([], [])
+    main_series = _series(records, REWARD_KEY, x_key)
     components = [(k.split("/")[-1], _series(records, k, x_key)) for k in _component_keys(records)]
     components = [(label, s) for label, s in components if s[0]]
     if not main_series[0] and not components:
@@ -165,9 +131,10 @@ def _reward_panel(
         window = max(1, len(ys) // 20)
         if window > 1:  # raw values faint, rolling mean bold
             ax.plot(xs, ys, color="tab:blue", alpha=0.3, linewidth=1)
-            ax.plot(xs, rolling_mean(ys, window), color="tab:blue", linewidth=2, label=f"{main} (mean of {window})")
+            label = f"{REWARD_KEY} (mean of {window})"
+            ax.plot(xs, rolling_mean(ys, window), color="tab:blue", linewidth=2, label=label)
         else:
-            ax.plot(xs, ys, color="tab:blue", linewidth=2, label=main)
+            ax.plot(xs, ys, color="tab:blue", linewidth=2, label=REWARD_KEY)
     for label, (xs, ys) in components:
         ax.plot([x / x_scale for x in xs], ys, linewidth=1, label=label)
     ax.set_title(title)
@@ -193,9 +160,10 @@ def _lines_panel(ax: Any, title: str, ylabel: str, series: Sequence[tuple[str, S
 
 def _staleness_panel(ax: Any, records: Sequence[dict[str, Any]]) -> None:
     title = "staleness and off-policy ESS"
-    stale_key = _first_key(records, STALENESS_KEYS)
-    stale = [(f"staleness mean ({stale_key})", _series(records, stale_key))] if stale_key else []
-    stale.append(("staleness max", _series(records, STALENESS_MAX_KEY)))
+    stale = [
+        ("staleness mean", _series(records, STALENESS_KEY)),
+        ("staleness max", _series(records, STALENESS_MAX_KEY)),
+    ]
     ess = _series(records, ESS_KEY)
     if not any(s[0] for _, s in stale):
         _lines_panel(ax, title, "ESS fraction", [("ESS", ess)])  # "no data" when ESS is missing too
@@ -216,7 +184,7 @@ def _validation_panel(
     sources = sorted(
         {k for r in records for k in r if k.startswith("val/") and k.endswith("/reward_mean") and k.count("/") == 2}
     )
-    series = [("val/reward_mean", _series(records, "val/reward_mean", x_key))]
+    series = [(VAL_REWARD_KEY, _series(records, VAL_REWARD_KEY, x_key))]
     if len(sources) > 1:
         series += [(k, _series(records, k, x_key)) for k in sources[:MAX_COMPONENTS]]
     drawn = [(label, s) for label, s in series if s[0]]
@@ -257,26 +225,22 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     scale, unit = _wall_scale(records)
     _reward_panel(axes[0][1], records, WALL_KEY, "reward vs wall-clock time", f"wall-clock time ({unit})", scale)
 
-    throughput: list[tuple[str, Series]] = []
-    gen = _generation_rate(records)
-    if gen is not None:
-        throughput.append(gen)
-    throughput.append(("learner", _series(records, LEARNER_RATE_KEY)))
+    throughput = [("generation", _series(records, GEN_RATE_KEY)), ("learner", _series(records, LEARNER_RATE_KEY))]
     _lines_panel(axes[1][0], "throughput", "tokens / s", throughput)
     _staleness_panel(axes[1][1], records)
     _lines_panel(
         axes[2][0],
         "weight sync",
         "seconds",
-        [("sync time", _series(records, "sync/seconds"))],
+        [("sync time", _series(records, SYNC_KEY))],
     )
     _lines_panel(
         axes[2][1],
         "rollout transport",
         "groups",
         [
-            ("queue depth", _series(records, "transport/queue_depth")),
-            ("dropped as stale (cumulative)", _series(records, "transport/drops/stale")),
+            ("queue depth", _series(records, metric_key("transport/queue_depth"))),
+            ("dropped as stale (cumulative)", _series(records, metric_key("transport/drops/stale"))),
         ],
     )
     _lines_panel(
@@ -284,15 +248,15 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         "idle fractions (waiting for work)",
         "fraction of time",
         [
-            ("learner (waiting for groups)", _series(records, "learner/idle_fraction")),
-            ("actors (nothing to generate)", _series(records, "actor/idle_fraction")),
+            ("learner (waiting for groups)", _series(records, metric_key("learner/idle_fraction"))),
+            ("actors (nothing to generate)", _series(records, metric_key("actor/idle_fraction"))),
         ],
     )
     _lines_panel(
         axes[3][1],
         "response length",
         "tokens",
-        [("mean response length", _series(records, "learner/batch/response_length_mean"))],
+        [("mean response length", _series(records, metric_key("learner/batch/response_length_mean")))],
     )
     _validation_panel(axes[4][0], val, "step", "validation reward vs step (policy version)", "step")
     val_scale, val_unit = _wall_scale(val)
@@ -321,26 +285,23 @@ def summarize_run(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ``time/wall_s`` logged. A step logged twice counts once (its last record).
     """
     rows = by_step(records)
-    key = _first_key(rows, REWARD_KEYS)
-    rewards = _series(rows, key)[1] if key else []
+    rewards = _series(rows, REWARD_KEY)[1]
     window = max(1, math.ceil(0.1 * len(rewards))) if rewards else 0
     first = _mean(rewards[:window])
     last = _mean(rewards[-window:]) if rewards else None
-    gen = _generation_rate(rows)
-    stale_key = _first_key(rows, STALENESS_KEYS)
     walls = [t for r in rows if (t := finite_number(r.get(WALL_KEY))) is not None]
     return {
         "steps": len(rows),
         "last_step": rows[-1]["step"] if rows else None,
         "wall_time_s": max(walls) if walls else None,
-        "reward_key": key,
+        "reward_key": REWARD_KEY if rewards else None,
         "reward_window": window,
         "reward_first_mean": first,
         "reward_last_mean": last,
         "reward_delta": last - first if first is not None and last is not None else None,
         "learner_tokens_per_s_mean": _mean(_series(rows, LEARNER_RATE_KEY)[1]),
-        "gen_tokens_per_s_mean": _mean(gen[1][1]) if gen is not None else None,
-        "staleness_mean": _mean(_series(rows, stale_key)[1]) if stale_key else None,
+        "gen_tokens_per_s_mean": _mean(_series(rows, GEN_RATE_KEY)[1]),
+        "staleness_mean": _mean(_series(rows, STALENESS_KEY)[1]),
     }
 
 
@@ -378,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = plot_run(metrics, args.out or args.run_dir / "reward.png")
     print(format_summary(summarize_run(read_metrics(metrics))))
     for rec in validation_records(read_metrics(metrics)):
-        print(f"validation at step {rec['step']}: reward {rec.get('val/reward_mean', float('nan')):.3f}")
+        print(f"validation at step {rec['step']}: reward {rec.get(VAL_REWARD_KEY, float('nan')):.3f}")
     print(out)
     return 0
 

@@ -167,29 +167,10 @@ def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
 
 
 def plane_settings(cfg: Config, **overrides: Any) -> Any:
-    """The rollout plane's settings from ``async_training.*`` (see ``async_rl.transport.PlaneSettings``)."""
+    """The rollout plane's settings from ``async_training.*`` (see ``async_rl.transport.PlaneSettings.from_config``)."""
     from async_rl.transport import PlaneSettings
 
-    a, t = cfg.async_training, cfg.async_training.transport
-    kwargs: dict[str, Any] = {
-        "max_staleness": a.max_staleness,
-        "stale_policy": a.stale_policy,
-        "groups_per_step": cfg.data.train_batch_size,
-        "max_inflight_groups": t.max_inflight_groups,
-        "host": t.host,
-        "port": t.port,
-        "max_message_bytes": t.max_message_bytes,
-        "heartbeat_interval_s": t.heartbeat_interval_s,
-        "peer_timeout_s": t.peer_timeout_s,
-        "lease_timeout_s": t.lease_timeout_s,
-        "max_invalid_groups": t.max_invalid_groups,
-        "curve_server_secret_file": t.curve_server_secret_key,
-        "curve_server_public_file": t.curve_server_public_key,
-        "curve_authorized_keys_dir": t.curve_client_keys_dir,
-        "curve_client_secret_file": t.curve_client_secret_key,
-    }
-    kwargs.update(overrides)
-    return PlaneSettings(**kwargs)
+    return PlaneSettings.from_config(cfg, **overrides)
 
 
 def sampling_params(cfg: Config, seed: int | None) -> Any:

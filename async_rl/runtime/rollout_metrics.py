@@ -1,27 +1,39 @@
-"""Metrics of the rollout groups trained in one step: rewards, lengths, finish reasons, staleness and version span."""
+"""Metrics of the rollout groups trained in one step: rewards, lengths, finish reasons, staleness and version span.
+
+The keys are the ``rollout/...`` entries of the metric catalog (runtime/metric_catalog.py), which also defines
+staleness; every value here is computed once from the whole step's groups (reduction ``batch``).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from async_rl.metric_catalog import histogram_mean, lag_histogram
+
+if TYPE_CHECKING:
+    from async_rl.transport.protocol import RolloutGroup
 
 
-def rollout_metrics(groups: list[Any], version: int, eos_token_id: int | None = None) -> dict[str, float]:
+def rollout_metrics(
+    groups: Sequence[RolloutGroup], trained_version: int, eos_token_id: int | None = None
+) -> dict[str, float]:
     """Reward (mean and by component), response length, staleness and version span of the groups trained now, and
-    how completions ended: ``rollout/finish/<reason>`` fractions and ``rollout/eos_fraction`` (last token = EOS)."""
-    from async_rl.transport import unpack_array
+    how completions ended: ``rollout/finish/<reason>`` fractions and ``rollout/eos_fraction`` (last token = EOS).
+
+    ``trained_version``: the learner's version at the start of the step that trained ``groups``; a group's staleness
+    counts from its oldest completion (``RolloutGroup.version``)."""
+    from async_rl.transport.protocol import unpack_array  # the rollout plane (ZeroMQ) only when a run has one
 
     rewards: list[float] = []
     lengths: list[int] = []
     components: dict[str, list[float]] = {}
-    staleness: Counter[int] = Counter()
     spans: Counter[int] = Counter()
     gen_s: list[float] = []
     finish: Counter[str] = Counter()
     eos = 0
     for g in groups:
-        oldest = min(c.version_min for c in g.completions)
-        staleness[version - oldest] += 1
         gen_s.append(float(g.timings.get("generate_s", 0.0)))
         for c in g.completions:
             rewards.append(float(c.reward))
@@ -45,11 +57,11 @@ def rollout_metrics(groups: list[Any], version: int, eos_token_id: int | None = 
         out[f"rollout/finish/{reason}"] = count / n
     if eos_token_id is not None:
         out["rollout/eos_fraction"] = eos / n
-    total = sum(staleness.values())
-    out["rollout/staleness_mean"] = sum(k * v for k, v in staleness.items()) / max(total, 1)
-    out["rollout/staleness_max"] = float(max(staleness, default=0))
-    for lag, count in staleness.items():
-        out[f"rollout/staleness_hist/{lag}"] = count / max(total, 1)
+    lags = lag_histogram(trained_version, (g.version for g in groups))
+    out["rollout/staleness_mean"] = histogram_mean(lags)
+    out["rollout/staleness_max"] = float(max(lags, default=0))
+    for lag, count in lags.items():
+        out[f"rollout/staleness_hist/{lag}"] = count / max(len(groups), 1)
     out["rollout/version_span_max"] = float(max(spans, default=0))
-    out["rollout/version_span_mean"] = sum(k * v for k, v in spans.items()) / max(sum(spans.values()), 1)
+    out["rollout/version_span_mean"] = histogram_mean(spans)
     return out

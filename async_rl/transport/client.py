@@ -7,17 +7,21 @@ Typical loop (see tests/transport/fake_actor.py)::
     while not client.shutdown_requested:
         for grant in client.request_work(max_groups=free_slots, loaded_version=v, timeout_s=0.1):
             ... generate grant.sampling.n completions, calling client.poll() now and then ...
-            client.send_group(group)          # tracked until acked; re-sent after ack_timeout_s
-        client.poll()
+            client.send_group(group)          # never blocks; tracked until acked; re-sent after ack_timeout_s
+        client.poll()                         # also hands queued groups to the socket as backpressure allows
 
 Before starting a grant the actor must have loaded a policy of version >= ``grant.min_version`` (learner version - K
 at grant time); ``client.policy_version`` / ``client.min_version`` track the latest announced versions.
 
 Not thread-safe: use it from one thread, and call `poll()` (or any other method) at least every
 heartbeat_interval_s, or the coordinator presumes the actor dead and re-grants its prompts. If generation blocks
-longer, run it in a worker thread and keep polling here. Finished groups are kept until acked and re-sent after
-ack_timeout_s or a reconnect (the coordinator dedups), so nothing is lost in flight; when the coordinator is silent
-for peer_timeout_s the client reconnects, says Hello again and re-sends.
+longer, run it in a worker thread and keep polling here. No call blocks for longer than its ``timeout_s``; in
+particular `send_group` never waits on backpressure (a slow coordinator): it queues the group, hands the queue to the
+socket as far as the socket takes it, and later `poll()` calls send the rest, in order, while heartbeats, acks and
+version updates keep flowing (`flush` waits for the queue, for callers that want to). That matters in an asyncio
+actor, where a blocking send would stall the engine's output handling too. Finished groups are kept until acked and
+re-sent after ack_timeout_s or a reconnect (the coordinator dedups), so nothing is lost in flight; when the
+coordinator is silent for peer_timeout_s the client reconnects, says Hello again and re-sends.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import re
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
 
 import zmq
 
@@ -44,6 +47,7 @@ from async_rl.transport.protocol import (
     RolloutGroup,
     Shutdown,
     VersionUpdate,
+    WeightSyncPlan,
     Welcome,
     WorkGrant,
     WorkRequest,
@@ -56,10 +60,15 @@ ZERO_COPY_MIN_BYTES = 1 << 20  # below this, a memcpy is cheaper than pyzmq's ze
 _ACTOR_ID = re.compile(r"^[!-~]{1,128}$")
 
 
+GroupKey = tuple[int, int, int]  # (eval round, prompt id, lease id): eval rounds number their leases on their own
+
+
 @dataclass
 class _Unacked:
     group: RolloutGroup  # kept as the object, re-encoded on the rare re-send (saves a copy per group)
-    sent_at: float | None  # None: not (successfully) sent since the last reconnect
+    sent_at: float | None  # None: queued, not handed to the socket since it was queued or since the last reconnect
+    buf: bytes | None = None  # the encoding for its first send, dropped once the socket took it
+    blocked: bool = False  # backpressure held it back at least once (counted once in send_blocked)
 
 
 class RolloutClient:
@@ -86,7 +95,7 @@ class RolloutClient:
             raise ValueError(f"max_unacked must be >= 1, got {max_unacked}")
         self.address = address
         self.actor_id = actor_id
-        self.settings = settings or PlaneSettings()
+        self.settings = settings or PlaneSettings.defaults()
         self.ack_timeout_s = ack_timeout_s
         self.max_unacked = max_unacked
         self.codec = WireCodec(limits)
@@ -98,7 +107,7 @@ class RolloutClient:
         self.policy_version = 0
         self.min_version = 0
         self.loaded_version = 0
-        self.weight_sync: dict[str, Any] = {}
+        self.weight_sync: WeightSyncPlan | None = None  # the learner's latest plan (Welcome, VersionUpdate)
         self.shutdown_requested = False
         self.version_updates = 0
         self.counters: Counter[str] = Counter()
@@ -106,8 +115,8 @@ class RolloutClient:
         self._grants_seen = 0
         self._pending: deque[PromptGrant] = deque()
         self._sends_since_receive = 0
-        # (eval round, prompt id, lease id): eval rounds number their leases on their own (transport.evaluation)
-        self._unacked: OrderedDict[tuple[int, int, int], _Unacked] = OrderedDict()
+        self._unacked: OrderedDict[GroupKey, _Unacked] = OrderedDict()
+        self._queue: deque[GroupKey] = deque()  # groups waiting for the socket, in the order they were queued
         self._last_request: tuple[int, int, int] | None = None
         self._last_request_t = 0.0
         now = time.monotonic()
@@ -166,9 +175,13 @@ class RolloutClient:
         self._pending.clear()
         return out
 
-    def send_group(self, group: RolloutGroup, timeout_s: float | None = None) -> None:
-        """Send a finished group and track it until acked. Raises MessageTooLarge (nothing tracked) when it cannot
-        fit, and TimeoutError when backpressure keeps it unsent for ``timeout_s`` (it stays tracked and is retried)."""
+    def send_group(self, group: RolloutGroup) -> None:
+        """Queue a finished group, tracked until acked, and hand the queue to the socket as far as it takes it now.
+
+        Never blocks: under backpressure (the coordinator is not keeping up) the rest goes out from later `poll()`
+        calls, in the order the groups were queued. Raises MessageTooLarge (nothing tracked) when the group cannot
+        fit, and RuntimeError when ``max_unacked`` groups already await acks.
+        """
         buf = self._encode_group(group)
         if len(self._unacked) >= self.max_unacked:
             raise RuntimeError(f"{len(self._unacked)} groups await acks (max_unacked); is the coordinator alive?")
@@ -176,24 +189,20 @@ class RolloutClient:
         if self._sends_since_receive >= 16:  # take in acks now and then, so a fast sender never lets them pile up
             self._receive(0.0)
         key = (group.eval_round, group.prompt_id, group.lease_id)
-        entry = _Unacked(group, None)
-        self._unacked[key] = entry
+        self._unacked[key] = _Unacked(group, None, buf)
+        self._queue.append(key)
         self.counters["groups_sent"] += 1
-        if self._try_send(buf):
-            entry.sent_at = time.monotonic()
-            return
-        self.counters["send_blocked"] += 1  # backpressure: the coordinator is not keeping up
+        self._send_queued()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Poll until the socket took every queued group (they may still await acks); False on timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
+        while self.backlog:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"group {key} still unsent after {timeout_s} s of backpressure (kept for retry)")
-            self._receive(0.05 if remaining is None else min(remaining, 0.05), want_out=True)
-            if key not in self._unacked:
-                return  # acked (a retry from poll() got through first)
-            if self._try_send(buf):
-                entry.sent_at = time.monotonic()
-                return
+                return False
+            self.poll(0.05 if remaining is None else min(remaining, 0.05))
+        return True
 
     def _encode_group(self, group: RolloutGroup) -> bytes:
         try:
@@ -203,8 +212,9 @@ class RolloutClient:
             raise
 
     def poll(self, timeout_s: float = 0.0) -> None:
-        """Process incoming messages, send a heartbeat when due, re-send unacked groups, detect a lost coordinator."""
-        self._receive(timeout_s)
+        """Process incoming messages, send a heartbeat when due, send queued groups and re-send unacked ones, detect a
+        lost coordinator. Waits at most ``timeout_s`` for a message (less when queued groups can go out)."""
+        self._receive(timeout_s, want_out=bool(self._queue))
         now = time.monotonic()
         if self.welcome is not None and now - self._last_recv > self.peer_timeout_s:
             self._receive(0.1)  # grace: after a long stall of this process, zmq's I/O thread may lag a moment
@@ -213,9 +223,12 @@ class RolloutClient:
                 self._reconnect(now)
         report_due = bool(self.report) and now - self._last_report >= self.report_interval_s
         if report_due or now - self._last_sent >= self.heartbeat_interval_s:
-            self._last_report = now
-            self._send(Heartbeat(sender=self.actor_id, policy_version=self.loaded_version, stats=dict(self.report)))
-        self._resend_due(now)
+            # Before the queued groups: under backpressure the heartbeat takes the next free slot. Until it gets one
+            # it stays due, and is tried again at every poll.
+            if self._send(Heartbeat(sender=self.actor_id, policy_version=self.loaded_version, stats=dict(self.report))):
+                self._last_report = now
+        if self._send_queued():
+            self._resend_due(now)
 
     def wait_acked(self, timeout_s: float) -> bool:
         """Poll until every sent group is acked; False on timeout."""
@@ -231,11 +244,17 @@ class RolloutClient:
     def unacked(self) -> int:
         return len(self._unacked)
 
+    @property
+    def backlog(self) -> int:
+        """Groups queued but not yet taken by the socket (backpressure); they go out from `poll()`."""
+        return sum(1 for entry in self._unacked.values() if entry.sent_at is None)
+
     def metrics(self) -> dict[str, float | int]:
         out: dict[str, float | int] = {f"transport/client/{k}": v for k, v in self.counters.items()}
         for reason, value in self.bad.counts.items():
             out[f"transport/client/decode_errors/{reason}"] = value
         out["transport/client/unacked"] = len(self._unacked)
+        out["transport/client/backlog"] = self.backlog
         out["transport/client/pending_grants"] = len(self._pending)
         return out
 
@@ -273,15 +292,30 @@ class RolloutClient:
             self.counters["control_deferred"] += 1
         return ok
 
+    def _send_queued(self) -> bool:
+        """Hand queued groups to the socket, oldest first, until it refuses one; True when the queue is empty."""
+        while self._queue:
+            entry = self._unacked.get(self._queue[0])
+            if entry is not None and entry.sent_at is None:
+                buf = entry.buf if entry.buf is not None else self._encode_group(entry.group)
+                if not self._try_send(buf):
+                    if not entry.blocked:
+                        entry.blocked = True
+                        self.counters["send_blocked"] += 1  # backpressure: the coordinator is not keeping up
+                    return False
+                entry.sent_at, entry.buf = time.monotonic(), None
+            self._queue.popleft()  # sent now, or acked meanwhile
+        return True
+
     def _resend_due(self, now: float) -> None:
+        """Re-send the groups whose ack is overdue (the queue is empty: every tracked group was sent once)."""
         for key, entry in self._unacked.items():
-            if entry.sent_at is not None and now - entry.sent_at < self.ack_timeout_s:
+            if entry.sent_at is None or now - entry.sent_at < self.ack_timeout_s:
                 continue
             if not self._try_send(self._encode_group(entry.group)):
                 self.counters["send_blocked"] += 1
                 return
-            if entry.sent_at is not None:
-                self.counters["groups_resent"] += 1
+            self.counters["groups_resent"] += 1
             entry.sent_at = now
             logger.debug("re-sent group %s", key)
 
@@ -328,8 +362,8 @@ class RolloutClient:
         elif isinstance(msg, VersionUpdate):
             self.policy_version = max(self.policy_version, msg.policy_version)
             self.min_version = max(self.min_version, msg.min_version)
-            if msg.weight_sync:
-                self.weight_sync = dict(msg.weight_sync)
+            if msg.weight_sync is not None:
+                self.weight_sync = msg.weight_sync
             self.version_updates += 1
         elif isinstance(msg, Welcome):
             self._on_welcome(msg)
@@ -349,9 +383,8 @@ class RolloutClient:
         self.heartbeat_interval_s = msg.heartbeat_interval_s
         self.peer_timeout_s = msg.peer_timeout_s
         self.max_message_bytes = min(self.settings.max_message_bytes, msg.max_message_bytes)
-        self.weight_sync = dict(msg.weight_sync)
-        for entry in self._unacked.values():
-            entry.sent_at = None  # (re)joined: re-send what is still unacked right away
+        self.weight_sync = msg.weight_sync
+        self._requeue_unacked()  # (re)joined: re-send what is still unacked right away
         if self._welcomes > 1:
             self.counters["rejoins"] += 1
 
@@ -364,9 +397,14 @@ class RolloutClient:
         self._sock = sockets.connect_dealer(self.ctx, self.address, self.actor_id, self.settings, self._keys)
         self._last_recv = now
         self._last_request = None
+        self._requeue_unacked()
+        self._send(Hello(actor_id=self.actor_id, loaded_version=self.loaded_version))
+
+    def _requeue_unacked(self) -> None:
+        """A new connection: every unacked group goes out again, in its original order."""
         for entry in self._unacked.values():
             entry.sent_at = None
-        self._send(Hello(actor_id=self.actor_id, loaded_version=self.loaded_version))
+        self._queue = deque(self._unacked)
 
 
 def _check_version(name: str, value: object) -> None:

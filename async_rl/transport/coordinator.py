@@ -46,6 +46,7 @@ from async_rl.transport.protocol import (
     RolloutGroup,
     SamplingParams,
     VersionUpdate,
+    WeightSyncPlan,
     Welcome,
     WorkRequest,
     group_seed,
@@ -75,7 +76,6 @@ class Coordinator:
         shuffle_seed: int | None = None,
         max_epochs: int | None = None,
         initial_version: int = 0,
-        weight_sync_info: dict[str, Any] | None = None,
         limits: WireLimits | None = None,
         autostart: bool = True,
         vocab_size: int | None = None,
@@ -86,7 +86,7 @@ class Coordinator:
         benchmarked without a weight sync. By default an actor's version counts only up to what the learner
         confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``.
         ``filter_groups``: DAPO dynamic sampling of training groups (transport.filtering); None: off."""
-        self.settings = settings or PlaneSettings()
+        self.settings = settings or PlaneSettings.defaults()
         if vocab_size is not None and (
             isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
         ):
@@ -102,8 +102,7 @@ class Coordinator:
         self.codec = WireCodec(limits)
         self.k = self.settings.max_staleness
         self._version = initial_version
-        self._weight_sync: dict[str, Any] = dict(weight_sync_info or {})
-        msgspec.msgpack.encode(self._weight_sync)  # fail now, not at the first Welcome, if it is not msgpack-able
+        self._weight_sync: WeightSyncPlan | None = None  # the publisher's latest plan (set_policy_version)
         self._ledger = Ledger(self.source.total)
         self._admission = adm.Admission(self.k, self.settings.inflight_cap, self.settings.groups_per_step)
         self._actors = ActorRegistry(
@@ -111,7 +110,7 @@ class Coordinator:
         )
         self._metrics = TransportMetrics(self.k)
         self._quarantine = Quarantine(self.settings.max_invalid_groups)
-        filter_groups = filter_groups or FilterSettings()
+        filter_groups = filter_groups or FilterSettings.defaults()
         if not isinstance(filter_groups, FilterSettings):
             raise ValueError(f"filter_groups must be a FilterSettings or None, got {type(filter_groups).__name__}")
         self._filter = GroupFilter(filter_groups, self.settings.groups_per_step, self.sampling.n)
@@ -175,7 +174,7 @@ class Coordinator:
         with self._lock:
             return self._version
 
-    def set_policy_version(self, version: int, weight_sync: dict[str, Any] | None = None) -> None:
+    def set_policy_version(self, version: int, weight_sync: WeightSyncPlan | None = None) -> None:
         """The learner finished a step and its weights are ``version``; stale buffered groups are dropped/re-granted.
 
         ``weight_sync`` (the publisher's plan for this version) rides on the VersionUpdate sent to every live actor
@@ -183,15 +182,15 @@ class Coordinator:
         """
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"version must be an int, got {version!r}")
-        if weight_sync is not None:
-            msgspec.msgpack.encode(weight_sync)
+        if weight_sync is not None and not isinstance(weight_sync, WeightSyncPlan):
+            raise ValueError(f"weight_sync must be a WeightSyncPlan or None, got {type(weight_sync).__name__}")
         with self._cv:
             if version < self._version:
                 raise ValueError(f"version must not decrease: {version} < current {self._version}")
             if version == self._version and weight_sync is None:
                 return
             if weight_sync is not None:
-                self._weight_sync = dict(weight_sync)
+                self._weight_sync = weight_sync
             self._version = version
             self._version_dirty = True
             self._purge_stale_locked()
@@ -209,11 +208,6 @@ class Coordinator:
                 if state is not None:
                     state.confirmed_version = max(state.confirmed_version, version)
         self._io.wake()  # credit waiting for these weights can be served now
-
-    def set_weight_sync_info(self, info: dict[str, Any]) -> None:
-        msgspec.msgpack.encode(info)
-        with self._lock:
-            self._weight_sync = dict(info)
 
     def get_groups(self, num_groups: int, timeout_s: float | None = None) -> list[RolloutGroup]:
         """Block until ``num_groups`` groups within the staleness bound are buffered and return them.

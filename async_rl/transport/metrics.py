@@ -1,7 +1,8 @@
 """Counters, histograms, rates and a rate-limited bad-message log for the rollout plane.
 
 Everything here is plain Python state mutated by the owner under its own lock; `TransportMetrics.snapshot` turns it
-into the flat ``{"transport/...": number}`` dict the learner logs.
+into the flat ``{"transport/...": number}`` dict the learner logs. The keys and their meanings are the
+``transport/...`` entries of the metric catalog (runtime/metric_catalog.py), which also defines staleness.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import time
 from collections import Counter, OrderedDict
 
+from async_rl.metric_catalog import histogram_mean
 from async_rl.transport.validation import INVALID_REASONS
 
 logger = logging.getLogger(__name__)
@@ -175,8 +177,7 @@ class TransportMetrics:
         out[PREFIX + "decode_errors_total"] = sum(decode_errors.values())
         for k in range(self.max_staleness + 1):
             out[f"{PREFIX}staleness/{k}"] = self.staleness[k]
-        trained = sum(self.staleness.values())
-        out[PREFIX + "staleness_mean"] = sum(k * v for k, v in self.staleness.items()) / trained if trained else 0.0
+        out[PREFIX + "staleness_mean"] = histogram_mean(self.staleness)
         for span in range(self.SPAN_BUCKETS):
             out[f"{PREFIX}version_span/{span}"] = self.version_span[span]
         out[f"{PREFIX}version_span/{self.SPAN_BUCKETS}+"] = self.version_span[self.SPAN_BUCKETS]

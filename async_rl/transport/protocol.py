@@ -10,12 +10,16 @@ the next full collection closer, and a group decodes into dozens of objects.
 
 Flow: actor -> coordinator: Hello, WorkRequest, RolloutGroup, Heartbeat, Bye.
       coordinator -> actor: Welcome, WorkGrant, GroupAck, Heartbeat, VersionUpdate, Shutdown.
+
+The learner's weight-sync plan (`WeightSyncPlan`) rides on Welcome and VersionUpdate: it is built once by the
+publisher (``weight_sync.publisher``), validated when the actor decodes it, and read as typed fields from there on,
+down to the vLLM worker that joins the group (``weight_sync.membership.JoinInfo``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -32,6 +36,8 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # Actor ids double as zmq routing ids: non-empty, printable ASCII, no leading NUL (reserved by zmq).
 ActorId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+SyncBackend = Literal["gloo", "nccl"]  # the weight-sync group's backend, resolved ("auto" never travels)
 # A validation round id (see transport.evaluation); -1 marks training work.
 EvalRoundId = Annotated[int, msgspec.Meta(ge=-1)]
 NO_EVAL = -1
@@ -108,6 +114,25 @@ class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     reward_components: dict[Annotated[str, msgspec.Meta(max_length=128)], float] | None = None
 
 
+class WeightSyncPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
+    """The learner's weight-sync plan for one version: where rank 0's TCPStore is, and who is invited to the epoch.
+
+    Every field is required: the publisher fills each one from its settings, and nothing downstream applies a
+    default. An actor not in ``candidates`` announces itself at ``host:port`` (``weight_sync.membership``); one in
+    ``candidates`` joins epoch ``epoch`` and receives ``version``. Before the first epoch the plan has ``version`` and
+    ``epoch`` -1 and no candidates: it only tells actors where to announce themselves.
+    """
+
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)]
+    backend: SyncBackend
+    timeout_s: PositiveFloat  # bound on each collective of the group (one bucket)
+    join_timeout_s: PositiveFloat  # how long rank 0 waits for the candidates to be ready
+    version: Annotated[int, msgspec.Meta(ge=-1)]  # the policy version this plan announces; -1: none yet
+    epoch: Annotated[int, msgspec.Meta(ge=-1)]  # the group's epoch (a new one each time membership changes)
+    candidates: tuple[ActorId, ...]  # the actors invited to ``epoch``
+
+
 class Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, kw_only=True, gc=False):
     """Base of every wire message: protocol version and creation time (stamped per instance, not at import)."""
 
@@ -128,7 +153,7 @@ class Welcome(Message, tag="welcome"):
     peer_timeout_s: float
     lease_timeout_s: float
     max_message_bytes: PositiveInt
-    weight_sync: dict[str, Any] = {}
+    weight_sync: WeightSyncPlan | None = None  # None: the learner publishes no weights (tests, benchmarks)
 
 
 class WorkRequest(Message, tag="work_request"):
@@ -194,8 +219,7 @@ class Heartbeat(Message, tag="heartbeat"):
 class VersionUpdate(Message, tag="version_update"):
     policy_version: NonNegInt
     min_version: NonNegInt
-    # The weight-sync plan for this version (epoch, ranks, rendezvous), see async_rl.weight_sync.publisher.
-    weight_sync: dict[str, Any] = {}
+    weight_sync: WeightSyncPlan | None = None  # the plan for this version (None: unchanged)
 
 
 class Shutdown(Message, tag="shutdown"):
@@ -209,6 +233,18 @@ class Bye(Message, tag="bye"):
 AnyMessage = (
     Hello | Welcome | WorkRequest | WorkGrant | RolloutGroup | GroupAck | Heartbeat | VersionUpdate | Shutdown | Bye
 )
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def checked(struct: S) -> S:
+    """``struct`` validated against its own schema (msgspec checks constraints when decoding, not when a struct is
+    built in Python); raises ValueError naming the bad field."""
+    try:
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(struct), type=type(struct))
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{type(struct).__name__}: {exc}") from None
 
 
 def pack_array(values: np.ndarray | list[int] | list[float], dtype: str) -> WireArray:

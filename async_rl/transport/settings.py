@@ -1,23 +1,26 @@
-"""Plain settings for the rollout plane, kept free of the config tree so the transport stays importable on its own.
+"""The rollout plane's view of the configuration: frozen dataclasses built from the typed config sections.
 
-`PlaneSettings` mirrors the config keys ``async_training.{max_staleness, stale_policy}`` and
-``async_training.transport.*`` one to one; wiring the config in later is ``PlaneSettings(**section)``.
-`FilterSettings` mirrors ``algorithm.filter_groups.{enable, metric, max_num_gen_batches}`` (DAPO dynamic sampling,
-see transport.filtering). Every field is checked in ``__post_init__`` and a bad value raises ``ValueError`` naming
-the field.
+`PlaneSettings` is ``async_training.{max_staleness, stale_policy}``, ``async_training.transport.*`` and
+``data.train_batch_size`` (groups per step); `FilterSettings` is ``algorithm.filter_groups.{enable, metric,
+max_num_gen_batches}`` (DAPO dynamic sampling, see transport.filtering). Both are built by ``from_config`` and declare
+no defaults of their own: the config is the one place defaults live, and tests or tools that want "the defaults with a
+few changes" call ``defaults(**overrides)``. Every field is checked in ``__post_init__`` and a bad value raises
+``ValueError`` naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, get_args
 
-StalePolicy = Literal["drop", "regrant"]
-STALE_POLICIES: tuple[str, ...] = ("drop", "regrant")
+from async_rl.config import Config, default_config
+from async_rl.config.names import StalePolicy
 
-LOOPBACK_HOST = "127.0.0.1"
+STALE_POLICIES: tuple[str, ...] = get_args(StalePolicy)
+
 REWARD_METRIC = "reward"  # filter metric naming a completion's scalar reward; any other name is a reward component
 MAX_METRIC_NAME = 128  # the longest reward-component name the wire carries (protocol.Completion.reward_components)
 
@@ -39,26 +42,28 @@ class PlaneSettings:
     max_actors: the most actor identities the coordinator tracks at once.
     max_invalid_groups: an actor that delivers this many groups failing validation (transport.validation) is
         quarantined: no more grants, no weight updates, its groups refused.
-    curve_*: key files made by ``python -m async_rl.transport.keys DIR`` (see keys.py for the layout).
+    curve_*: key files made by ``python -m async_rl.transport.keys DIR`` (see keys.py for the layout);
+        curve_client_public_file, when set, must be the public half of curve_client_secret_file (checked at connect).
     """
 
-    max_staleness: int = 1
-    stale_policy: StalePolicy = "regrant"
-    groups_per_step: int = 8
-    max_inflight_groups: int | None = None
-    host: str = LOOPBACK_HOST
-    port: int = 0
-    max_message_bytes: int = 64 * 1024 * 1024
-    heartbeat_interval_s: float = 1.0
-    peer_timeout_s: float = 10.0
-    lease_timeout_s: float = 900.0
-    socket_hwm: int = 256
-    max_actors: int = 4096
-    max_invalid_groups: int = 3
-    curve_server_secret_file: str | None = None
-    curve_authorized_keys_dir: str | None = None
-    curve_server_public_file: str | None = None
-    curve_client_secret_file: str | None = None
+    max_staleness: int
+    stale_policy: StalePolicy
+    groups_per_step: int
+    max_inflight_groups: int | None
+    host: str
+    port: int
+    max_message_bytes: int
+    heartbeat_interval_s: float
+    peer_timeout_s: float
+    lease_timeout_s: float
+    socket_hwm: int
+    max_actors: int
+    max_invalid_groups: int
+    curve_server_secret_file: str | None
+    curve_authorized_keys_dir: str | None
+    curve_server_public_file: str | None
+    curve_client_secret_file: str | None
+    curve_client_public_file: str | None
 
     def __post_init__(self) -> None:
         _check_int("max_staleness", self.max_staleness, 0)
@@ -93,6 +98,7 @@ class PlaneSettings:
             "curve_authorized_keys_dir",
             "curve_server_public_file",
             "curve_client_secret_file",
+            "curve_client_public_file",
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -114,13 +120,43 @@ class PlaneSettings:
         return self.curve_server_public_file is not None or self.curve_client_secret_file is not None
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> PlaneSettings:
-        """Build from a flat dict, rejecting unknown keys by name (a typo must not pass silently)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+    def from_config(cls, cfg: Config, **overrides: Any) -> PlaneSettings:
+        """From ``async_training.*`` and ``data.train_batch_size``, then ``overrides`` (field names) replaced."""
+        a, t = cfg.async_training, cfg.async_training.transport
+        settings = cls(
+            max_staleness=a.max_staleness,
+            stale_policy=a.stale_policy,
+            groups_per_step=cfg.data.train_batch_size,
+            max_inflight_groups=t.max_inflight_groups,
+            host=t.host,
+            port=t.port,
+            max_message_bytes=t.max_message_bytes,
+            heartbeat_interval_s=t.heartbeat_interval_s,
+            peer_timeout_s=t.peer_timeout_s,
+            lease_timeout_s=t.lease_timeout_s,
+            socket_hwm=t.socket_hwm,
+            max_actors=t.max_actors,
+            max_invalid_groups=t.max_invalid_groups,
+            curve_server_secret_file=t.curve_server_secret_key,
+            curve_authorized_keys_dir=t.curve_client_keys_dir,
+            curve_server_public_file=t.curve_server_public_key,
+            curve_client_secret_file=t.curve_client_secret_key,
+            curve_client_public_file=t.curve_client_public_key,
+        )
+        return settings.replace(**overrides) if overrides else settings
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> PlaneSettings:
+        """The config's defaults with ``overrides`` (field names) replaced; for tests, tools and bare components."""
+        return _default_plane().replace(**overrides)
+
+    def replace(self, **changes: Any) -> PlaneSettings:
+        """A copy with ``changes``; an unknown field name raises ``ValueError`` naming it (a typo must not pass)."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
         if unknown:
             raise ValueError(f"unknown transport setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -136,9 +172,9 @@ class FilterSettings:
         stops the run with `FilterBudgetExceeded` (verl's "too many generated batches").
     """
 
-    enable: bool = False
-    metric: str | None = None
-    max_num_gen_batches: int = 0
+    enable: bool
+    metric: str | None
+    max_num_gen_batches: int
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -153,10 +189,31 @@ class FilterSettings:
             raise ValueError(f"metric must be set when enable is true ({REWARD_METRIC!r} or a reward component name)")
         _check_int("max_num_gen_batches", self.max_num_gen_batches, -(2**63))
 
+    @classmethod
+    def from_config(cls, cfg: Config) -> FilterSettings:
+        """From ``algorithm.filter_groups``."""
+        fg = cfg.algorithm.filter_groups
+        return cls(enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches)
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> FilterSettings:
+        """The config's defaults (filtering off) with ``overrides`` replaced; for tests and bare components."""
+        return dataclasses.replace(_default_filter(), **overrides)
+
     @property
     def limit_batches(self) -> int:
         """The generation budget in batches of one step's groups; 0 means unlimited."""
         return max(0, self.max_num_gen_batches) if self.enable else 0
+
+
+@functools.cache
+def _default_plane() -> PlaneSettings:
+    return PlaneSettings.from_config(default_config())
+
+
+@functools.cache
+def _default_filter() -> FilterSettings:
+    return FilterSettings.from_config(default_config())
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -99,6 +99,15 @@ def client_keys(settings: PlaneSettings) -> CurveClientKeys | None:
             "CURVE on an actor needs both curve_server_public_file and curve_client_secret_file; " + KEYS_HINT
         )
     public, secret = _load_keypair(settings.curve_client_secret_file, "curve_client_secret_file")
+    claimed = settings.curve_client_public_file
+    if claimed is not None:
+        if not os.path.isfile(claimed):
+            raise ValueError(f"curve_client_public_file {claimed!r} does not exist; {KEYS_HINT}")
+        if zmq.auth.load_certificate(claimed)[0] != public:
+            raise ValueError(
+                f"curve_client_public_file {claimed!r} is not the public half of curve_client_secret_file"
+                f" {settings.curve_client_secret_file!r}: the coordinator would refuse this actor; {KEYS_HINT}"
+            )
     if not os.path.isfile(settings.curve_server_public_file):
         raise ValueError(f"curve_server_public_file {settings.curve_server_public_file!r} does not exist; {KEYS_HINT}")
     server_public, _ = zmq.auth.load_certificate(settings.curve_server_public_file)

@@ -70,10 +70,7 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
 
     cfg = _config(params)
     model_path, records = _model_and_records(cfg, Path(params["workdir"]))
-    r = cfg.actor_rollout_ref.rollout
-    spec = SamplingSpec(
-        n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=cfg.data.max_response_length
-    )
+    spec = SamplingSpec.from_config(cfg, seed=None)
     engine = GenerationEngine(engine_settings(cfg, model_path))
     await engine.start()
     paired = bool(params.get("contend_groups"))

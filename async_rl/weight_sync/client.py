@@ -9,8 +9,8 @@ weight-transfer engine inside the worker processes) and selects it::
 
     llm = vllm.LLM(model=path, **vllm_engine_kwargs(), ...)
     sync = EngineWeightSync(llm)
-    sync.join("learner-host", 29600, world_size=1 + n_actors, rank_offset=1 + actor_index)
-    report = sync.update(version=7)          # raises WeightSyncError / WeightSyncTimeout
+    sync.join(JoinInfo(plan=plan, member="actor-0"))   # plan: the WeightSyncPlan the learner announced
+    report = sync.update(version=7)                    # raises WeightSyncError / WeightSyncTimeout
 
 A failed update leaves the engine's weights invalid (``state()["weights_valid"]`` is False): do not generate from
 it until an update succeeds. After a timeout the group is broken: every member rejoins with ``epoch + 1``.
@@ -24,7 +24,10 @@ import asyncio
 import logging
 from typing import Any
 
+import msgspec
+
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError, WeightSyncTimeout
+from async_rl.weight_sync.membership import JoinInfo, announce_at
 
 logger = logging.getLogger(__name__)
 
@@ -39,53 +42,9 @@ def vllm_engine_kwargs() -> dict[str, Any]:
     return {"worker_extension_cls": EXTENSION_CLS, "weight_transfer_config": {"backend": ENGINE_NAME}}
 
 
-def init_info(
-    host: str,
-    port: int,
-    *,
-    world_size: int | None = None,
-    rank_offset: int = 1,
-    epoch: int = 0,
-    backend: str = "auto",
-    timeout_s: float = 120.0,
-    member: str | None = None,
-    join_timeout_s: float = 10.0,
-) -> dict[str, Any]:
-    """The ``init_info`` payload of ``init_weight_transfer_engine`` (validated here, before any RPC).
-
-    Either ``member`` (this actor's id: rank and world size come from the epoch's roster, see
-    ``weight_sync.membership``) or a fixed ``world_size`` and ``rank_offset``.
-    """
-    if member is not None:
-        if not member:
-            raise ValueError("member must be a non-empty actor id")
-        if world_size is not None:
-            raise ValueError("give either member (the roster decides the ranks) or world_size, not both")
-    elif world_size is None:
-        raise ValueError("give member (an actor id) or world_size")
-    elif world_size < 2:
-        raise ValueError(f"world_size must be >= 2, got {world_size}")
-    elif not 1 <= rank_offset < world_size:
-        raise ValueError(f"rank_offset must be in [1, {world_size}), got {rank_offset}")
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0, got {epoch}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if join_timeout_s <= 0:
-        raise ValueError(f"join_timeout_s must be > 0, got {join_timeout_s}")
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
-    return {
-        "host": host,
-        "port": int(port),
-        "world_size": 0 if world_size is None else int(world_size),
-        "rank_offset": int(rank_offset),
-        "epoch": int(epoch),
-        "backend": backend,
-        "timeout_s": float(timeout_s),
-        "member": member or "",
-        "join_timeout_s": float(join_timeout_s),
-    }
+def init_info(info: JoinInfo) -> dict[str, Any]:
+    """The ``init_info`` payload of ``init_weight_transfer_engine``: ``info`` as builtins (the worker decodes it)."""
+    return msgspec.to_builtins(info)
 
 
 def update_info(version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
@@ -112,23 +71,20 @@ class EngineWeightSync:
     def __init__(self, llm: Any) -> None:
         self.llm = llm
 
-    def join(self, host: str, port: int, **kwargs: Any) -> None:
-        """Join (or, with a higher ``epoch``, rejoin) the group; blocks until all have joined. See :func:`init_info`."""
-        payload = init_info(host, port, **kwargs)
+    def join(self, info: JoinInfo) -> None:
+        """Join (or, under a higher ``plan.epoch``, rejoin) the group; blocks until all have joined."""
         try:
-            self.llm.init_weight_transfer_engine({"init_info": payload})
+            self.llm.init_weight_transfer_engine({"init_info": init_info(info)})
         except Exception as exc:
             raise _structured_error({}, exc) from exc
 
     def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
         """Tell learner rank 0 that this actor can receive weights (see ``weight_sync.membership``)."""
-        from async_rl.weight_sync.membership import announce_at
-
         announce_at(host, port, member, token, timeout_s)
 
-    def update(self, version: int, **kwargs: Any) -> dict[str, Any]:
+    def update(self, version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
         """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks)."""
-        payload = update_info(version, **kwargs)
+        payload = update_info(version, verify_load=verify_load, require_complete=require_complete)
         try:
             self.llm.start_weight_update()
             self.llm.update_weights({"update_info": payload})
@@ -145,48 +101,38 @@ class EngineWeightSync:
 
 
 class AsyncEngineWeightSync:
-    """The same for ``vllm.v1.engine.async_llm.AsyncLLM``; optionally pauses generation around the update.
+    """The same for ``vllm.v1.engine.async_llm.AsyncLLM``.
 
-    With ``pause="keep"`` in-flight requests are frozen and resume on the new weights (their earlier tokens keep
-    the old weights' KV cache: the learner's off-policy correction uses the recorded behaviour log-probs).
+    It does not pause generation: the actor's engine (``actor.engine.GenerationEngine.update_weights``) pauses around
+    the update and resumes after it, the one pause/resume path of a weight update.
     """
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    async def join(self, host: str, port: int, **kwargs: Any) -> None:
+    async def join(self, info: JoinInfo) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        payload = init_info(host, port, **kwargs)
         try:
-            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=payload))
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info(info)))
         except Exception as exc:
             raise _structured_error({}, exc) from exc
 
     async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
         """Tell learner rank 0 that this actor can receive weights (a store write, off the event loop)."""
-        from async_rl.weight_sync.membership import announce_at
-
         await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
 
-    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
+    async def update(self, version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
+        """Receive, load and verify one complete update (generation must be paused by the caller)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        if pause not in (None, "keep", "abort", "wait"):
-            raise ValueError(f"pause must be None, 'keep', 'abort' or 'wait', got {pause!r}")
-        payload = update_info(version, **kwargs)
-        if pause is not None:
-            await self.engine.pause_generation(mode=pause, clear_cache=True)
+        payload = update_info(version, verify_load=verify_load, require_complete=require_complete)
         try:
-            try:
-                await self.engine.start_weight_update()
-                await self.engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
-            except Exception as exc:
-                raise _structured_error(await self.state(), exc) from exc
-            await self.engine.finish_weight_update(weight_version=str(version))
-        finally:
-            if pause is not None:
-                await self.engine.resume_generation()
+            await self.engine.start_weight_update()
+            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
+        except Exception as exc:
+            raise _structured_error(await self.state(), exc) from exc
+        await self.engine.finish_weight_update(weight_version=str(version))
         report = (await self.state())["last_report"]
         assert report is not None, "a successful update always leaves a report"
         return report

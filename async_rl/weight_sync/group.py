@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from async_rl.transport.protocol import SyncBackend
 from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
 
 logger = logging.getLogger(__name__)
@@ -35,15 +36,17 @@ __all__ = ["WeightSyncGroup", "create_store", "open_group", "resolve_backend"]
 _PREFIX = "async_rl/weight_sync/epoch"
 
 
-def resolve_backend(backend: str = "auto") -> str:
+def resolve_backend(backend: str = "auto") -> SyncBackend:
     """``"auto"`` -> ``"nccl"`` if CUDA is available else ``"gloo"``; explicit names are validated."""
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
+    if backend == "gloo":
+        return "gloo"
+    if backend != "nccl":
         raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs a CUDA device; use 'gloo' or 'auto'")
-    return backend
+    return "nccl"
 
 
 def create_store(host: str, port: int, *, is_master: bool, timeout_s: float = 120.0) -> dist.TCPStore:

@@ -17,22 +17,27 @@ deadlines, in three steps:
    after such a fresh announcement, never in a loop on a silent one.
 
 Everything here is plain store traffic (no collective), so each step is bounded by its own timeout.
+
+What an engine needs to join is one :class:`JoinInfo`: the learner's plan (``transport.protocol.WeightSyncPlan``,
+as the actor received it) and the engine's place in it. It is also the ``init_info`` of vLLM's
+``init_weight_transfer_engine``: it crosses into the vLLM workers as builtins and is decoded back there.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
 import msgspec
 import torch.distributed as dist
 
+from async_rl.transport.protocol import ActorId, WeightSyncPlan
 from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
 from async_rl.weight_sync.group import WeightSyncGroup, create_store
 
 __all__ = [
+    "JoinInfo",
     "LeftOut",
     "Roster",
     "announce",
@@ -70,6 +75,33 @@ class Roster(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @classmethod
     def decode(cls, data: bytes) -> Roster:
         return msgspec.json.decode(data, type=cls)
+
+
+class JoinInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How one engine joins the group of ``plan.epoch``: the learner's plan and this engine's place in the group.
+
+    ``member`` (the actor's id; how actors always join): the rank and world size come from the epoch's roster.
+    Without it, a fixed group of ``world_size`` with this engine at rank ``rank_offset`` (tests and benchmarks,
+    where the learner stand-in builds no roster). Checked when built and when decoded.
+    """
+
+    plan: WeightSyncPlan
+    member: ActorId | None = None
+    world_size: int | None = None
+    rank_offset: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan.epoch < 0:
+            raise ValueError(f"plan.epoch must be >= 0 to join, got {self.plan.epoch}")
+        if self.member is not None:
+            if self.world_size is not None or self.rank_offset is not None:
+                raise ValueError("give either member (the roster decides the ranks) or world_size and rank_offset")
+        elif self.world_size is None or self.rank_offset is None:
+            raise ValueError("give member (an actor id) or both world_size and rank_offset")
+        elif self.world_size < 2:
+            raise ValueError(f"world_size must be >= 2, got {self.world_size}")
+        elif not 1 <= self.rank_offset < self.world_size:
+            raise ValueError(f"rank_offset must be in [1, {self.world_size}), got {self.rank_offset}")
 
 
 def _candidate_key(member: str) -> str:
@@ -142,25 +174,19 @@ def roster_wait_s(join_timeout_s: float) -> float:
     return 2.0 * join_timeout_s + 5.0
 
 
-def join_epoch(info: Mapping[str, Any], *, local_rank: int = 0) -> WeightSyncGroup:
-    """Actor worker: join the group described by an ``init_info`` payload (see ``weight_sync.client.init_info``).
+def join_epoch(info: JoinInfo, *, local_rank: int = 0) -> WeightSyncGroup:
+    """Actor worker: join the group ``info`` describes (through the roster handshake above when it names a member).
 
-    With ``member`` set, the rank and world size come from the epoch's roster (the deadline handshake above);
-    without it, they are the payload's ``rank_offset`` and ``world_size`` (a fixed group, as in the unit tests).
     ``local_rank`` is this worker's index inside its engine (tensor parallelism).
     """
-    store = create_store(info["host"], int(info["port"]), is_master=False, timeout_s=float(info["timeout_s"]))
-    member = info.get("member")
-    if member:
-        roster = await_roster(store, int(info["epoch"]), str(member), roster_wait_s(float(info["join_timeout_s"])))
-        rank, world_size = roster.ranks[str(member)] + local_rank, roster.world_size
+    plan = info.plan
+    store = create_store(plan.host, plan.port, is_master=False, timeout_s=plan.timeout_s)
+    if info.member is not None:
+        roster = await_roster(store, plan.epoch, info.member, roster_wait_s(plan.join_timeout_s))
+        rank, world_size = roster.ranks[info.member] + local_rank, roster.world_size
     else:
-        rank, world_size = int(info["rank_offset"]) + local_rank, int(info["world_size"])
+        assert info.rank_offset is not None and info.world_size is not None  # JoinInfo.__post_init__
+        rank, world_size = info.rank_offset + local_rank, info.world_size
     return WeightSyncGroup(
-        store,
-        rank=rank,
-        world_size=world_size,
-        epoch=int(info["epoch"]),
-        backend=str(info["backend"]),
-        timeout_s=float(info["timeout_s"]),
+        store, rank=rank, world_size=world_size, epoch=plan.epoch, backend=plan.backend, timeout_s=plan.timeout_s
     )

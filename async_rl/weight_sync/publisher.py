@@ -6,9 +6,10 @@ the learner world); only rank 0 talks to the actors. The order of one publish:
 1. rank 0 takes the live actors from the coordinator and keeps those it may invite: the current members, and actors
    that announced themselves in the store since they last missed a join (``weight_sync.membership``);
 2. if that set changed, or the last transfer broke the group, rank 0 starts a new *epoch*: it announces the plan
-   ``{version, epoch, candidates, host, port, backend, timeout_s, join_timeout_s}`` through the coordinator (it rides
-   on the VersionUpdate message), waits at most ``join_timeout_s`` for the candidates to say they are ready, and
-   forms the group from those that did (the roster); the rest are left out until they announce themselves again;
+   (``transport.protocol.WeightSyncPlan``: version, epoch, candidates, host, port, backend, timeouts) through the
+   coordinator (it rides on the VersionUpdate message), waits at most ``join_timeout_s`` for the candidates to say
+   they are ready, and forms the group from those that did (the roster); the rest are left out until they announce
+   themselves again;
 3. rank 0 tells every learner rank whether there is anyone to send to;
 4. all learner ranks walk the full-weight iterator bucket by bucket; rank 0 broadcasts (each bucket bounded by
    ``timeout_s``), the actors load and verify the digest;
@@ -26,13 +27,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from async_rl.transport.protocol import WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
-from async_rl.weight_sync.sender import WeightSender
+from async_rl.weight_sync.sender import SendReport, WeightSender
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +46,20 @@ class _Ctx(Protocol):
 
 
 class _Coordinator(Protocol):
+    @property
+    def policy_version(self) -> int: ...
+
     def live_actor_ids(self) -> list[str]: ...
 
-    def set_policy_version(self, version: int, weight_sync: dict[str, Any] | None = None) -> None: ...
-
-    def set_weight_sync_info(self, info: dict[str, Any]) -> None: ...
+    def set_policy_version(self, version: int, weight_sync: WeightSyncPlan | None = None) -> None: ...
 
     def confirm_weights(self, version: int, actor_ids: list[str]) -> None: ...
+
+
+def send_metrics(report: SendReport) -> dict[str, float]:
+    """The ``sync/...`` metrics of one completed broadcast: the bytes on the wire and their rate (MiB/s)."""
+    mib_per_s = report.nbytes / 2**20 / max(report.seconds, 1e-9)
+    return {"sync/bytes": float(report.nbytes), "sync/bandwidth_MBps": mib_per_s}
 
 
 class WeightPublisher:
@@ -87,19 +96,22 @@ class WeightPublisher:
         self._missed: dict[str, str] = {}  # actor -> the announcement it missed a join with (not invited again)
         self.last: dict[str, float] = {}
         if self.coordinator is not None and ctx.rank == 0:  # where actors announce themselves before any epoch
-            self.coordinator.set_weight_sync_info(self._plan(version=-1, candidates=[]))
+            plan = self._plan(version=-1, candidates=[])
+            self.coordinator.set_policy_version(self.coordinator.policy_version, weight_sync=plan)
 
-    def _plan(self, *, version: int, candidates: list[str]) -> dict[str, Any]:
-        return {
-            "version": version,
-            "epoch": self.epoch,
-            "candidates": candidates,
-            "host": self.host,
-            "port": self.port,
-            "backend": self.backend,
-            "timeout_s": self.timeout_s,
-            "join_timeout_s": self.join_timeout_s,
-        }
+    def _plan(self, *, version: int, candidates: list[str]) -> WeightSyncPlan:
+        """Rank 0: the plan actors act on, validated here (the one place it is built)."""
+        plan = WeightSyncPlan(
+            host=self.host,
+            port=self.port,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+            join_timeout_s=self.join_timeout_s,
+            version=version,
+            epoch=self.epoch,
+            candidates=tuple(candidates),
+        )
+        return checked(plan)
 
     def _eligible(self) -> list[str]:
         """Rank 0: live actors that may be in the next epoch (members, and fresh announcements)."""
@@ -191,15 +203,8 @@ class WeightPublisher:
         it = weights()
         try:
             report = WeightSender(self.group, bucket_size_mb=self.bucket_size_mb).send(it, version=version)
-            info = report.as_dict()
             self.coordinator.confirm_weights(version, list(self.members))
-            metrics.update(
-                {
-                    "sync/seconds": time.monotonic() - started,
-                    "sync/bytes": float(info.get("bytes", 0.0)),  # type: ignore[arg-type]
-                    "sync/bandwidth_MBps": float(info.get("bandwidth_MBps", 0.0)),  # type: ignore[arg-type]
-                }
-            )
+            metrics.update({"sync/seconds": time.monotonic() - started, **send_metrics(report)})
         except Exception as exc:  # a dead or slow actor: re-form next time, keep training
             self.failures += 1
             logger.warning("weight publish of version %d failed (%s); the group is re-formed next time", version, exc)

@@ -35,12 +35,12 @@ the learner announces a version, and the learner only runs ``WeightSender``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 from vllm.distributed.weight_transfer import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import (
@@ -52,7 +52,7 @@ from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, i
 
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.group import WeightSyncGroup
-from async_rl.weight_sync.membership import join_epoch
+from async_rl.weight_sync.membership import JoinInfo, join_epoch
 from async_rl.weight_sync.receiver import WeightReceiver
 from async_rl.weight_sync.verify import LoadVerifier
 
@@ -72,17 +72,10 @@ ENGINE_NAME = "async_rl_broadcast"
 
 @dataclass
 class BroadcastInitInfo(WeightTransferInitInfo):
-    """``init_info`` of ``init_weight_transfer_engine``: where rank 0's TCPStore is, and this engine's place."""
+    """vLLM's typed ``init_info`` for this engine: the :class:`~async_rl.weight_sync.membership.JoinInfo` the actor
+    sent (as builtins), decoded and validated by :meth:`BroadcastWeightTransferEngine.parse_init_info`."""
 
-    host: str
-    port: int
-    world_size: int = 0  # 0: taken from the epoch's roster (``member`` set)
-    rank_offset: int = 1
-    epoch: int = 0
-    backend: str = "auto"
-    timeout_s: float = 120.0
-    member: str = ""  # this actor's id: join through the roster handshake (weight_sync.membership)
-    join_timeout_s: float = 10.0
+    join: JoinInfo
 
 
 @dataclass
@@ -124,14 +117,21 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         return LoadVerifier(self.model, device=self.device, ignore_names=["lm_head.weight"] if tied else [])
 
     # -- vLLM WeightTransferEngine interface -------------------------------------------------------------------
+    def parse_init_info(self, init_dict: dict[str, Any]) -> BroadcastInitInfo:
+        """Decode the RPC's builtins into a :class:`JoinInfo` (vLLM's default would call ``BroadcastInitInfo(**d)``)."""
+        try:
+            return BroadcastInitInfo(msgspec.convert(init_dict, JoinInfo))
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid init_info for {ENGINE_NAME}: {exc}") from exc
+
     def init_transfer_engine(self, init_info: BroadcastInitInfo) -> None:
-        """Join (or rejoin under ``init_info.epoch``) the weight-sync group. Blocks until every member has joined."""
+        """Join (or rejoin under a new epoch) the weight-sync group. Blocks until every member has joined."""
         pc = self.parallel_config
         if self.group is not None:
             self.group.close()
             self.group = None
         local_rank = pc.data_parallel_index * pc.world_size + pc.rank
-        self.group = join_epoch(dataclasses.asdict(init_info), local_rank=local_rank)
+        self.group = join_epoch(init_info.join, local_rank=local_rank)
 
     def start_weight_update(self) -> None:
         try:

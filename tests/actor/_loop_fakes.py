@@ -8,7 +8,16 @@ from typing import Any
 
 import numpy as np
 
-from async_rl.transport.protocol import PromptGrant, RolloutGroup, SamplingParams, pack_array
+from async_rl.transport.protocol import PromptGrant, RolloutGroup, SamplingParams, WeightSyncPlan, pack_array
+from async_rl.weight_sync.membership import JoinInfo
+
+
+def make_plan(candidates: tuple[str, ...] = ("a0",), *, epoch: int = 0, version: int = 1) -> WeightSyncPlan:
+    """A publisher's plan inviting ``candidates`` to ``epoch`` for ``version`` (nobody listens at the port)."""
+    return WeightSyncPlan(
+        host="127.0.0.1", port=1, backend="gloo", timeout_s=5.0, join_timeout_s=1.0, version=version, epoch=epoch,
+        candidates=candidates,
+    )  # fmt: skip
 
 
 def make_grant(prompt_id: int, min_version: int, eval_round: int = -1) -> PromptGrant:
@@ -36,7 +45,7 @@ class ScriptedClient:
         self.grants = list(grants)
         self.sent: list[RolloutGroup] = []
         self.shutdown_requested = False
-        self.weight_sync: dict[str, Any] = {}
+        self.weight_sync: WeightSyncPlan | None = None
         self.report: dict[str, float] = {}
         self._publish = publish
         self._publish_when = publish_when
@@ -48,22 +57,14 @@ class ScriptedClient:
     def poll(self, timeout_s: float = 0.0) -> None:
         self.polls += 1
         if self._publish is not None and self._publish_when(self):
-            plan = {
-                "host": "127.0.0.1",
-                "port": 1,
-                "candidates": ["a0"],
-                "epoch": 0,
-                "timeout_s": 5.0,
-                "join_timeout_s": 1.0,
-            }
-            self.weight_sync = {**plan, "version": self._publish}
+            self.weight_sync = make_plan(version=self._publish)
             self._publish = None
 
     def request_work(self, max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]:
         out, self.grants = self.grants[:max_groups], self.grants[max_groups:]
         return out
 
-    def send_group(self, group: RolloutGroup, timeout_s: float | None = None) -> None:
+    def send_group(self, group: RolloutGroup) -> None:
         self.sent.append(group)
 
     def wait_acked(self, timeout_s: float) -> bool:
@@ -75,16 +76,16 @@ class InstantWeightSync:
 
     def __init__(self) -> None:
         self.updates: list[int] = []
-        self.joins: list[dict[str, Any]] = []
+        self.joins: list[JoinInfo] = []
         self.announced: list[str] = []
 
     async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
         self.announced.append(token)
 
-    async def join(self, host: str, port: int, **kwargs: Any) -> None:
-        self.joins.append(kwargs)
+    async def join(self, info: JoinInfo) -> None:
+        self.joins.append(info)
 
-    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
+    async def update(self, version: int) -> dict[str, Any]:
         await asyncio.sleep(0.05)
         self.updates.append(version)
         return {}

@@ -14,7 +14,9 @@ import torch
 
 from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyWeightSync, TokenRatePacer
 from async_rl.actor.engine import SamplingSpec
+from async_rl.transport.protocol import WeightSyncPlan
 from async_rl.weight_sync import WeightSender, WeightSyncError, create_store, open_group
+from async_rl.weight_sync.membership import JoinInfo
 
 # ---------------------------------------------------------------------------------------------------- pacing math
 
@@ -72,7 +74,7 @@ def test_pacer_rejects_bad_rates() -> None:
 def test_generate_takes_cost_over_rate_and_returns_valid_completions() -> None:
     engine = EmulatedEngine(400.0, response_len=5)
     prompt = [11, 12, 13, 14]
-    spec = SamplingSpec(n=4, max_tokens=99, seed=3)  # response_len overrides max_tokens
+    spec = SamplingSpec.defaults(n=4, max_tokens=99, seed=3)  # response_len overrides max_tokens
 
     async def run() -> tuple[list[Any], float]:
         t0 = time.monotonic()
@@ -100,7 +102,7 @@ def test_inflight_update_pauses_the_group_and_spans_versions() -> None:
 
     async def run() -> tuple[list[Any], float]:
         t0 = time.monotonic()
-        task = asyncio.ensure_future(engine.generate([5, 6], SamplingSpec(n=1, max_tokens=10)))
+        task = asyncio.ensure_future(engine.generate([5, 6], SamplingSpec.defaults(n=1, max_tokens=10)))
         await asyncio.sleep(0.03)
         await engine.update_weights(1, load, "inflight")
         out = await task
@@ -122,7 +124,7 @@ def test_drain_update_waits_for_running_groups() -> None:
 
     async def run() -> list[Any]:
         t0 = time.monotonic()
-        task = asyncio.ensure_future(engine.generate([5], SamplingSpec(n=1, max_tokens=10)))
+        task = asyncio.ensure_future(engine.generate([5], SamplingSpec.defaults(n=1, max_tokens=10)))
         await asyncio.sleep(0.01)
         await engine.update_weights(1, load, "drain")
         assert loaded_at[0] - t0 >= 0.1 - 0.005  # only after the group's 0.1 s
@@ -132,18 +134,32 @@ def test_drain_update_waits_for_running_groups() -> None:
     assert (completions[0].min_version, completions[0].max_version) == (0, 0)
 
 
-def test_abort_ends_running_groups() -> None:
+def test_a_failed_update_aborts_running_groups_and_stays_paused_until_one_succeeds() -> None:
     engine = EmulatedEngine(10.0)  # 1 s per group: must be cut short
 
-    async def run() -> list[Any]:
-        task = asyncio.ensure_future(engine.generate([5], SamplingSpec(n=2, max_tokens=5)))
-        await asyncio.sleep(0.02)
-        await engine.vllm.pause_generation(mode="abort", clear_cache=True)
-        return await asyncio.wait_for(task, timeout=0.5)
+    async def broken_load() -> None:
+        raise RuntimeError("the transfer broke half-way")
 
-    completions = asyncio.run(run())
-    assert [c.finish_reason for c in completions] == ["abort", "abort"]
-    assert engine.stats.generated_tokens == 0
+    async def load() -> None:
+        pass
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        task = asyncio.ensure_future(engine.generate([5], SamplingSpec.defaults(n=2, max_tokens=5)))
+        await asyncio.sleep(0.02)
+        with pytest.raises(RuntimeError, match="half-way"):
+            await engine.update_weights(1, broken_load, "inflight")
+        aborted = await asyncio.wait_for(task, timeout=0.5)
+        assert engine.pacer.paused and engine.version == 0  # the half-loaded weights are never sampled from
+        late = asyncio.ensure_future(engine.generate([5], SamplingSpec.defaults(n=1, max_tokens=1)))  # 0.1 s of work
+        await asyncio.sleep(0.2)
+        assert not late.done()  # still paused
+        await engine.update_weights(1, load, "drain")  # nothing runs: drain does not wait; it resumes
+        return aborted, await asyncio.wait_for(late, timeout=1.0)
+
+    aborted, late = asyncio.run(run())
+    assert [c.finish_reason for c in aborted] == ["abort", "abort"]
+    assert [(c.finish_reason, c.min_version, c.max_version) for c in late] == [("length", 0, 1)]
+    assert engine.stats.generated_tokens == 1 and engine.version == 1 and engine.stats.updates == 1
 
 
 def test_scorer_is_deterministic_and_in_unit_interval() -> None:
@@ -166,7 +182,11 @@ def _actor_side(
     sync: ReceiveOnlyWeightSync, port: int, version: int, box: dict[str, Any], timeout_s: float
 ) -> threading.Thread:
     async def actor() -> dict[str, Any]:
-        await sync.join("127.0.0.1", port, world_size=2, rank_offset=1, epoch=0, backend="gloo", timeout_s=timeout_s)
+        plan = WeightSyncPlan(
+            host="127.0.0.1", port=port, backend="gloo", timeout_s=timeout_s, join_timeout_s=timeout_s, version=-1,
+            epoch=0, candidates=(),
+        )  # fmt: skip
+        await sync.join(JoinInfo(plan=plan, world_size=2, rank_offset=1))
         return await sync.update(version)
 
     def run() -> None:

@@ -26,7 +26,7 @@ def loop():
 def engine(tmp_path_factory, loop):
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3)
     eng = GenerationEngine(
-        EngineSettings(model_path=str(path), dtype="float32", max_model_len=128, enforce_eager=True, seed=0)
+        EngineSettings.defaults(model_path=str(path), dtype="float32", max_model_len=128, enforce_eager=True, seed=0)
     )
     loop.run_until_complete(eng.start())
     yield eng, path
@@ -35,7 +35,7 @@ def engine(tmp_path_factory, loop):
 
 def test_n_completions_with_one_logprob_per_token(engine, loop):
     eng, _ = engine
-    spec = SamplingSpec(n=4, temperature=1.0, max_tokens=12, seed=7)
+    spec = SamplingSpec.defaults(n=4, temperature=1.0, max_tokens=12, seed=7)
 
     async def run():
         return await asyncio.gather(*[eng.generate([5, 6, 7, 8 + i], spec) for i in range(6)])
@@ -59,7 +59,9 @@ def test_processed_logprobs_are_the_sampling_distribution(engine, loop):
 
     eng, path = engine
     prompt = [9, 10, 11, 12, 13]
-    comp = loop.run_until_complete(eng.generate(prompt, SamplingSpec(n=1, temperature=0.7, max_tokens=10, seed=1)))[0]
+    comp = loop.run_until_complete(
+        eng.generate(prompt, SamplingSpec.defaults(n=1, temperature=0.7, max_tokens=10, seed=1))
+    )[0]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + comp.token_ids.tolist()])
     with torch.no_grad():
@@ -70,7 +72,7 @@ def test_processed_logprobs_are_the_sampling_distribution(engine, loop):
 
 def test_inflight_update_keeps_running_requests_and_records_span(engine, loop):
     eng, _ = engine
-    spec = SamplingSpec(n=2, temperature=1.0, max_tokens=48, seed=3)
+    spec = SamplingSpec.defaults(n=2, temperature=1.0, max_tokens=48, seed=3)
     loaded = []
 
     async def fake_load():
@@ -101,6 +103,42 @@ def test_inflight_update_keeps_running_requests_and_records_span(engine, loop):
         loop.run_until_complete(eng.update_weights(2, fake_load, mode="later"))  # type: ignore[arg-type]
 
 
+def test_a_failed_load_aborts_running_requests_and_keeps_vllm_paused_until_an_update_succeeds(engine, loop):
+    """The one pause/resume path of a weight update, on vLLM itself: a load that raises (a transfer broken half-way
+    leaves the model half loaded) aborts the running requests and leaves generation paused; a request submitted then
+    waits, and runs once a later update succeeds."""
+    eng, _ = engine
+    spec = SamplingSpec.defaults(n=2, temperature=1.0, max_tokens=120, seed=11)
+    old = eng.version
+
+    async def broken_load():
+        raise RuntimeError("the transfer broke half-way")
+
+    async def good_load():
+        await asyncio.sleep(0.01)
+
+    async def run():
+        tasks = [asyncio.ensure_future(eng.generate([40, 41, 42 + i], spec)) for i in range(2)]
+        while eng.inflight < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        with pytest.raises(RuntimeError, match="half-way"):
+            await eng.update_weights(old + 1, broken_load, mode="inflight")
+        aborted = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        assert eng.version == old
+        late = asyncio.ensure_future(eng.generate([43, 44], SamplingSpec.defaults(n=1, max_tokens=4, seed=1)))
+        await asyncio.sleep(0.5)
+        assert not late.done()  # paused: nothing is sampled from the half-loaded weights
+        await eng.update_weights(old + 1, good_load, mode="drain")  # nothing left to drain: swaps at once, resumes
+        return aborted, await asyncio.wait_for(late, timeout=30)
+
+    aborted, late = loop.run_until_complete(run())
+    reasons = [c.finish_reason for group in aborted for c in group]
+    assert "abort" in reasons and set(reasons) <= {"abort", "stop"}  # what had not stopped on its own was aborted
+    assert [(c.min_version, c.max_version) for c in late] == [(old, old + 1)] and len(late[0].token_ids) > 0
+    assert eng.version == old + 1
+
+
 class _FakeClient:
     """Stands in for the rollout client (unit test of the loop): grants a fixed list once, records what is sent."""
 
@@ -108,7 +146,8 @@ class _FakeClient:
         self.grants = list(grants)
         self.sent = []
         self.shutdown_requested = False
-        self.weight_sync = {}
+        self.weight_sync = None
+        self.report = {}
 
     def hello(self, loaded_version=0):
         return None
@@ -120,7 +159,7 @@ class _FakeClient:
         out, self.grants = self.grants[:max_groups], self.grants[max_groups:]
         return out
 
-    def send_group(self, group, timeout_s=None):
+    def send_group(self, group):
         self.sent.append(group)
 
     def wait_acked(self, timeout_s):
@@ -176,7 +215,7 @@ def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(t
     prefill was split across steps (46-token prompts x 64 sequences with the real model). Here: 100-token prompts with
     a 128-token step budget, so every other prefill would be chunked. Samples must also stay reproducible."""
     path = build_tiny_model(tmp_path / "model", seed=3)
-    settings = EngineSettings(
+    settings = EngineSettings.defaults(
         model_path=str(path),
         dtype="float32",
         max_model_len=128,
@@ -191,7 +230,9 @@ def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(t
     prompts = [[5 + (i * 7 + j) % 50 for j in range(100)] for i in range(12)]
 
     async def run(seed0: int):
-        specs = [SamplingSpec(n=4, temperature=1.0, max_tokens=8, seed=seed0 + 4 * i) for i in range(len(prompts))]
+        specs = [
+            SamplingSpec.defaults(n=4, temperature=1.0, max_tokens=8, seed=seed0 + 4 * i) for i in range(len(prompts))
+        ]
         return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(prompts, specs, strict=True)])
 
     try:

@@ -8,12 +8,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant
+from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant, make_plan
 
 from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
 from async_rl.actor.engine import Completion, EngineDead, SamplingSpec
 from async_rl.actor.loop import ActorFailed, ActorLoop
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
+from async_rl.weight_sync.membership import JoinInfo
 
 
 class _DyingEngine(EmulatedEngine):
@@ -37,7 +38,7 @@ class _FailingWeightSync(InstantWeightSync):
         self.error = error
         self.attempts = 0
 
-    async def update(self, version: int, *, pause: str | None = "keep", **kwargs: Any) -> dict[str, Any]:
+    async def update(self, version: int) -> dict[str, Any]:
         self.attempts += 1
         raise self.error
 
@@ -90,22 +91,10 @@ def test_a_broken_transfer_still_only_pauses_the_actor() -> None:
     assert sync.attempts == 1 and loop.stats.update_failures == 1
 
 
-def _plan(candidates: list[str], epoch: int, version: int) -> dict[str, Any]:
-    return {
-        "host": "127.0.0.1",
-        "port": 1,
-        "candidates": candidates,
-        "epoch": epoch,
-        "version": version,
-        "timeout_s": 5.0,
-        "join_timeout_s": 1.0,
-    }
-
-
 def test_an_actor_not_invited_announces_itself_once_per_epoch_and_keeps_generating() -> None:
     sync = InstantWeightSync()
     client = ScriptedClient([make_grant(i, min_version=0) for i in range(3)])
-    client.weight_sync = _plan(["other"], epoch=0, version=1)
+    client.weight_sync = make_plan(("other",), epoch=0, version=1)
     loop = _loop(EmulatedEngine(2000.0, response_len=4), client, sync, max_groups=3)
     asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
     assert len(sync.announced) == 1 and sync.joins == [] and sync.updates == []
@@ -113,18 +102,64 @@ def test_an_actor_not_invited_announces_itself_once_per_epoch_and_keeps_generati
 
 
 class _LeftOutWeightSync(InstantWeightSync):
-    async def join(self, host: str, port: int, **kwargs: Any) -> None:
-        self.joins.append(kwargs)
+    async def join(self, info: JoinInfo) -> None:
+        self.joins.append(info)
         raise WeightSyncError("actor a0 was not ready in time for weight-sync epoch 3; it announces itself again")
 
 
 def test_an_actor_left_out_of_an_epoch_keeps_its_weights_and_announces_again() -> None:
     sync = _LeftOutWeightSync()
     client = ScriptedClient([make_grant(i, min_version=0) for i in range(3)])
-    client.weight_sync = _plan(["a0"], epoch=3, version=1)
+    client.weight_sync = make_plan(("a0",), epoch=3, version=1)
     loop = _loop(EmulatedEngine(2000.0, response_len=4), client, sync, max_groups=3)
     asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
-    assert [j["member"] for j in sync.joins] == ["a0"] and sync.joins[0]["epoch"] == 3  # one try per epoch
+    assert [j.member for j in sync.joins] == ["a0"] and sync.joins[0].plan.epoch == 3  # one try per epoch
     assert loop.stats.joins_left_out == 1 and loop.stats.update_failures == 0
     assert len(sync.announced) == 1  # a fresh announcement: the learner may invite it to a later epoch
     assert [g.prompt_id for g in client.sent] == [0, 1, 2] and loop.engine.version == 0
+
+
+class _FailsOnce(InstantWeightSync):
+    """The first transfer breaks half-way (the model is half loaded); later ones succeed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    async def update(self, version: int) -> dict[str, Any]:
+        if not self.failed:
+            self.failed = True
+            raise WeightSyncError("broadcast of bucket 3 failed: connection reset")
+        return await super().update(version)
+
+
+def test_a_broken_transfer_aborts_running_groups_until_a_later_update_succeeds() -> None:
+    """One pause/resume path, the engine's: a failed load aborts what runs and keeps the engine paused (no token of
+    a half-loaded model is sampled); the next update, to a re-formed group, resumes it on the new weights."""
+    engine = EmulatedEngine(20.0, response_len=4)  # 2 x 4 tokens at 20 tokens/s: 0.4 s per group
+    sync = _FailsOnce()
+    client = ScriptedClient(
+        [make_grant(i, min_version=0) for i in range(2)], publish=1, publish_when=lambda c: c.polls >= 3
+    )
+    loop = _loop(engine, client, sync, max_groups=1)
+
+    async def until(pred: Any) -> None:
+        for _ in range(400):
+            if pred():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("timed out")
+
+    async def run() -> None:
+        task = asyncio.ensure_future(loop.run())
+        await until(lambda: loop.stats.groups_aborted == 1)  # prompt 0 was running when the transfer broke
+        assert sync.failed and engine.pacer.paused and engine.version == 0 and client.sent == []
+        await asyncio.sleep(0.1)
+        assert client.grants and client.sent == []  # invalid weights: no new work is even asked for
+        client.weight_sync = make_plan(("a0",), epoch=1, version=2)  # the learner re-forms the group
+        await asyncio.wait_for(task, timeout=5.0)
+
+    asyncio.run(run())
+    assert sync.updates == [2] and engine.version == 2 and not engine.pacer.paused
+    assert [(g.prompt_id, g.version) for g in client.sent] == [(1, 2)]  # generated on the new weights only
+    assert loop.stats.update_failures == 1 and [j.plan.epoch for j in sync.joins] == [0, 1]

@@ -6,16 +6,22 @@ from async_rl.actor.engine import EngineSettings, scheduler_budget
 
 
 def test_chunked_prefill_is_turned_off_on_cpu_and_the_budget_fits_a_whole_prompt() -> None:
-    s = EngineSettings(model_path="m", max_model_len=2048, enable_chunked_prefill=True, max_num_batched_tokens=1024)
+    s = EngineSettings.defaults(
+        model_path="m", max_model_len=2048, enable_chunked_prefill=True, max_num_batched_tokens=1024
+    )
     assert scheduler_budget(s, on_cpu=True) == (False, 2048)
-    many = EngineSettings(model_path="m", max_model_len=128, max_num_seqs=1024, max_num_batched_tokens=512)
+    many = EngineSettings.defaults(model_path="m", max_model_len=128, max_num_seqs=1024, max_num_batched_tokens=512)
     assert scheduler_budget(many, on_cpu=True) == (False, 1024)  # vLLM needs >= one token per sequence
-    big = EngineSettings(model_path="m", max_model_len=512, max_num_batched_tokens=8192)
+    big = EngineSettings.defaults(model_path="m", max_model_len=512, max_num_batched_tokens=8192)
     assert scheduler_budget(big, on_cpu=True) == (False, 8192)
 
 
 def test_gpu_settings_pass_through() -> None:
-    s = EngineSettings(model_path="m", max_model_len=2048, enable_chunked_prefill=True, max_num_batched_tokens=1024)
+    s = EngineSettings.defaults(
+        model_path="m", max_model_len=2048, enable_chunked_prefill=True, max_num_batched_tokens=1024
+    )
     assert scheduler_budget(s, on_cpu=False) == (True, 1024)
-    off = EngineSettings(model_path="m", max_model_len=2048, enable_chunked_prefill=False, max_num_batched_tokens=512)
+    off = EngineSettings.defaults(
+        model_path="m", max_model_len=2048, enable_chunked_prefill=False, max_num_batched_tokens=512
+    )
     assert scheduler_budget(off, on_cpu=False) == (False, 2048)

@@ -1,4 +1,6 @@
-"""Helpers shared by the end-to-end tests: the launcher command line, reading a run's JSONL files, free ports."""
+"""Helpers shared by the end-to-end tests: the launcher command line, reading a run's JSONL files, free ports, and the
+checks every run's metrics.jsonl must pass (conftest.py runs them after each test): every key is in the metric
+catalog, and the weight-sync metrics carry real values."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from async_rl.metric_catalog import record_kind, unknown_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,3 +56,41 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def assert_catalogued(metrics: list[dict]) -> None:
+    """Every key of every record (training step or validation round) is one the metric catalog names."""
+    unknown = sorted({k for m in metrics for k in unknown_keys(m, record_kind(m))})
+    assert not unknown, f"metrics not in async_rl/metric_catalog.py (add them there): {unknown}"
+
+
+def assert_sync_moved_weights(metrics: list[dict]) -> None:
+    """Every training step that published weights to actors reports the bytes it broadcast (> 0, the same whole model
+    each time) and a bandwidth > 0.
+
+    A step published when it logged ``sync/seconds`` with ``sync/actors`` > 0 and ``sync/failures`` did not grow (a
+    failed transfer reports its time too); a resumed learner counts its failures from 0 again."""
+    published: list[dict] = []
+    failures_before = 0.0
+    for m in metrics:
+        if "val/version" in m or "sync/seconds" not in m:
+            continue  # a validation round, or a step that published nothing (sync_every_n_steps)
+        failures = float(m.get("sync/failures", 0.0))
+        failed = failures > failures_before if failures >= failures_before else failures > 0
+        failures_before = failures
+        if float(m.get("sync/actors", 0.0)) > 0 and not failed:
+            published.append(m)
+    for m in published:
+        assert m.get("sync/bytes", 0) > 0 and m.get("sync/bandwidth_MBps", 0) > 0, (
+            f"step {m['step']} published weights to {m['sync/actors']:.0f} actor(s) but reports "
+            f"sync/bytes={m.get('sync/bytes')}, sync/bandwidth_MBps={m.get('sync/bandwidth_MBps')}"
+        )
+    sizes = sorted({m["sync/bytes"] for m in published})
+    assert len(sizes) <= 1, f"every publish sends the whole model, yet sync/bytes took the values {sizes}"
+
+
+def check_run_metrics(path: Path) -> None:
+    """The checks every e2e run's metrics.jsonl passes (see the module docstring)."""
+    metrics = read_jsonl(path)
+    assert_catalogued(metrics)
+    assert_sync_moved_weights(metrics)

@@ -57,7 +57,7 @@ class _BadEngine(EmulatedEngine):
 
 
 class _DiesInUpdate(ReceiveOnlyWeightSync):
-    async def update(self, version: int, *, pause: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    async def update(self, version: int) -> dict[str, Any]:
         if self.updates == 1 and self.group is not None:
             group = self.group
 
@@ -66,7 +66,7 @@ class _DiesInUpdate(ReceiveOnlyWeightSync):
                 os.kill(os.getpid(), signal.SIGKILL)
 
             await asyncio.to_thread(WeightReceiver(group).receive, load, expect_version=version)
-        return await super().update(version, pause=pause, **kwargs)
+        return await super().update(version)
 
 
 async def emulated(client: RolloutClient, cfg: Any, engine: EmulatedEngine, sync: ReceiveOnlyWeightSync) -> None:

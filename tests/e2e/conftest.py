@@ -1,4 +1,5 @@
-"""Shared checks for the end-to-end tests: the ledger identity, and that no process a test started outlives it."""
+"""Shared checks for the end-to-end tests: the ledger identity, that no process a test started outlives it, and that
+every metrics.jsonl a test wrote names only catalogued metrics and real weight-sync values (_e2e_helpers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import check_run_metrics
 
 MARKER = "ASYNC_RL_E2E_TEST"  # set in each test's environment: every process it starts (and theirs) inherits it
 LEFTOVER_GRACE_S = 20.0  # processes still running this long after the test body are left behind
@@ -101,3 +103,11 @@ def e2e_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestProcesses]:
         pytest.fail(
             f"{len(left)} process(es) started by the test still alive {LEFTOVER_GRACE_S:.0f} s after it:\n{lines}"
         )
+
+
+@pytest.fixture(autouse=True)
+def e2e_run_metrics(tmp_path: Path) -> Iterator[None]:
+    """Every e2e test: afterwards, each metrics.jsonl it wrote under its tmp_path passes `check_run_metrics`."""
+    yield
+    for path in sorted(tmp_path.rglob("metrics.jsonl")):
+        check_run_metrics(path)

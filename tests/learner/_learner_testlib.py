@@ -66,14 +66,24 @@ def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) ->
 
 
 def settings(**overrides: object) -> LearnerSettings:
-    """Small-batch defaults: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches of 2, lr 1e-3."""
-    base = LearnerSettings(
+    """The config's defaults for a small GRPO learner: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches
+    of 2, lr 1e-3, no importance weights, no gradient checkpointing, and no fixed prompt/response lengths (the
+    scripted groups have prompts and responses of any length)."""
+    base = LearnerSettings.defaults(
+        adv_estimator="grpo",
         ppo_mini_batch_size=2,
         ppo_micro_batch_size_per_gpu=2,
         log_prob_micro_batch_size_per_gpu=4,
         rollout_n=4,
         grad_clip=1.0,
-        optim=OptimSettings(lr=1e-3, weight_decay=0.0),
+        optim=OptimSettings.defaults(lr=1e-3, weight_decay=0.0),
         max_consecutive_nonfinite=3,
+        rollout_is=None,
+        clip_ratio_low=None,
+        clip_ratio_high=None,
+        enable_gradient_checkpointing=False,
+        max_prompt_length=None,
+        max_response_length=None,
+        seed=0,
     )
-    return base.replace(**overrides)  # type: ignore[arg-type]
+    return base.replace(**overrides)

@@ -150,7 +150,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
 def resume_settings() -> Any:
     return settings(
         adv_estimator="gae",
-        critic=CriticSettings(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+        critic=CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
         use_kl_in_reward=True,
         kl_ctrl_type="adaptive",
         use_kl_loss=True,

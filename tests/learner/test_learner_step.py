@@ -93,7 +93,7 @@ def test_models_are_built_only_for_their_roles() -> None:
     full = Learner(
         settings(
             adv_estimator="gae",
-            critic=CriticSettings(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+            critic=CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
             use_kl_loss=True,
         ),
         local_context(),
@@ -108,7 +108,9 @@ def test_models_are_built_only_for_their_roles() -> None:
     for key in ("learner/critic/loss", "learner/critic/vf_clipfrac", "learner/actor/kl_loss", "learner/actor/entropy"):
         assert key in metrics
     with pytest.raises(ValueError, match="critic"):
-        Learner(settings(adv_estimator="gae", critic=CriticSettings()), local_context(), tiny_policy)
+        Learner(
+            settings(adv_estimator="gae", critic=CriticSettings.defaults(model_path="")), local_context(), tiny_policy
+        )
 
 
 def test_step_metrics_and_version() -> None:

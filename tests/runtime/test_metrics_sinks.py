@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from async_rl.runtime.metrics import ConsoleSink, MetricsLogger, format_line, read_metrics
 
 METRICS_LOGGER = "async_rl.runtime.metrics"
+KEY = "learner/actor/loss"  # any key of the metric catalog: others are warned about
 
 
 def _strict_loads(line: str) -> Any:
@@ -50,17 +51,17 @@ def test_jsonl_round_trip_with_non_finite_values(tmp_path: Path) -> None:
 
 def test_jsonl_line_is_on_disk_before_close(tmp_path: Path) -> None:
     ml = _make(tmp_path, ["jsonl"])
-    ml.log(7, {"x": 1.0})
+    ml.log(7, {KEY: 1.0})
     # Not closed: a crash now must still leave the line readable.
-    assert read_metrics(tmp_path / "metrics.jsonl")[0]["x"] == 1.0
+    assert read_metrics(tmp_path / "metrics.jsonl")[0][KEY] == 1.0
     ml.close()
 
 
 def test_jsonl_appends_across_loggers(tmp_path: Path) -> None:
     with _make(tmp_path, ["jsonl"]) as ml:
-        ml.log(1, {"x": 1.0})
+        ml.log(1, {KEY: 1.0})
     with _make(tmp_path, ["jsonl"]) as ml:  # a resumed run appends
-        ml.log(2, {"x": 2.0})
+        ml.log(2, {KEY: 2.0})
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
@@ -77,8 +78,8 @@ def test_read_metrics_skips_truncated_last_line_only(tmp_path: Path, caplog: pyt
 
 def test_time_wall_is_added_only_when_missing(tmp_path: Path) -> None:
     with _make(tmp_path, ["jsonl"]) as ml:
-        ml.log(1, {"x": 1.0})
-        ml.log(2, {"x": 1.0, "time/wall_s": 123.0})
+        ml.log(1, {KEY: 1.0})
+        ml.log(2, {KEY: 1.0, "time/wall_s": 123.0})
     first, second = read_metrics(tmp_path / "metrics.jsonl")
     assert isinstance(first["time/wall_s"], float) and 0.0 <= first["time/wall_s"] < 60.0
     assert second["time/wall_s"] == 123.0
@@ -116,9 +117,9 @@ def test_bad_metric_value_and_step_are_value_errors(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="'learner/x'"):
             ml.log(1, {"learner/x": "high"})  # type: ignore[dict-item]
         with pytest.raises(ValueError, match="step"):
-            ml.log(-1, {"x": 1.0})
+            ml.log(-1, {KEY: 1.0})
     with pytest.raises(RuntimeError, match="after close"):
-        ml.log(2, {"x": 1.0})
+        ml.log(2, {KEY: 1.0})
     ml.close()  # idempotent
 
 
@@ -128,11 +129,11 @@ def test_missing_wandb_warns_and_run_continues(
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     with caplog.at_level(logging.WARNING, logger=METRICS_LOGGER):
         with _make(tmp_path, ["wandb", "jsonl"]) as ml:
-            ml.log(1, {"x": 1.0})
+            ml.log(1, {KEY: 1.0})
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "'wandb'" in warnings[0].getMessage()
     assert ml.active_backends == ["jsonl"]
-    assert read_metrics(tmp_path / "metrics.jsonl")[0]["x"] == 1.0
+    assert read_metrics(tmp_path / "metrics.jsonl")[0][KEY] == 1.0
 
 
 class _FakeRun:
@@ -177,11 +178,11 @@ def test_failing_optional_backend_is_disabled_not_fatal(
     monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(_FakeRun(fail=True), []))
     with caplog.at_level(logging.ERROR, logger=METRICS_LOGGER):
         with _make(tmp_path, ["wandb", "jsonl"]) as ml:
-            ml.log(1, {"x": 1.0})
-            ml.log(2, {"x": 2.0})
+            ml.log(1, {KEY: 1.0})
+            ml.log(2, {KEY: 2.0})
             assert ml.active_backends == ["jsonl"]
     assert sum("disabling" in r.getMessage() for r in caplog.records) == 1  # reported once, at step 1
-    assert [r["x"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1.0, 2.0]
+    assert [r[KEY] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1.0, 2.0]
 
 
 def test_tensorboard_writes_readable_event_file(tmp_path: Path) -> None:
@@ -205,7 +206,7 @@ def test_tensorboard_import_failure_warns_and_continues(
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with caplog.at_level(logging.WARNING, logger=METRICS_LOGGER):
         with _make(tmp_path, ["tensorboard", "jsonl"]) as ml:
-            ml.log(1, {"x": 1.0})
+            ml.log(1, {KEY: 1.0})
     assert ml.active_backends == ["jsonl"]
     assert "tensorboard backend disabled" in caplog.text
     assert not (tmp_path / "tensorboard").exists()
@@ -299,3 +300,16 @@ def test_actor_activity_rates_over_windows_where_reports_moved() -> None:
     assert activity(totals(800, 1, 4)) == {}  # no new report since the last step: nothing to say
     # the window since the last change: +2 actor-seconds, +2 idle, +0 tokens
     assert activity(totals(800, 3, 6)) == pytest.approx({"actor/idle_fraction": 1.0, "actor/gen_tokens_per_s": 0.0})
+
+
+def test_a_key_missing_from_the_catalog_is_warned_about_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger=METRICS_LOGGER):
+        with _make(tmp_path, ["jsonl"]) as ml:
+            ml.log(1, {KEY: 1.0, "learner/not_a_metric": 2.0, "rollout/finish/stop": 0.5})
+            ml.log(2, {KEY: 1.0, "learner/not_a_metric": 2.0, "rollout/finish/abort": 0.5})
+            ml.log(0, {"val/version": 0.0, "val/arith/reward_mean": 0.5, "rollout/reward_mean": 0.5})
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # once per key; a validation record may only hold val/ keys (and time/wall_s)
+    assert len(warned) == 2
+    assert "'learner/not_a_metric'" in warned[0] and "'rollout/reward_mean'" in warned[1]
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["learner/not_a_metric"] == 2.0  # still logged

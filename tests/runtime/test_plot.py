@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import async_rl.runtime.plot as plot_mod
+from async_rl.metric_catalog import record_kind, unknown_keys
 from async_rl.runtime.plot import by_step, format_summary, plot_run, summarize_run, validation_records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,10 +35,10 @@ def _full_record(step: int) -> dict[str, Any]:
         "step": step,
         "time/wall_s": 2.5 * step,
         "learner/batch/reward_mean": 1.0 - math.exp(-step / 30),
-        "reward/components/format": 0.5 + 0.1 * math.sin(step / 5),
-        "reward/components/correct": 0.3 + step / 400,
+        "rollout/reward/format": 0.5 + 0.1 * math.sin(step / 5),
+        "rollout/reward/correct": 0.3 + step / 400,
         "learner/perf/tokens_per_s": 2000.0 + 50 * math.cos(step),
-        "actor/generated_tokens": 1500.0 * step,
+        "actor/gen_tokens_per_s": 600.0 + 10 * math.sin(step),
         "learner/staleness/mean": 0.5 + 0.3 * math.sin(step),
         "learner/staleness/max": 2.0,
         "learner/offpolicy/ess": 0.9 + 0.05 * math.cos(step / 3),
@@ -126,7 +127,7 @@ def test_summarize_run_hand_checked() -> None:
                 "time/wall_s": 3.0 * i,
                 "learner/batch/reward_mean": 0.5 * i,
                 "learner/perf/tokens_per_s": 100.0 if i % 2 else 200.0,
-                "actor/generated_tokens": 1000.0 * i,
+                "actor/gen_tokens_per_s": 300.0 if i % 4 else 400.0,
                 "learner/staleness/mean": 1.0 if i <= 10 else 0.0,
             }
         )
@@ -139,13 +140,13 @@ def test_summarize_run_hand_checked() -> None:
     assert s["reward_last_mean"] == pytest.approx(9.75)  # (9.5 + 10.0) / 2
     assert s["reward_delta"] == pytest.approx(9.0)  # 9.75 - 0.75
     assert s["learner_tokens_per_s_mean"] == pytest.approx(150.0)  # ten 100s and ten 200s
-    assert s["gen_tokens_per_s_mean"] == pytest.approx(1000.0 / 3.0)  # +1000 tokens every 3 s
+    assert s["gen_tokens_per_s_mean"] == pytest.approx(325.0)  # fifteen 300s and five 400s
     assert s["staleness_mean"] == pytest.approx(0.5)  # ten 1.0s and ten 0.0s
 
 
 def test_summarize_run_small_and_missing() -> None:
     # 5 rewards: window ceil(0.5) = 1 -> first 2.0, last 4.0 (nulls are ignored)
-    rows = [{"step": i, "reward/mean": r} for i, r in enumerate([2.0, None, 3.0, 5.0, 4.0, 3.5], start=1)]
+    rows = [{"step": i, "learner/batch/reward_mean": r} for i, r in enumerate([2.0, None, 3.0, 5.0, 4.0, 3.5], start=1)]
     s = summarize_run(rows)
     assert (s["reward_window"], s["reward_first_mean"], s["reward_last_mean"]) == (1, 2.0, 3.5)
     assert s["reward_delta"] == pytest.approx(1.5)  # 3.5 - 2.0
@@ -157,12 +158,9 @@ def test_summarize_run_small_and_missing() -> None:
     assert "n/a" in text and len(text.splitlines()) == 3
 
 
-def test_explicit_generation_rate_wins_over_derived() -> None:
-    rows = [
-        {"step": i, "time/wall_s": float(i), "actor/tokens_per_s": 50.0, "actor/generated_tokens": 10.0 * i}
-        for i in range(1, 4)
-    ]
-    assert summarize_run(rows)["gen_tokens_per_s_mean"] == 50.0
+def test_every_record_of_the_plot_tests_uses_catalog_keys() -> None:
+    records = [_full_record(1), _val_record(0)]
+    assert [unknown_keys(r, record_kind(r)) for r in records] == [[], []]
 
 
 def test_format_summary_shows_the_numbers() -> None:

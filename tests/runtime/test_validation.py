@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from async_rl.config import load_config
+from async_rl.metric_catalog import unknown_keys
 from async_rl.runtime import resources
 from async_rl.runtime.validation import Validator, ValSchedule, validation_metrics
 from async_rl.transport import PromptRecord, SamplingParams, make_completion
@@ -35,6 +36,7 @@ def test_metrics_by_hand_with_two_sources_and_n_2() -> None:
     assert m["val/reward_mean"] == pytest.approx(0.5)  # 3 of 6 samples
     assert m["val/response_length_mean"] == pytest.approx(4.0)  # (2 + 2 + 4 + 4 + 6 + 6) / 6
     assert m["val/arith/reward_mean"] == pytest.approx(0.75) and m["val/gsm8k/reward_mean"] == 0.0
+    assert unknown_keys(m, "val") == []  # every key is in the metric catalog
     assert m["val/mean@2"] == pytest.approx(0.5)  # (0.5 + 1 + 0) / 3
     assert m["val/best@2"] == pytest.approx(2 / 3)  # (1 + 1 + 0) / 3
     assert m["val-core/arith/reward/mean@2"] == pytest.approx(0.75) and m["val-core/gsm8k/reward/mean@2"] == 0.0
@@ -52,6 +54,7 @@ def test_reward_components_are_averaged_per_source() -> None:
     m = validation_metrics(result, ["arith", "gsm8k"])
     assert m["val/arith/acc_mean"] == 0.5 and m["val/gsm8k/acc_mean"] == 1.0
     assert m["val/arith/reward_mean"] == pytest.approx(0.125)  # (0.5 - 0.25) / 2
+    assert unknown_keys(m, "val") == []
 
 
 def test_metrics_greedy_and_partial() -> None:

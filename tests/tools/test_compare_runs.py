@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -53,3 +55,13 @@ def test_compare_tables_each_run_against_wall_clock(tmp_path: Path) -> None:
     assert lines[2] == "    grpo val/arith/reward_mean: 0.200@1.0m(s0) 0.500@5.0m(s2)"  # no acc: the next key
     assert lines[3] == "    dapo val/arith/acc_mean: 0.400@3.2m(s1)"  # acc first
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_key_the_catalog_does_not_name_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tool = _load_tool()
+    run = _write(tmp_path / "run", [{"step": 1, "time/wall_s": 1.0, "learner/batch/reward_mean": 0.5}])
+    # a key nothing emits, and a training key asked for from the validation records
+    for flag, key in (("--train", "reward/mean"), ("--val", "learner/batch/reward_mean")):
+        with pytest.raises(SystemExit) as exc:
+            tool.main([f"r={run}", flag, key, "--out", str(tmp_path / "c.png")])
+        assert exc.value.code == 2 and key in capsys.readouterr().err

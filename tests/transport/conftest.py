@@ -23,7 +23,7 @@ FAKE_ACTOR = Path(__file__).with_name("fake_actor.py")
 
 def fast(**overrides: Any) -> PlaneSettings:
     """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def records(n: int, length: int = 4) -> list[PromptRecord]:

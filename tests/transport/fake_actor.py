@@ -64,7 +64,7 @@ def main() -> int:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[{args.actor_id}] %(levelname)s %(name)s: %(message)s")
     rng = random.Random(args.seed)
-    settings = PlaneSettings(heartbeat_interval_s=args.heartbeat, peer_timeout_s=args.peer_timeout)
+    settings = PlaneSettings.defaults(heartbeat_interval_s=args.heartbeat, peer_timeout_s=args.peer_timeout)
     client = RolloutClient(args.address, args.actor_id, settings, ack_timeout_s=args.ack_timeout)
     state = {"loaded": client.hello(loaded_version=0, timeout_s=20.0).policy_version}
     work: deque[PromptGrant] = deque()
@@ -79,7 +79,7 @@ def main() -> int:
             if work:
                 grant = work.popleft()
                 gen_time = args.gen_time * rng.uniform(0.5, 1.5)
-                client.send_group(_generate(client, grant, gen_time, state), timeout_s=10.0)
+                client.send_group(_generate(client, grant, gen_time, state))
         client.wait_acked(1.0)
     finally:
         client.close(linger_s=0.2)

@@ -24,7 +24,7 @@ from async_rl.transport.protocol import RolloutGroup
 
 def fast(**overrides: Any) -> PlaneSettings:
     """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 ACTOR_OPTS = {"heartbeat": 0.1, "peer_timeout": 1.0, "ack_timeout": 0.5, "max_runtime": 60}
@@ -115,7 +115,7 @@ def test_random_speeds_and_pauses_keep_the_bound_and_exactly_once(
 @pytest.mark.timeout(120)
 def test_killed_and_stopped_actors_lose_nothing_and_late_work_is_deduplicated(actor_procs: Any) -> None:
     total, n, k, g = 40, 2, 1, 2
-    s = fast(max_staleness=k, groups_per_step=g, lease_timeout_s=30.0)
+    s = fast(max_staleness=k, groups_per_step=g, lease_timeout_s=30.0, stale_policy="regrant")
     coord = Coordinator(_records(total), s, sampling=SamplingParams(n=n), max_epochs=1, trust_claimed_versions=True)
     events: dict[str, float] = {}
 

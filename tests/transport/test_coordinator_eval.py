@@ -24,7 +24,7 @@ GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=4)
 
 
 def fast(**overrides: Any) -> PlaneSettings:
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def _val_records(n: int) -> list[PromptRecord]:

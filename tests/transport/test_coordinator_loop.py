@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -21,7 +22,7 @@ from async_rl.transport import (
     RolloutClient,
     SamplingParams,
 )
-from async_rl.transport.protocol import RolloutGroup, group_seed
+from async_rl.transport.protocol import RolloutGroup, WeightSyncPlan, group_seed
 
 Factory = Callable[..., Coordinator]
 ClientFactory = Callable[..., RolloutClient]
@@ -30,17 +31,28 @@ GroupMaker = Callable[..., RolloutGroup]
 
 def fast(**overrides: Any) -> PlaneSettings:
     """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def test_hello_gets_welcome_with_version_and_weight_sync(coordinator_factory: Factory, client_factory: ClientFactory):
-    coord = coordinator_factory(initial_version=3, weight_sync_info={"backend": "gloo", "port": 29500})
+    coord = coordinator_factory(initial_version=3)
+    plan = WeightSyncPlan(
+        host="10.0.0.1", port=29500, backend="gloo", timeout_s=60.0, join_timeout_s=10.0, version=-1, epoch=-1,
+        candidates=(),
+    )  # fmt: skip
+    coord.set_policy_version(3, weight_sync=plan)  # the publisher's plan before any epoch: where to announce
     assert coord.address.startswith("tcp://127.0.0.1:")
-    welcome = client_factory(coord.address).hello(loaded_version=3)
+    client = client_factory(coord.address)
+    welcome = client.hello(loaded_version=3)
     assert welcome.policy_version == 3
     assert welcome.min_version == 2  # 3 - K with the default K = 1
-    assert welcome.weight_sync == {"backend": "gloo", "port": 29500}
+    assert welcome.weight_sync == plan and client.weight_sync == plan  # typed, field for field
     assert _wait(lambda: coord.metrics()["transport/actors_alive"] == 1)
+    invited = msgspec.structs.replace(plan, version=4, epoch=0, candidates=("actor-0",))
+    coord.set_policy_version(4, weight_sync=invited)
+    assert _wait(lambda: client.weight_sync == invited, poll=client.poll)  # it rides on the VersionUpdate
+    with pytest.raises(ValueError, match="WeightSyncPlan"):
+        coord.set_policy_version(5, weight_sync={"host": "10.0.0.1"})  # type: ignore[arg-type]
 
 
 def test_grants_carry_prompt_data_and_are_capped_by_admission(
@@ -237,14 +249,14 @@ def test_learner_api_checks_arguments(coordinator_factory: Factory, client_facto
 
 def test_settings_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="stale_policy"):
-        PlaneSettings(stale_policy="keep")  # type: ignore[arg-type]
+        PlaneSettings.defaults(stale_policy="keep")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_inflight_groups"):
-        PlaneSettings(groups_per_step=8, max_inflight_groups=4)
+        PlaneSettings.defaults(groups_per_step=8, max_inflight_groups=4)
     with pytest.raises(ValueError, match="peer_timeout_s"):
-        PlaneSettings(heartbeat_interval_s=2.0, peer_timeout_s=1.0)
+        PlaneSettings.defaults(heartbeat_interval_s=2.0, peer_timeout_s=1.0)
     with pytest.raises(ValueError, match="unknown transport setting"):
-        PlaneSettings.from_mapping({"hots": "127.0.0.1"})
-    assert PlaneSettings(max_staleness=2, groups_per_step=4).inflight_cap == 12  # (2 + 1) x 4
+        PlaneSettings.defaults(hots="127.0.0.1")
+    assert PlaneSettings.defaults(max_staleness=2, groups_per_step=4).inflight_cap == 12  # (2 + 1) x 4
 
 
 def test_grants_follow_weights_actually_sent_not_an_actors_claim(

@@ -24,7 +24,7 @@ VOCAB = 50  # records(n) prompts are [i, ..., i + 3]: every answer (conftest.ans
 
 
 def fast(**overrides: Any) -> PlaneSettings:
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def _out_of_vocab(make_group: GroupMaker, grant: PromptGrant, actor_id: str) -> RolloutGroup:

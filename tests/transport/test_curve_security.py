@@ -19,21 +19,21 @@ from async_rl.transport.sockets import is_loopback
 
 def fast(**overrides: Any) -> PlaneSettings:
     """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_bind_is_loopback(coordinator_factory: Callable[..., Coordinator]) -> None:
-    assert PlaneSettings().host == "127.0.0.1"
+    assert PlaneSettings.defaults().host == "127.0.0.1"
     assert coordinator_factory(2).address.startswith("tcp://127.0.0.1:")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "*", "::", "10.1.2.3", "eth0"])
 def test_non_loopback_bind_without_keys_refuses_to_start(host: str, make_records: Callable[..., list]) -> None:
     with pytest.raises(ValueError, match=r"python -m async_rl\.transport\.keys DIR"):
-        Coordinator(make_records(2), PlaneSettings(host=host)).close()
+        Coordinator(make_records(2), PlaneSettings.defaults(host=host)).close()
 
 
 def test_is_loopback() -> None:
@@ -93,12 +93,34 @@ def test_curve_settings_must_be_complete(tmp_path: Path, make_records: Callable[
     records = make_records(2)
     make_keys(tmp_path / "k", ["a"])
     with pytest.raises(ValueError, match="curve_authorized_keys_dir"):
-        Coordinator(records, PlaneSettings(curve_server_secret_file=str(tmp_path / "k" / "server.key_secret")))
+        Coordinator(records, PlaneSettings.defaults(curve_server_secret_file=str(tmp_path / "k" / "server.key_secret")))
     with pytest.raises(ValueError, match="no secret key"):
         Coordinator(
             records,
-            PlaneSettings(
+            PlaneSettings.defaults(
                 curve_server_secret_file=str(tmp_path / "k" / "server.key"),  # the public half by mistake
                 curve_authorized_keys_dir=str(tmp_path / "k" / "authorized"),
             ),
         )
+
+
+def test_an_actors_public_key_file_must_match_its_secret(tmp_path: Path) -> None:
+    """async_training.transport.curve_client_public_key is checked: a mismatched pair would only time out later."""
+    from async_rl.transport.sockets import client_keys
+
+    make_keys(tmp_path / "k", ["a", "b"])
+    keys = tmp_path / "k"
+
+    def settings(public: str) -> PlaneSettings:
+        return PlaneSettings.defaults(
+            curve_server_public_file=str(keys / "server.key"),
+            curve_client_secret_file=str(keys / "clients" / "a.key_secret"),
+            curve_client_public_file=public,
+        )
+
+    loaded = client_keys(settings(str(keys / "authorized" / "a.key")))
+    assert loaded is not None and loaded.public and loaded.secret
+    with pytest.raises(ValueError, match="not the public half"):
+        client_keys(settings(str(keys / "authorized" / "b.key")))
+    with pytest.raises(ValueError, match="does not exist"):
+        client_keys(settings(str(keys / "authorized" / "missing.key")))

@@ -45,8 +45,7 @@ def test_verls_dapo_keys_port_and_map_onto_the_plane_settings() -> None:
     # without the shaping nothing records `acc`: every group would be refused, so start-up says so
     _, bare = load_config_with_warnings(None, GRPO + DAPO)
     assert [w for w in bare if "algorithm.filter_groups.metric='acc' must be a component" in w]
-    settings = FilterSettings(enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches)
-    assert settings.limit_batches == 10
+    assert FilterSettings.from_config(cfg).limit_batches == 10
 
 
 def test_enable_with_one_completion_per_prompt_is_an_error_naming_the_keys() -> None:
@@ -80,8 +79,4 @@ def test_filter_keys_set_while_disabled_warn_that_they_are_ignored() -> None:
 def test_no_limit_spellings() -> None:
     for value in (0, -1):
         cfg, _ = load_config_with_warnings(None, [*GRPO, *DAPO, f"algorithm.filter_groups.max_num_gen_batches={value}"])
-        fg = cfg.algorithm.filter_groups
-        assert (
-            FilterSettings(enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches).limit_batches
-            == 0
-        )
+        assert FilterSettings.from_config(cfg).limit_batches == 0

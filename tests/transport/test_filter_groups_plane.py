@@ -33,7 +33,7 @@ ClientFactory = Callable[..., RolloutClient]
 GroupMaker = Callable[..., RolloutGroup]
 B = 4
 SAMPLING = SamplingParams(n=2, max_tokens=8)
-BY_ACC = FilterSettings(enable=True, metric="acc")
+BY_ACC = FilterSettings.defaults(enable=True, metric="acc")
 # prompt ids whose group comes back constant (all-correct or all-wrong): ids are granted in order, so with B = 4 and
 # K = 0 the steps consume 0-6 (3 filtered), 7-13 (3), 14-18 (1), 19-22 (0)
 CONSTANT = {0, 2, 3, 7, 8, 9, 15}
@@ -41,7 +41,7 @@ EXPECTED_STEPS = [([1, 4, 5, 6], 3), ([10, 11, 12, 13], 3), ([14, 16, 17, 18], 1
 
 
 def fast(**overrides: Any) -> PlaneSettings:
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=5.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=5.0, **overrides)
 
 
 def scored(
@@ -146,7 +146,9 @@ def test_with_prefetch_admission_keeps_granting_and_nothing_is_lost(
     """K = 1: the next step's prompts are generated while the learner holds a step; filtered groups free their slots
     at once, so the in-flight cap never wedges, and every id below the cursor is trained, filtered or outstanding."""
     s = fast(max_staleness=1, groups_per_step=B)  # in-flight cap (1 + 1) x 4 = 8
-    coord = coordinator_factory(200, s, sampling=SAMPLING, filter_groups=FilterSettings(enable=True, metric="reward"))
+    coord = coordinator_factory(
+        200, s, sampling=SAMPLING, filter_groups=FilterSettings.defaults(enable=True, metric="reward")
+    )
     client = client_factory(coord.address, settings=s)
     client.hello()
     rng = random.Random(3)
@@ -249,7 +251,7 @@ def test_too_many_generated_batches_stop_the_learner_with_the_counts(
     coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
 ) -> None:
     informative = {1, 5}
-    settings = FilterSettings(enable=True, metric="reward", max_num_gen_batches=2)  # 2 x 4 = 8 prompts a step
+    settings = FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=2)  # 2 x 4 = 8 prompts a step
     coord = coordinator_factory(40, fast(max_staleness=0, groups_per_step=B), sampling=SAMPLING, filter_groups=settings)
     client = client_factory(coord.address)
     client.hello()
@@ -280,7 +282,7 @@ def test_no_budget_means_it_keeps_granting(
     coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
 ) -> None:
     informative = {1, 5, 17, 30}  # 31 prompts for one step: far past 2 batches, fine without a limit
-    settings = FilterSettings(enable=True, metric="reward", max_num_gen_batches=0)
+    settings = FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=0)
     coord = coordinator_factory(40, fast(max_staleness=0, groups_per_step=B), sampling=SAMPLING, filter_groups=settings)
     client = client_factory(coord.address)
     client.hello()
@@ -300,8 +302,8 @@ def test_a_filter_that_is_off_or_has_one_completion_filters_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     for sampling, fs in (
-        (SAMPLING, FilterSettings()),
-        (SamplingParams(n=1, max_tokens=8), FilterSettings(enable=True, metric="reward")),
+        (SAMPLING, FilterSettings.defaults()),
+        (SamplingParams(n=1, max_tokens=8), FilterSettings.defaults(enable=True, metric="reward")),
     ):
         with caplog.at_level(logging.WARNING, logger="async_rl.transport.coordinator"):
             coord = coordinator_factory(
@@ -405,7 +407,7 @@ def test_a_filtered_prompt_is_consumed_for_its_epoch_only(
         n_records,
         fast(max_staleness=0, groups_per_step=2),
         sampling=SAMPLING,
-        filter_groups=FilterSettings(enable=True, metric="reward"),
+        filter_groups=FilterSettings.defaults(enable=True, metric="reward"),
         max_epochs=2,
     )
     client = client_factory(coord.address)

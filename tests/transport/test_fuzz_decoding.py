@@ -18,7 +18,7 @@ from async_rl.transport.protocol import PROTOCOL_VERSION, RolloutGroup
 
 def fast(**overrides: Any) -> PlaneSettings:
     """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 ENC = msgspec.msgpack.Encoder()

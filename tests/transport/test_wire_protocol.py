@@ -24,10 +24,12 @@ from async_rl.transport.protocol import (
     SamplingParams,
     Shutdown,
     VersionUpdate,
+    WeightSyncPlan,
     Welcome,
     WireArray,
     WorkGrant,
     WorkRequest,
+    checked,
     make_completion,
     pack_array,
     unpack_array,
@@ -70,7 +72,7 @@ def test_every_message_kind_round_trips() -> None:
             peer_timeout_s=10.0,
             lease_timeout_s=60.0,
             max_message_bytes=1 << 20,
-            weight_sync={"backend": "gloo", "port": 1234},
+            weight_sync=_plan(),
         ),
         WorkRequest(actor_id="a0", max_groups=8, loaded_version=5, grants_seen=2),
         WorkGrant(prompts=[grant], policy_version=5),
@@ -78,6 +80,7 @@ def test_every_message_kind_round_trips() -> None:
         GroupAck(acks=[AckEntry(7, 3, "duplicate"), AckEntry(8, 4, "accepted")]),
         Heartbeat(sender="a0", policy_version=5),
         VersionUpdate(policy_version=6, min_version=5),
+        VersionUpdate(policy_version=6, min_version=5, weight_sync=_plan(version=6, epoch=2, candidates=("a0",))),
         Shutdown(reason="done"),
         Bye(actor_id="a0"),
     ]
@@ -207,23 +210,58 @@ def test_extension_types_are_rejected() -> None:
     ext = msgspec.msgpack.Ext(1, b"payload")
     assert _reason(ENC.encode(ext)) == "ext"
     assert _reason(_raw_group(completion={"token_ids": ext})) == "ext"  # ext where a typed field is expected
-    # An ext hidden in a free-form (Any) field must be rejected too, not decoded as an Ext object.
-    welcome = {
-        "kind": "welcome",
-        "policy_version": 0,
+    # An ext hidden in a free-form (Any) field, a grant's extras, must be rejected too, not decoded as an Ext object.
+    prompt = {
+        "prompt_id": 0,
+        "lease_id": 1,
         "min_version": 0,
-        "max_staleness": 0,
-        "heartbeat_interval_s": 1.0,
-        "peer_timeout_s": 2.0,
-        "lease_timeout_s": 3.0,
-        "max_message_bytes": 4096,
-        "weight_sync": {"x": ext},
+        "prompt_token_ids": [b"\x01\x00\x00\x00", "<i4", 1],
+        "sampling": {},
+        "extras": {"x": ext},
     }
-    assert _reason(ENC.encode(welcome)) == "ext"
+    grant = {"kind": "work_grant", "policy_version": 0, "prompts": [prompt]}
+    assert _reason(ENC.encode(grant)) == "ext"
     # Absurd nesting inside a free-form field hits msgspec's recursion guard: still only a bad message.
-    welcome["weight_sync"] = {}
-    prefix = ENC.encode(welcome)[:-1]  # drop the empty map (0x80) at the very end
+    prompt["extras"] = {}
+    prefix = ENC.encode(grant)[:-1]  # drop the empty map (0x80) at the very end
     assert _reason(prefix + b"\x81\xa1x" + b"\x91" * 100_000 + b"\x00") == "malformed"
+
+
+def _plan(**overrides: Any) -> WeightSyncPlan:
+    fields: dict[str, Any] = {
+        "host": "10.0.0.1",
+        "port": 29500,
+        "backend": "gloo",
+        "timeout_s": 60.0,
+        "join_timeout_s": 10.0,
+        "version": -1,
+        "epoch": -1,
+        "candidates": (),
+    }
+    return WeightSyncPlan(**{**fields, **overrides})
+
+
+def test_the_weight_sync_plan_is_typed_and_checked_on_both_ends() -> None:
+    """One struct from the publisher to the actor: every field required, its constraints checked where it is built
+    (``checked``) and again where it is decoded; a bad plan never turns into defaults."""
+    assert checked(_plan()) == _plan()
+    for bad, field in [
+        ({"port": 0}, "port"),
+        ({"backend": "auto"}, "backend"),  # the learner resolves "auto"; only gloo or nccl travel
+        ({"timeout_s": 0.0}, "timeout_s"),
+        ({"epoch": -2}, "epoch"),
+        ({"candidates": ("has space",)}, "candidates"),
+        ({"host": ""}, "host"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            checked(_plan(**bad))
+        update = msgspec.to_builtins(VersionUpdate(policy_version=1, min_version=0, weight_sync=_plan(**bad)))
+        assert _reason(ENC.encode(update)) == "schema"
+    update = msgspec.to_builtins(VersionUpdate(policy_version=1, min_version=0, weight_sync=_plan()))
+    del update["weight_sync"]["join_timeout_s"]
+    assert _reason(ENC.encode(update)) == "schema"  # a missing field is an error, not a default
+    update["weight_sync"] = {**msgspec.to_builtins(_plan()), "rank_offset": 1}
+    assert _reason(ENC.encode(update)) == "schema"  # so is an unknown one
 
 
 def test_caps_are_configurable() -> None:

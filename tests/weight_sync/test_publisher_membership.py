@@ -2,7 +2,8 @@
 
 What is checked: a client that said hello but never announced itself costs nothing; an actor that announced itself
 but never got ready costs one ``join_timeout_s`` once, is left out, and is invited again only after a fresh
-announcement; the coordinator is told which actors received each version (grants follow weights actually sent).
+announcement; the coordinator is told which actors received each version (grants follow weights actually sent); the
+``sync/bytes`` metric is the bytes the actors received.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
+import msgspec
 import torch
 
-from async_rl.weight_sync import WeightReceiver
-from async_rl.weight_sync.client import init_info
-from async_rl.weight_sync.membership import announce_at, join_epoch
+from async_rl.transport.protocol import WeightSyncPlan
+from async_rl.weight_sync import ReceiveReport, WeightReceiver
+from async_rl.weight_sync.membership import JoinInfo, announce_at, join_epoch
 from async_rl.weight_sync.publisher import WeightPublisher
 
 JOIN_S = 0.5
@@ -33,20 +34,26 @@ class _Ctx:
 class _Coordinator:
     def __init__(self, live: list[str]) -> None:
         self.live = live
-        self.plan: dict[str, Any] = {}
+        self.plan: WeightSyncPlan | None = None
         self.versions: list[int] = []
         self.confirmed: list[tuple[int, list[str]]] = []
+
+    @property
+    def policy_version(self) -> int:
+        return self.versions[-1] if self.versions else 0
 
     def live_actor_ids(self) -> list[str]:
         return sorted(self.live)
 
-    def set_policy_version(self, version: int, weight_sync: dict[str, Any] | None = None) -> None:
+    def set_policy_version(self, version: int, weight_sync: WeightSyncPlan | None = None) -> None:
+        assert weight_sync is None or isinstance(weight_sync, WeightSyncPlan)
         self.versions.append(version)
         if weight_sync is not None:
-            self.plan = dict(weight_sync)
+            self.plan = weight_sync
 
-    def set_weight_sync_info(self, info: dict[str, Any]) -> None:
-        self.plan = dict(info)
+    def current(self) -> WeightSyncPlan:
+        assert self.plan is not None, "the publisher announces a plan when it is built"
+        return self.plan
 
     def confirm_weights(self, version: int, actor_ids: list[str]) -> None:
         self.confirmed.append((version, list(actor_ids)))
@@ -56,32 +63,62 @@ def _weights(version: int) -> Iterator[tuple[str, torch.Tensor]]:
     yield "w", torch.full((64,), float(version))
 
 
-def _receiving_actor(coord: _Coordinator, member: str, versions: list[int], got: list[float]) -> threading.Thread:
+def _receiving_actor(
+    coord: _Coordinator, member: str, versions: list[int], got: list[float], reports: list[ReceiveReport] | None = None
+) -> threading.Thread:
     """Announce, wait to be invited, join through the roster, then receive ``versions`` in order."""
 
     def run() -> None:
-        plan = coord.plan
-        announce_at(plan["host"], plan["port"], member, "token-1")
-        while member not in coord.plan.get("candidates", []):
+        plan = coord.current()
+        announce_at(plan.host, plan.port, member, "token-1")
+        while member not in coord.current().candidates:
             time.sleep(0.01)
-        plan = coord.plan
-        info = init_info(
-            plan["host"],
-            plan["port"],
-            member=member,
-            epoch=plan["epoch"],
-            backend="gloo",
-            timeout_s=10.0,
-            join_timeout_s=plan["join_timeout_s"],
-        )
-        group = join_epoch(info)
+        group = join_epoch(JoinInfo(plan=coord.current(), member=member))
         for v in versions:
-            WeightReceiver(group).receive(lambda batch: got.extend(float(t[0]) for _, t in batch), expect_version=v)
+            report = WeightReceiver(group).receive(
+                lambda batch: got.extend(float(t[0]) for _, t in batch), expect_version=v
+            )
+            if reports is not None:
+                reports.append(report)
         group.close()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def test_the_plan_is_announced_before_any_epoch_and_carries_every_setting() -> None:
+    coord = _Coordinator([])
+    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=7.0, join_timeout_s=JOIN_S)
+    try:
+        assert coord.versions == [0]  # announced at the coordinator's current version: actors learn where to announce
+        expected = WeightSyncPlan(
+            host="127.0.0.1", port=pub.port, backend="gloo", timeout_s=7.0, join_timeout_s=JOIN_S, version=-1,
+            epoch=-1, candidates=(),
+        )  # fmt: skip
+        assert coord.current() == expected
+    finally:
+        pub.close()
+
+
+def test_sync_metrics_are_the_bytes_the_actor_received() -> None:
+    coord = _Coordinator(["a"])
+    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=10.0, join_timeout_s=JOIN_S)
+    weights = {"w": torch.arange(1024, dtype=torch.float32), "b": torch.ones(15, dtype=torch.float64)}
+    try:
+        reports: list[ReceiveReport] = []
+        actor = _receiving_actor(coord, "a", [1], [], reports)
+        time.sleep(0.2)
+        metrics = pub.publish(1, lambda: iter(weights.items()))
+        actor.join(10.0)
+    finally:
+        pub.close()
+    assert metrics["sync/actors"] == 1.0 and len(reports) == 1
+    tensor_bytes = sum(t.numel() * t.element_size() for t in weights.values())  # 4096 + 120
+    assert metrics["sync/bytes"] == float(reports[0].nbytes) >= tensor_bytes  # buckets may pad to alignment
+    assert metrics["sync/bytes"] < tensor_bytes + 64 * len(weights)  # at most one alignment pad per tensor
+    # MiB/s over the broadcast alone, which is part of sync/seconds: never below the rate over the whole publish
+    assert metrics["sync/bandwidth_MBps"] >= metrics["sync/bytes"] / 2**20 / metrics["sync/seconds"] > 0.0
 
 
 def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
@@ -95,7 +132,7 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
         t0 = time.monotonic()
         first = pub.publish(1, lambda: _weights(1))
         first_s = time.monotonic() - t0
-        assert coord.plan["candidates"] == ["good", "stuck"]  # "silent" never announced: never invited
+        assert coord.current().candidates == ("good", "stuck")  # "silent" never announced: never invited
         assert first["sync/actors"] == 1.0 and first["sync/left_out"] == 1.0
         assert JOIN_S <= first["sync/join_seconds"] < JOIN_S + 2.0 and first_s < JOIN_S + 5.0
         assert not pub.needs_refresh()  # "stuck" is not invited again on its old announcement
@@ -128,11 +165,11 @@ def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
         coord.live = ["a"]  # "b" presumed dead by the coordinator; "a" left its group too (thread ended)
         got_a2: list[float] = []
         announce_at("127.0.0.1", pub.port, "a", "token-2")
-        coord.plan = {**coord.plan, "candidates": []}
+        coord.plan = msgspec.structs.replace(coord.current(), candidates=())
         ta2 = _receiving_actor(coord, "a", [2], got_a2)
         metrics = pub.publish(2, lambda: _weights(2))
         ta2.join(10.0)
-        assert coord.plan["candidates"] == ["a"] and metrics["sync/epoch"] == 1.0 and metrics["sync/actors"] == 1.0
+        assert coord.current().candidates == ("a",) and metrics["sync/epoch"] == 1.0 and metrics["sync/actors"] == 1.0
         assert got_a2 == [2.0] and coord.confirmed[-1] == (2, ["a"])
     finally:
         pub.close()
@@ -144,14 +181,11 @@ def test_a_transfer_to_a_member_presumed_dead_is_abandoned_without_waiting_for_t
     joined = threading.Event()
 
     def frozen() -> None:  # joins, then never reads the broadcast (a SIGSTOPped actor)
-        plan = coord.plan
-        announce_at(plan["host"], plan["port"], "frozen", "token-1")
-        while "frozen" not in coord.plan.get("candidates", []):
+        plan = coord.current()
+        announce_at(plan.host, plan.port, "frozen", "token-1")
+        while "frozen" not in coord.current().candidates:
             time.sleep(0.01)
-        plan = coord.plan
-        info = init_info(plan["host"], plan["port"], member="frozen", epoch=plan["epoch"], backend="gloo",
-                         timeout_s=30.0, join_timeout_s=JOIN_S)  # fmt: skip
-        group = join_epoch(info)
+        group = join_epoch(JoinInfo(plan=coord.current(), member="frozen"))
         joined.set()
         time.sleep(8.0)
         group.close()

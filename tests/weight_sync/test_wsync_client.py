@@ -5,10 +5,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
+from async_rl.transport.protocol import WeightSyncPlan
 from async_rl.weight_sync import WeightSyncError, WeightSyncTimeout
 from async_rl.weight_sync.client import AsyncEngineWeightSync, EngineWeightSync, init_info, vllm_engine_kwargs
+from async_rl.weight_sync.membership import JoinInfo
+
+PLAN = WeightSyncPlan(
+    host="10.0.0.1", port=29600, backend="gloo", timeout_s=120.0, join_timeout_s=10.0, version=3, epoch=1,
+    candidates=("actor-0",),
+)  # fmt: skip
 
 REPORT = {"version": 3, "tensors": 27}
 
@@ -48,20 +56,26 @@ def test_engine_kwargs_select_the_registered_engine() -> None:
 def test_sync_update_call_order_and_payloads() -> None:
     llm = _FakeLLM()
     sync = EngineWeightSync(llm)
-    sync.join("10.0.0.1", 29600, world_size=3, rank_offset=2, epoch=1)
+    sync.join(JoinInfo(plan=PLAN, member="actor-0"))
     assert sync.update(3) == REPORT
     assert [name for name, _ in llm.calls] == ["init", "start", "update", "finish"]
-    assert llm.calls[0][1]["init_info"] == {
-        "host": "10.0.0.1",
-        "port": 29600,
-        "world_size": 3,
-        "rank_offset": 2,
-        "epoch": 1,
-        "backend": "auto",
-        "timeout_s": 120.0,
-        "member": "",
-        "join_timeout_s": 10.0,
+    payload = llm.calls[0][1]["init_info"]  # builtins, exactly the struct: the worker decodes it back
+    assert payload == {
+        "plan": {
+            "host": "10.0.0.1",
+            "port": 29600,
+            "backend": "gloo",
+            "timeout_s": 120.0,
+            "join_timeout_s": 10.0,
+            "version": 3,
+            "epoch": 1,
+            "candidates": ("actor-0",),
+        },
+        "member": "actor-0",
+        "world_size": None,
+        "rank_offset": None,
     }
+    assert msgspec.convert(payload, JoinInfo) == JoinInfo(plan=PLAN, member="actor-0")
     assert llm.calls[2][1] == {"update_info": {"version": 3, "verify_load": True, "require_complete": True}}
     assert llm.calls[3][1] == "3"
 
@@ -80,17 +94,24 @@ def test_worker_failure_is_re_raised_with_its_type_and_tensor(error_type: str, e
 
 def test_invalid_join_arguments() -> None:
     with pytest.raises(ValueError, match="rank_offset"):
-        init_info("h", 1, world_size=2, rank_offset=2)
+        JoinInfo(plan=PLAN, world_size=2, rank_offset=2)
     with pytest.raises(ValueError, match="world_size"):
-        init_info("h", 1, world_size=1)
-    with pytest.raises(ValueError, match="member .* or world_size"):
-        init_info("h", 1)
-    with pytest.raises(ValueError, match="not both"):
-        init_info("h", 1, member="actor-0", world_size=2)
-    roster_mode = init_info("h", 1, member="actor-0", epoch=2, join_timeout_s=3.0)
-    assert (roster_mode["member"], roster_mode["world_size"], roster_mode["join_timeout_s"]) == ("actor-0", 0, 3.0)
-    with pytest.raises(ValueError, match="backend"):
-        init_info("h", 1, world_size=2, backend="mpi")
+        JoinInfo(plan=PLAN, world_size=1, rank_offset=1)
+    with pytest.raises(ValueError, match="member .* or both world_size and rank_offset"):
+        JoinInfo(plan=PLAN)
+    with pytest.raises(ValueError, match="either member"):
+        JoinInfo(plan=PLAN, member="actor-0", world_size=2)
+    with pytest.raises(ValueError, match="epoch"):
+        JoinInfo(plan=msgspec.structs.replace(PLAN, epoch=-1), member="actor-0")  # no epoch yet: nothing to join
+    fixed = JoinInfo(plan=PLAN, world_size=3, rank_offset=2)
+    assert msgspec.convert(init_info(fixed), JoinInfo) == fixed
+    # The worker's decode checks the plan's constraints too (and refuses what the old dict shape carried).
+    bad = init_info(fixed)
+    bad["plan"]["backend"] = "auto"
+    with pytest.raises(msgspec.ValidationError, match="backend"):
+        msgspec.convert(bad, JoinInfo)
+    with pytest.raises(msgspec.ValidationError, match="host"):
+        msgspec.convert({**init_info(fixed), "host": "10.0.0.1"}, JoinInfo)
 
 
 class _FakeAsyncLLM:
@@ -120,13 +141,13 @@ class _FakeAsyncLLM:
         return [{"last_report": None if self.fail else REPORT, "last_error": error}]
 
 
-def test_async_update_pauses_and_always_resumes() -> None:
+def test_async_update_leaves_pausing_to_the_engine() -> None:
     vllm = pytest.importorskip("vllm")  # the request dataclasses come from vLLM
     assert vllm is not None
     engine = _FakeAsyncLLM()
     assert asyncio.run(AsyncEngineWeightSync(engine).update(5)) == REPORT
-    assert engine.calls == ["pause:keep", "start", "update", "finish", "resume"]
+    assert engine.calls == ["start", "update", "finish"]  # GenerationEngine.update_weights pauses and resumes
     failing = _FakeAsyncLLM(fail=True)
     with pytest.raises(WeightSyncTimeout):
         asyncio.run(AsyncEngineWeightSync(failing).update(6))
-    assert failing.calls == ["pause:keep", "start", "update", "resume"]
+    assert failing.calls == ["start", "update"]

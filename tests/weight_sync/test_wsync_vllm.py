@@ -25,7 +25,10 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from async_rl.models import build_tiny_model  # noqa: E402
+from async_rl.transport.protocol import WeightSyncPlan  # noqa: E402
 from async_rl.weight_sync import EngineWeightSync, WeightSyncError, WeightSyncTimeout, vllm_engine_kwargs  # noqa: E402
+from async_rl.weight_sync.group import resolve_backend  # noqa: E402
+from async_rl.weight_sync.membership import JoinInfo  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +65,15 @@ def llm(model_dir: Path) -> Iterator[Any]:
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     else:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = old
+
+
+def _fixed_group(port: int, *, epoch: int = 0, timeout_s: float = 60.0) -> JoinInfo:
+    """The engine at rank 1 of a fixed group of two with the sender stand-in (it builds no roster)."""
+    plan = WeightSyncPlan(
+        host="127.0.0.1", port=port, backend=resolve_backend("auto"), timeout_s=timeout_s, join_timeout_s=10.0,
+        version=-1, epoch=epoch, candidates=(),
+    )  # fmt: skip
+    return JoinInfo(plan=plan, world_size=2, rank_offset=1)
 
 
 def _start_sender(model_dir: Path, mode: str, *, version: int, timeout: float, **extra: Any) -> tuple[Any, int]:
@@ -112,7 +124,7 @@ def _hf_logprobs(model_dir: Path, weights: dict[str, torch.Tensor] | None) -> li
 def _good_update(llm: Any, model_dir: Path, *, seed: int, version: int) -> dict[str, Any]:
     proc, port = _start_sender(model_dir, "good", version=version, timeout=60, seed=seed)
     sync = EngineWeightSync(llm)
-    sync.join("127.0.0.1", port, world_size=2, timeout_s=60)
+    sync.join(_fixed_group(port))
     report = sync.update(version)
     out = _sender_output(proc)
     assert proc.returncode == 0 and "REPORT" in out, out
@@ -150,7 +162,7 @@ def test_update_matches_transformers_forward(llm: Any, model_dir: Path) -> None:
 def test_bad_update_is_detected(llm: Any, model_dir: Path, mode: str, target: str, phrase: str) -> None:
     proc, port = _start_sender(model_dir, mode, version=2, timeout=60, target=target, seed=2)
     sync = EngineWeightSync(llm)
-    sync.join("127.0.0.1", port, world_size=2, timeout_s=60)
+    sync.join(_fixed_group(port))
     with pytest.raises(WeightSyncError) as info:
         sync.update(2)
     assert not isinstance(info.value, WeightSyncTimeout)
@@ -163,7 +175,7 @@ def test_hung_transfer_times_out_then_rejoins_under_a_new_epoch(llm: Any, model_
     # The learner stand-in joins epoch 0 and sends nothing for 8 s, then rejoins under epoch 1 and sends v4.
     proc, port = _start_sender(model_dir, "hang", version=4, timeout=60, seed=4, hang_s=8.0, then_good=True)
     sync = EngineWeightSync(llm)
-    sync.join("127.0.0.1", port, world_size=2, epoch=0, timeout_s=2.0)
+    sync.join(_fixed_group(port, epoch=0, timeout_s=2.0))
     t0 = time.perf_counter()
     with pytest.raises(WeightSyncTimeout):
         sync.update(4)
@@ -173,7 +185,7 @@ def test_hung_transfer_times_out_then_rejoins_under_a_new_epoch(llm: Any, model_
     assert state["broken"] is True and state["weights_valid"] is False
     with pytest.raises(WeightSyncError, match="broken"):
         sync.update(4)  # a broken group refuses work until rejoined
-    sync.join("127.0.0.1", port, world_size=2, epoch=1, timeout_s=60)  # same learner store, next epoch
+    sync.join(_fixed_group(port, epoch=1))  # same learner store, next epoch
     report = sync.update(4)
     assert report["version"] == 4 and sync.state()["epoch"] == 1
     out = _sender_output(proc)

@@ -1,0 +1,48 @@
+"""The engine's settings and sampling come from the typed config: each field changes with its key (no vLLM here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from async_rl.actor.engine import EngineSettings, SamplingSpec
+from async_rl.config import default_config, load_config
+
+RO = "actor_rollout_ref.rollout"
+
+
+def test_every_engine_setting_comes_from_its_config_key() -> None:
+    keys = {
+        "tensor_parallel_size": (f"{RO}.tensor_model_parallel_size", 2),
+        "dtype": (f"{RO}.dtype", "float32"),
+        "max_model_len": (f"{RO}.max_model_len", 64),
+        "gpu_memory_utilization": (f"{RO}.gpu_memory_utilization", 0.3),
+        "max_num_seqs": (f"{RO}.max_num_seqs", 8),
+        "enforce_eager": (f"{RO}.enforce_eager", False),
+        "enable_prefix_caching": (f"{RO}.enable_prefix_caching", False),
+        "enable_chunked_prefill": (f"{RO}.enable_chunked_prefill", False),
+        "max_num_batched_tokens": (f"{RO}.max_num_batched_tokens", 512),
+        "logprobs_mode": ("async_training.actor.logprobs_mode", "raw"),
+        "seed": ("trainer.seed", 9),
+    }
+    default = EngineSettings.defaults("m")
+    for name, (key, value) in keys.items():
+        assert getattr(default, name) != value, name
+        got = EngineSettings.from_config(load_config(None, [f"{key}={value}"]), model_path="m", extra_engine_kwargs={})
+        assert getattr(got, name) == value, key
+    assert set(keys) | {"model_path", "extra_engine_kwargs"} == {f.name for f in dataclasses.fields(EngineSettings)}
+    # the config's defaults, not the engine's own (they had drifted: 256 sequences, CUDA graphs on)
+    r = default_config().actor_rollout_ref.rollout
+    assert (default.max_num_seqs, default.enforce_eager) == (r.max_num_seqs, r.enforce_eager) == (1024, True)
+    derived = EngineSettings.from_config(
+        load_config(None, ["data.max_prompt_length=20"]), model_path="m", extra_engine_kwargs={}
+    )
+    assert derived.max_model_len == 20 + default_config().data.max_response_length  # null = prompt + response
+
+
+def test_sampling_spec_comes_from_the_rollout_section() -> None:
+    cfg = load_config(None, [f"{RO}.n=3", f"{RO}.temperature=0.5", f"{RO}.top_p=0.9", f"{RO}.top_k=5"])
+    spec = SamplingSpec.from_config(cfg, seed=4)
+    assert spec == SamplingSpec(
+        n=3, temperature=0.5, top_p=0.9, top_k=5, max_tokens=cfg.data.max_response_length, seed=4
+    )
+    assert SamplingSpec.defaults(n=2).max_tokens == default_config().data.max_response_length

@@ -1,0 +1,102 @@
+"""Benchmark the skipped proximal pass: the learner step with it skipped (the default when a step is one optimizer
+step) against the same step with the separate no-grad proximal forward forced, side by side on one config.
+
+Usage: ``python tools/bench_proximal.py --config configs/demo_grpo.yaml [--rounds 5] [key=value ...]``
+
+The learner is built from the config exactly as a run builds it (its model, its settings); the batch has
+``data.train_batch_size`` groups of ``rollout.n`` responses of ``data.max_response_length`` tokens on the config's
+real prompts. Rounds interleave the two variants (the order alternates each round), so drift on a shared machine
+hits both alike; the ratio is forced / skipped step time (how much slower the step is with the pass), with the
+spread of the per-round ratios. Single process, nothing downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
+
+
+def build(config: str, overrides: list[str], workdir: Path) -> tuple[Any, list[Any]]:
+    """The config's learner (single process) and a batch of synthetic groups on its real prompts."""
+    from transformers import AutoTokenizer
+
+    from async_rl.config import load_config
+    from async_rl.learner import Learner, LearnerSettings, local_context
+    from async_rl.learner.batching import Response, SampledGroup
+    from async_rl.runtime import resources
+
+    cfg = load_config([config], overrides)
+    model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    records = resources.prompt_records(cfg, tokenizer)
+    settings = LearnerSettings.from_config(cfg, total_training_steps=1000)
+    settings = settings.replace(pad_token_id=int(tokenizer.pad_token_id or 0))
+    learner = Learner(settings, local_context(), model_path)
+    rng = random.Random(0)
+    vocab = int(learner.vocab_size or 64)
+    length, n = cfg.data.max_response_length, cfg.actor_rollout_ref.rollout.n
+    groups = []
+    for g in range(cfg.data.train_batch_size):
+        prompt = [int(t) for t in records[g % len(records)].token_ids]
+        responses = [
+            Response([rng.randrange(3, vocab) for _ in range(length)], [-1.0] * length, float(rng.random()), 0)
+            for _ in range(n)
+        ]
+        groups.append(SampledGroup(g, prompt, responses))
+    return learner, groups
+
+
+def timed_step(learner: Any, groups: list[Any], *, force_proximal: bool) -> float:
+    reuses = type(learner)._reuses_proximal
+    if force_proximal:  # what the step did before the skip: always the separate proximal forward
+        learner._reuses_proximal = lambda batch_size: False
+    try:
+        t0 = time.perf_counter()
+        metrics = learner.train_step(groups)
+        elapsed = time.perf_counter() - t0
+    finally:
+        learner._reuses_proximal = reuses.__get__(learner)
+    skipped = metrics["learner/actor/proximal_pass_skipped"]
+    assert skipped == (0.0 if force_proximal else 1.0), f"the proximal pass was not as asked: skipped={skipped}"
+    return elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds, each one step of each variant")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        learner, groups = build(args.config, args.overrides, Path(tmp))
+        if not learner._reuses_proximal(sum(len(g.responses) for g in groups)):
+            raise SystemExit(f"{args.config}: the step is not one optimizer step, so nothing is skipped to measure")
+        timed_step(learner, groups, force_proximal=False)  # warm-up, both paths
+        timed_step(learner, groups, force_proximal=True)
+        skip_s, force_s = [], []
+        for r in range(args.rounds):
+            for force in (False, True) if r % 2 == 0 else (True, False):
+                (force_s if force else skip_s).append(timed_step(learner, groups, force_proximal=force))
+            print(f"round {r + 1}: skipped {skip_s[-1]:.3f} s, forced {force_s[-1]:.3f} s", flush=True)
+    ratios = [f / s for f, s in zip(force_s, skip_s, strict=True)]
+    skip, force = statistics.median(skip_s), statistics.median(force_s)
+    detail = (
+        f"step {skip:.3f} s skipped vs {force:.3f} s with the proximal pass (median of {args.rounds}); "
+        f"per-round ratio {min(ratios):.2f}-{max(ratios):.2f}; compute saved {1 - skip / force:.0%}"
+    )
+    print(detail)
+    emit("proximal", [BenchLine("proximal_forced_vs_skipped", force / skip, None, detail)])
+
+
+if __name__ == "__main__":
+    main()

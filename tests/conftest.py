@@ -1,4 +1,8 @@
-"""Shared pytest set-up: skip `gpu`-marked tests when no CUDA device is present."""
+"""Shared pytest set-up: skip `gpu`-marked tests when no CUDA device is present.
+
+This file also puts tests/ on ``sys.path`` (pytest's default ``prepend`` import mode inserts a root conftest's
+directory), so helpers shared by several test directories live here as top-level modules: ``_loop_fakes`` (the
+actor-loop fakes of tests/actor and tests/rewards)."""
 
 from __future__ import annotations
 

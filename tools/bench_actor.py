@@ -51,10 +51,10 @@ async def _raw(engine: Any, prompts: list[list[int]], args: argparse.Namespace, 
 
 
 async def _actor(gen: Any, prompts: list[list[int]], args: argparse.Namespace) -> int:
-    from async_rl.actor.engine import SamplingSpec
+    from async_rl.transport.protocol import GroupSampling
 
-    spec = SamplingSpec.defaults(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
-    groups = await asyncio.gather(*[gen.generate(ids, spec) for ids in prompts])
+    sampling = GroupSampling.defaults(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
+    groups = await asyncio.gather(*[gen.generate(ids, sampling) for ids in prompts])
     return sum(len(c.token_ids) for g in groups for c in g)
 
 

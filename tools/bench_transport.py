@@ -31,10 +31,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from async_rl.transport import (  # noqa: E402 - after the sys.path tweak so the script runs from a checkout
     Coordinator,
+    GroupSampling,
     PlaneSettings,
     PromptRecord,
     RolloutClient,
-    SamplingParams,
     make_completion,
 )
 from async_rl.transport.codec import WireCodec  # noqa: E402
@@ -128,7 +128,7 @@ def bench_plane(args: argparse.Namespace) -> tuple[float, int]:
     coord = Coordinator(
         records,
         settings,
-        sampling=SamplingParams(n=args.n, max_tokens=args.tokens),
+        sampling=GroupSampling.defaults(n=args.n, max_tokens=args.tokens),
         max_epochs=1,
         trust_claimed_versions=True,  # no weight sync in this benchmark: the clients claim their versions
     )

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from async_rl.actor.engine import Completion, EngineStats, SamplingSpec, UpdateMode
+from async_rl.actor.engine import EngineOutput, EngineStats, UpdateMode
 from async_rl.rewards import RewardResult
+from async_rl.transport.protocol import GroupSampling
 from async_rl.weight_sync import WeightReceiver, WeightSyncError, WeightSyncGroup
 from async_rl.weight_sync.membership import JoinInfo, announce_at, join_epoch
 
@@ -133,6 +134,7 @@ class EmulatedEngine:
         self.logprob = float(logprob)
         self.version = version
         self.stats = EngineStats()
+        self.dead = False  # the emulated engine never dies on its own (tests' subclasses may set it)
         # One future per running group, resolved by one timer at its finish time (re-armed when a pause moves it):
         # a timer per group costs far less CPU than a polling or wait_for loop per group.
         self._waiters: dict[int, asyncio.Future[bool]] = {}  # ticket -> future(aborted?)
@@ -170,11 +172,11 @@ class EmulatedEngine:
         if fut is not None and not fut.done():
             fut.set_result(aborted)
 
-    async def generate(self, prompt_token_ids: Sequence[int], spec: SamplingSpec) -> list[Completion]:
-        """Wait until the pacer says the group is done, then return ``spec.n`` completions of ``L`` tokens."""
-        length = self.response_len or spec.max_tokens
+    async def generate(self, prompt_token_ids: Sequence[int], sampling: GroupSampling) -> list[EngineOutput]:
+        """Wait until the pacer says the group is done, then return ``sampling.n`` completions of ``L`` tokens."""
+        length = self.response_len or sampling.max_tokens
         start_version = self.version
-        ticket = self.pacer.submit(time.monotonic(), spec.n * length)
+        ticket = self.pacer.submit(time.monotonic(), sampling.n * length)
         self._waiters[ticket] = asyncio.get_running_loop().create_future()
         self._idle.clear()
         try:
@@ -187,13 +189,13 @@ class EmulatedEngine:
             if not self._waiters:
                 self._idle.set()
         end_version = self.version
-        rng = np.random.default_rng([spec.seed or 0, len(prompt_token_ids)])
+        rng = np.random.default_rng([sampling.seed or 0, len(prompt_token_ids)])
         vocab = np.asarray(prompt_token_ids or [0], dtype=np.int32)
         completions = []
-        for _ in range(spec.n):
+        for _ in range(sampling.n):
             tokens = np.zeros(0, dtype=np.int32) if aborted else rng.choice(vocab, size=length).astype(np.int32)
             completions.append(
-                Completion(
+                EngineOutput(
                     token_ids=tokens,
                     logprobs=np.full(len(tokens), self.logprob, dtype=np.float32),
                     finish_reason="abort" if aborted else "length",
@@ -204,8 +206,8 @@ class EmulatedEngine:
             )
         if not aborted:
             self.stats.requests += 1
-            self.stats.completions += spec.n
-            self.stats.generated_tokens += spec.n * length
+            self.stats.completions += sampling.n
+            self.stats.generated_tokens += sampling.n * length
         return completions
 
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from async_rl.config import Config, default_config
+from async_rl.transport.protocol import GroupSampling
 
 logger = logging.getLogger(__name__)
 
@@ -37,40 +38,11 @@ class EngineDead(RuntimeError):
     """The vLLM engine process died (or errored for good): the actor cannot generate again and must exit."""
 
 
-@dataclass(frozen=True)
-class SamplingSpec:
-    """Sampling parameters of one prompt group (``n`` completions); no defaults here, they live in the config."""
-
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
-    seed: int | None
-
-    @classmethod
-    def from_config(cls, cfg: Config, *, seed: int | None) -> SamplingSpec:
-        """Training sampling: ``actor_rollout_ref.rollout.{n, temperature, top_p, top_k}``, ``data.max_response_length``
-        tokens."""
-        r = cfg.actor_rollout_ref.rollout
-        return cls(
-            n=r.n,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_tokens=cfg.data.max_response_length,
-            seed=seed,
-        )
-
-    @classmethod
-    def defaults(cls, **overrides: Any) -> SamplingSpec:
-        """The config's default training sampling (unseeded), with ``overrides`` replaced; for tests and tools."""
-        return replace(cls.from_config(default_config(), seed=None), **overrides)
-
-
 @dataclass
-class Completion:
-    """One sampled completion: token ids, the behaviour log-prob of each, and the version span it was generated in."""
+class EngineOutput:
+    """One completion as the engine returns it, before scoring: token ids, the behaviour log-prob of each, its text
+    (what the reward function scores) and the version span it was generated in. The actor loop turns it into the
+    wire's ``transport.protocol.Completion`` once its reward is known."""
 
     token_ids: np.ndarray  # [T] int32
     logprobs: np.ndarray  # [T] float32, log-prob of each sampled token
@@ -195,24 +167,25 @@ class GenerationEngine:
     def inflight(self) -> int:
         return self._inflight
 
-    def _sampling_params(self, spec: SamplingSpec) -> Any:
-        from vllm import SamplingParams
+    def _vllm_sampling(self, sampling: GroupSampling) -> Any:
+        """vLLM's own ``SamplingParams`` for ``sampling``: one log-prob per sampled token, streamed as deltas."""
+        import vllm
         from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(
-            n=spec.n,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            top_k=spec.top_k if spec.top_k > 0 else -1,
-            max_tokens=spec.max_tokens,
-            seed=spec.seed,
+        return vllm.SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
             logprobs=0,
             detokenize=True,
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def generate(self, prompt_token_ids: Sequence[int], spec: SamplingSpec) -> list[Completion]:
-        """Generate ``spec.n`` completions of one prompt; returns when all of them have finished."""
+    async def generate(self, prompt_token_ids: Sequence[int], sampling: GroupSampling) -> list[EngineOutput]:
+        """Generate ``sampling.n`` completions of one prompt; returns when all of them have finished."""
         from vllm.inputs import TokensPrompt
 
         engine = self.vllm
@@ -221,14 +194,14 @@ class GenerationEngine:
         start_version = self.version
         finished_at: dict[int, int] = {}
         # Streamed as deltas (no quadratic re-copying of long outputs); a delta may carry only some completions.
-        tokens: dict[int, list[int]] = {i: [] for i in range(spec.n)}
-        logprobs: dict[int, list[float]] = {i: [] for i in range(spec.n)}
-        texts: dict[int, list[str]] = {i: [] for i in range(spec.n)}
+        tokens: dict[int, list[int]] = {i: [] for i in range(sampling.n)}
+        logprobs: dict[int, list[float]] = {i: [] for i in range(sampling.n)}
+        texts: dict[int, list[str]] = {i: [] for i in range(sampling.n)}
         reasons: dict[int, str] = {}
         self._inflight += 1
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=f"v{start_version}")
-            async for output in engine.generate(prompt, self._sampling_params(spec), request_id=request_id):
+            async for output in engine.generate(prompt, self._vllm_sampling(sampling), request_id=request_id):
                 for comp in output.outputs:
                     tokens[comp.index].extend(comp.token_ids)
                     logprobs[comp.index].extend(_sampled_logprobs(comp.token_ids, comp.logprobs))
@@ -242,16 +215,16 @@ class GenerationEngine:
             raise
         finally:
             self._inflight -= 1
-        if sorted(reasons) != list(range(spec.n)):
+        if sorted(reasons) != list(range(sampling.n)):
             raise RuntimeError(
-                f"vLLM finished completions {sorted(reasons)} of request {request_id}, expected n={spec.n}"
+                f"vLLM finished completions {sorted(reasons)} of request {request_id}, expected n={sampling.n}"
             )
         completions = []
-        for i in range(spec.n):
+        for i in range(sampling.n):
             token_ids = np.asarray(tokens[i], dtype=np.int32)
             end_version = finished_at[i]
             completions.append(
-                Completion(
+                EngineOutput(
                     token_ids=token_ids,
                     logprobs=np.asarray(logprobs[i], dtype=np.float32),
                     finish_reason=reasons[i],

@@ -40,11 +40,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
-
-from async_rl.actor.engine import Completion, EngineDead, EngineStats, SamplingSpec, UpdateMode
+from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateMode
 from async_rl.rewards import OverlongShaping, RewardResult
-from async_rl.transport.protocol import PromptGrant, RolloutGroup, WeightSyncPlan, make_completion, unpack_array
+from async_rl.transport.protocol import (
+    Completion,
+    GroupSampling,
+    PromptGrant,
+    RolloutGroup,
+    WeightSyncPlan,
+    make_completion,
+    unpack_array,
+)
 from async_rl.weight_sync.errors import WeightMismatchError
 from async_rl.weight_sync.membership import JoinInfo
 
@@ -79,7 +85,12 @@ class Engine(Protocol):
     version: int
     stats: EngineStats
 
-    async def generate(self, prompt_token_ids: list[int], spec: SamplingSpec) -> list[Completion]: ...
+    @property
+    def dead(self) -> bool:
+        """True once the engine can never generate again (vLLM's engine core died)."""
+        ...
+
+    async def generate(self, prompt_token_ids: list[int], sampling: GroupSampling) -> list[EngineOutput]: ...
 
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Pause -> ``load()`` -> set version -> resume; when ``load`` raises: abort every running request, stay
@@ -251,12 +262,8 @@ class ActorLoop:
 
     async def _run_group(self, grant: PromptGrant) -> None:
         started = time.time()
-        s = grant.sampling
-        spec = SamplingSpec(
-            n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens, seed=s.seed
-        )
         prompt_ids = unpack_array(grant.prompt_token_ids)
-        completions = await self.engine.generate(prompt_ids.tolist(), spec)
+        completions = await self.engine.generate(prompt_ids.tolist(), grant.sampling)
         if any(c.finish_reason == "abort" for c in completions):
             self.stats.groups_aborted += 1
             return
@@ -307,7 +314,7 @@ class ActorLoop:
         while not self._stop and not self.client.shutdown_requested:
             self.client.poll()
             await self._maybe_update_weights()
-            if self._fatal is not None or getattr(self.engine, "dead", False):
+            if self._fatal is not None or self.engine.dead:
                 await self._fail()
             while not self._finished.empty():
                 finished = self._finished.get_nowait()
@@ -385,13 +392,13 @@ class ActorLoop:
         return out
 
 
-def _wire_completion(comp: Completion, reward: RewardResult) -> Any:
+def _wire_completion(out: EngineOutput, reward: RewardResult) -> Completion:
     return make_completion(
-        token_ids=comp.token_ids,
-        logprobs=comp.logprobs.astype(np.float32),
-        version_min=comp.min_version,
-        version_max=comp.max_version,
-        finish_reason=comp.finish_reason,
+        token_ids=out.token_ids,
+        logprobs=out.logprobs,  # float32 already; pack_array converts anything else
+        version_min=out.min_version,
+        version_max=out.max_version,
+        finish_reason=out.finish_reason,
         reward=reward.score,
         reward_components=reward.components or None,
     )

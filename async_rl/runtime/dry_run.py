@@ -75,13 +75,14 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     from async_rl.learner.settings import LearnerSettings
     from async_rl.rewards import load_reward_fn
     from async_rl.runtime.actor_main import engine_settings
+    from async_rl.transport.protocol import GroupSampling
     from async_rl.weight_sync.group import resolve_backend
 
     run_length = _run_length(cfg)
     # Without the data the horizon is unknown until start-up; 1 stands in so the schedule's settings still validate.
     learner = LearnerSettings.from_config(cfg, total_training_steps=run_length["total_training_steps"] or 1)
     plane = resources.plane_settings(cfg)
-    sampling = resources.sampling_params(cfg, seed=cfg.trainer.seed)
+    sampling = GroupSampling.from_config(cfg, seed=cfg.trainer.seed)
     engine = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
     custom = cfg.custom_reward_function
     if custom.path:

@@ -14,9 +14,12 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from async_rl.config import Config
+
+if TYPE_CHECKING:
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -171,32 +174,3 @@ def plane_settings(cfg: Config, **overrides: Any) -> Any:
     from async_rl.transport import PlaneSettings
 
     return PlaneSettings.from_config(cfg, **overrides)
-
-
-def sampling_params(cfg: Config, seed: int | None) -> Any:
-    """Training-time sampling of every prompt group."""
-    from async_rl.transport import SamplingParams
-
-    r = cfg.actor_rollout_ref.rollout
-    return SamplingParams(
-        n=r.n,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        max_tokens=cfg.data.max_response_length,
-        seed=seed,
-    )
-
-
-def val_sampling_params(cfg: Config, seed: int | None) -> Any:
-    """Validation sampling from ``actor_rollout_ref.rollout.val_kwargs``, as verl: ``do_sample=false`` decodes greedily
-    (temperature 0, one sample per prompt, no seed needed); otherwise ``n`` samples with its temperature/top-p/top-k."""
-    from async_rl.transport import SamplingParams
-
-    vk = cfg.actor_rollout_ref.rollout.val_kwargs
-    max_tokens = cfg.data.max_response_length
-    if not vk.do_sample:
-        return SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=None)
-    return SamplingParams(
-        n=vk.n, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k, max_tokens=max_tokens, seed=seed
-    )

@@ -82,16 +82,7 @@ class Trainer:
         self.learner = Learner(self._settings(policy_path), ctx, policy_path)
         self.coordinator = self._coordinator(records) if records is not None else None
         ws = cfg.async_training.weight_sync
-        self.publisher = WeightPublisher(
-            ctx,
-            self.coordinator,
-            host=ws.master_addr,
-            port=ws.master_port,
-            backend=ws.backend,
-            bucket_size_mb=ws.bucket_size_mb,
-            timeout_s=ws.timeout_s,
-            join_timeout_s=ws.join_timeout_s,
-        )
+        self.publisher = WeightPublisher.from_config(ws, ctx, self.coordinator)
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.start_step = maybe_resume(cfg, self.learner, self.coordinator, self.ckpt_dir)
         self.saved_step = self.start_step  # the newest step a checkpoint holds (or the run started from)
@@ -122,14 +113,14 @@ class Trainer:
         return settings
 
     def _coordinator(self, records: list[Any]) -> Any:
-        from async_rl.transport import Coordinator, FilterSettings
+        from async_rl.transport import Coordinator, FilterSettings, GroupSampling
 
         cfg = self.cfg
         fg = cfg.algorithm.filter_groups  # DAPO dynamic sampling, done by the coordinator (transport/filtering.py)
         coordinator = Coordinator(
             records,
             resources.plane_settings(cfg),
-            sampling=resources.sampling_params(cfg, seed=cfg.trainer.seed),
+            sampling=GroupSampling.from_config(cfg, seed=cfg.trainer.seed),
             seed=cfg.trainer.seed,
             shuffle_seed=cfg.data.seed if cfg.data.shuffle else None,
             max_epochs=cfg.trainer.total_epochs,

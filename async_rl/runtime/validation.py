@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from async_rl.config import Config
 from async_rl.transport.evaluation import EvalResult
+from async_rl.transport.protocol import GroupSampling
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class _Ctx(Protocol):
 
 
 class _Coordinator(Protocol):
-    def start_eval(self, version: int, records: Sequence[Any], sampling: Any) -> int: ...
+    def start_eval(self, version: int, records: Sequence[Any], sampling: GroupSampling) -> int: ...
 
     def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool: ...
 
@@ -146,13 +147,15 @@ class Validator:
         *,
         records: Sequence[Any] = (),
         sources: Sequence[str] = (),
-        sampling: Any = None,
+        sampling: GroupSampling | None = None,
         timeout_s: float = 1800.0,
         log: LogFn | None = None,
         poll_s: float = 2.0,
     ) -> None:
-        if ctx.rank == 0 and schedule.enabled and (coordinator is None or not records):
-            raise ValueError("learner rank 0 needs the coordinator and the validation records when validation is on")
+        if ctx.rank == 0 and schedule.enabled and (coordinator is None or not records or sampling is None):
+            raise ValueError(
+                "learner rank 0 needs the coordinator, the validation records and their sampling when validation is on"
+            )
         if len(sources) != len(records):
             raise ValueError(f"{len(sources)} data sources for {len(records)} validation records")
         self.ctx = ctx
@@ -175,7 +178,7 @@ class Validator:
             self.wait()
         self.open_version = self.last_version = version
         if self.ctx.rank == 0:
-            assert self.coordinator is not None
+            assert self.coordinator is not None and self.sampling is not None
             self._round = self.coordinator.start_eval(version, self.records, self.sampling)
 
     def before_publish(self, version: int) -> None:
@@ -270,7 +273,7 @@ def build_validator(
         schedule,
         records=records,
         sources=sources,
-        sampling=resources.val_sampling_params(cfg, seed=cfg.trainer.seed),
+        sampling=GroupSampling.for_validation(cfg, seed=cfg.trainer.seed),
         timeout_s=cfg.async_training.timeouts.validation_s,
         log=log,
     )

@@ -39,12 +39,12 @@ from async_rl.transport.protocol import (
     AnyMessage,
     Bye,
     GroupAck,
+    GroupSampling,
     Heartbeat,
     Hello,
     Message,
     PromptGrant,
     RolloutGroup,
-    SamplingParams,
     VersionUpdate,
     WeightSyncPlan,
     Welcome,
@@ -71,7 +71,7 @@ class Coordinator:
         records: Sequence[PromptRecord],
         settings: PlaneSettings | None = None,
         *,
-        sampling: SamplingParams | None = None,
+        sampling: GroupSampling | None = None,
         seed: int | None = 0,
         shuffle_seed: int | None = None,
         max_epochs: int | None = None,
@@ -85,6 +85,7 @@ class Coordinator:
         """``trust_claimed_versions``: grant on an actor's claimed loaded version alone, for planes tested or
         benchmarked without a weight sync. By default an actor's version counts only up to what the learner
         confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``.
+        ``sampling``: how every training group is sampled; None: the config's defaults (``GroupSampling.defaults()``).
         ``filter_groups``: DAPO dynamic sampling of training groups (transport.filtering); None: off."""
         self.settings = settings or PlaneSettings.defaults()
         if vocab_size is not None and (
@@ -95,7 +96,7 @@ class Coordinator:
         if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
             raise ValueError(f"initial_version must be an int >= 0, got {initial_version!r}")
         self.source = PromptSource(records, shuffle_seed=shuffle_seed, max_epochs=max_epochs)
-        self.sampling = _checked_sampling(sampling or SamplingParams())
+        self.sampling = _checked_sampling(sampling if sampling is not None else GroupSampling.defaults())
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         self.seed = seed
@@ -261,7 +262,7 @@ class Coordinator:
             self._admission.on_trained(self._version)
         self._io.wake()
 
-    def start_eval(self, version: int, records: Sequence[PromptRecord], sampling: SamplingParams) -> int:
+    def start_eval(self, version: int, records: Sequence[PromptRecord], sampling: GroupSampling) -> int:
         """Start a validation round of ``records`` under exactly policy ``version`` (already published to the actors);
         returns its round id. One round at a time: the previous one must have been finished with `finish_eval`."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
@@ -784,9 +785,9 @@ class Coordinator:
                 self._cv.notify_all()
 
 
-def _checked_sampling(sampling: SamplingParams) -> SamplingParams:
+def _checked_sampling(sampling: GroupSampling) -> GroupSampling:
     """Validate sampling parameters with the wire schema (structs are not validated when built in Python)."""
     try:
-        return msgspec.msgpack.decode(msgspec.msgpack.encode(sampling), type=SamplingParams)
+        return msgspec.msgpack.decode(msgspec.msgpack.encode(sampling), type=GroupSampling)
     except msgspec.ValidationError as exc:
         raise ValueError(f"sampling: {exc}") from None

@@ -31,7 +31,7 @@ import msgspec
 
 from async_rl.transport.actors import ActorState
 from async_rl.transport.prompts import PromptRecord
-from async_rl.transport.protocol import Completion, PromptGrant, SamplingParams, group_seed, pack_array
+from async_rl.transport.protocol import Completion, GroupSampling, PromptGrant, group_seed, pack_array
 
 EvalVerdict = Literal["accepted", "duplicate", "stale", "unknown"]
 
@@ -72,7 +72,7 @@ class EvalRound:
     """One validation round: ``records`` generated with ``sampling`` under exactly policy ``version``."""
 
     def __init__(
-        self, round_id: int, version: int, records: Sequence[PromptRecord], sampling: SamplingParams, now: float
+        self, round_id: int, version: int, records: Sequence[PromptRecord], sampling: GroupSampling, now: float
     ) -> None:
         if round_id < 0 or version < 0:
             raise ValueError(f"round_id and version must be >= 0, got {round_id}, {version}")

@@ -19,10 +19,13 @@ down to the vLLM worker that joins the group (``weight_sync.membership.JoinInfo`
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
+
+if TYPE_CHECKING:
+    from async_rl.config import Config
 
 PROTOCOL_VERSION = 1
 
@@ -58,15 +61,54 @@ class WireArray(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=
     length: NonNegInt
 
 
-class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """Per-prompt sampling parameters; ``n`` completions are generated for the prompt (one group)."""
+class GroupSampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+    """How one prompt group is sampled: ``n`` completions of at most ``max_tokens`` tokens each.
 
-    n: PositiveInt = 1
-    temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] = -1
-    max_tokens: PositiveInt = 256
-    seed: NonNegInt | None = None
+    The one sampling type of the system: the coordinator grants it (``PromptGrant.sampling``), the actor's engine
+    takes it as is (``GenerationEngine.generate``, which maps it onto vLLM's own ``SamplingParams``), and the
+    coordinator checks delivered groups against it. Every field is required: the values come from the config
+    (:meth:`from_config` for training, :meth:`for_validation` for validation rounds) or, in tests and tools, from the
+    config's defaults with a few changes (:meth:`defaults`). Constraints are checked on decode (``checked``).
+    """
+
+    n: PositiveInt
+    temperature: Annotated[float, msgspec.Meta(ge=0.0)]
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+    top_k: Annotated[int, msgspec.Meta(ge=-1)]  # -1 (or 0): off
+    max_tokens: PositiveInt
+    seed: NonNegInt | None  # vLLM seeds sample i with seed + i; None: unseeded
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, seed: int | None) -> GroupSampling:
+        """Training sampling: ``actor_rollout_ref.rollout.{n, temperature, top_p, top_k}``, at most
+        ``data.max_response_length`` tokens."""
+        r = cfg.actor_rollout_ref.rollout
+        return cls(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=cfg.data.max_response_length,
+            seed=seed,
+        )
+
+    @classmethod
+    def for_validation(cls, cfg: Config, *, seed: int | None) -> GroupSampling:
+        """Validation sampling from ``actor_rollout_ref.rollout.val_kwargs``, as verl: ``do_sample=false`` decodes
+        greedily (temperature 0, one sample per prompt, no seed needed); otherwise ``n`` samples with its
+        temperature/top-p/top-k. At most ``data.max_response_length`` tokens either way."""
+        vk = cfg.actor_rollout_ref.rollout.val_kwargs
+        max_tokens = cfg.data.max_response_length
+        if not vk.do_sample:
+            return cls(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=max_tokens, seed=None)
+        return cls(n=vk.n, temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k, max_tokens=max_tokens, seed=seed)
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> GroupSampling:
+        """The config's default training sampling (unseeded), with ``overrides`` replaced; for tests and tools."""
+        from async_rl.config import default_config
+
+        return msgspec.structs.replace(cls.from_config(default_config(), seed=None), **overrides)
 
 
 SEED_MODULUS = 2**31
@@ -93,7 +135,7 @@ class PromptGrant(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     lease_id: PositiveInt
     min_version: NonNegInt
     prompt_token_ids: WireArray
-    sampling: SamplingParams
+    sampling: GroupSampling
     extras: dict[str, Any] = {}
     eval_round: EvalRoundId = NO_EVAL
 

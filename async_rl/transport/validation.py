@@ -19,7 +19,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from async_rl.transport.protocol import FLOAT_DTYPES, TOKEN_DTYPES, RolloutGroup, SamplingParams, WireArray
+from async_rl.transport.protocol import FLOAT_DTYPES, TOKEN_DTYPES, GroupSampling, RolloutGroup, WireArray
 
 InvalidReason = Literal[
     "malformed",
@@ -37,7 +37,7 @@ LOGPROB_EPS = 1e-4  # a log-prob may exceed 0 by this much (float rounding of a 
 
 def check_group(
     group: RolloutGroup,
-    sampling: SamplingParams,
+    sampling: GroupSampling,
     *,
     policy_version: int | None,
     min_version: int | None = None,

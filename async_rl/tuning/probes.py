@@ -65,12 +65,13 @@ def _model_and_records(cfg: Any, workdir: Path) -> tuple[str, list[Any]]:
 
 
 async def _generation(params: dict[str, Any]) -> dict[str, Any]:
-    from async_rl.actor.engine import GenerationEngine, SamplingSpec
+    from async_rl.actor.engine import GenerationEngine
     from async_rl.runtime.actor_main import engine_settings
+    from async_rl.transport.protocol import GroupSampling
 
     cfg = _config(params)
     model_path, records = _model_and_records(cfg, Path(params["workdir"]))
-    spec = SamplingSpec.from_config(cfg, seed=None)
+    sampling = GroupSampling.from_config(cfg, seed=None)
     engine = GenerationEngine(engine_settings(cfg, model_path))
     await engine.start()
     paired = bool(params.get("contend_groups"))
@@ -90,7 +91,7 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
-                for c in await engine.generate(next_prompt(), spec):
+                for c in await engine.generate(next_prompt(), sampling):
                     lengths.append(len(c.token_ids))
 
         t0 = time.perf_counter()
@@ -102,10 +103,10 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
         levels, rates, all_lengths = [], [], []
         for groups in params["levels"]:
             tokens, elapsed, lengths = await run_level(groups, float(params["seconds"]))
-            levels.append(groups * spec.n)
+            levels.append(groups * sampling.n)
             rates.append(tokens / elapsed)
             all_lengths.extend(lengths)
-            print(f"generation: {groups} groups x {spec.n} in flight: {rates[-1]:.0f} tokens/s", flush=True)
+            print(f"generation: {groups} groups x {sampling.n} in flight: {rates[-1]:.0f} tokens/s", flush=True)
         contended = None
         if paired:
             _signal(params, "gen_alone_done")

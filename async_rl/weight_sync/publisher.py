@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -35,6 +35,9 @@ from async_rl.transport.protocol import WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
 from async_rl.weight_sync.sender import SendReport, WeightSender
+
+if TYPE_CHECKING:
+    from async_rl.config.async_training import WeightSyncConfig
 
 logger = logging.getLogger(__name__)
 
@@ -63,19 +66,20 @@ def send_metrics(report: SendReport) -> dict[str, float]:
 
 
 class WeightPublisher:
-    """Publishes each new policy version to the live actors. Construct on every learner rank."""
+    """Publishes each new policy version to the live actors. Construct on every learner rank, with
+    :meth:`from_config` (the settings of ``async_training.weight_sync``); no argument has a default of its own."""
 
     def __init__(
         self,
         ctx: _Ctx,
         coordinator: _Coordinator | None,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        backend: str = "auto",
-        bucket_size_mb: float = 256.0,
-        timeout_s: float = 60.0,
-        join_timeout_s: float = 10.0,
+        host: str,
+        port: int,
+        backend: str,
+        bucket_size_mb: float,
+        timeout_s: float,
+        join_timeout_s: float,
     ) -> None:
         if ctx.rank == 0 and coordinator is None:
             raise ValueError("learner rank 0 needs the coordinator to announce weight updates")
@@ -98,6 +102,22 @@ class WeightPublisher:
         if self.coordinator is not None and ctx.rank == 0:  # where actors announce themselves before any epoch
             plan = self._plan(version=-1, candidates=[])
             self.coordinator.set_policy_version(self.coordinator.policy_version, weight_sync=plan)
+
+    @classmethod
+    def from_config(cls, ws: WeightSyncConfig, ctx: _Ctx, coordinator: _Coordinator | None) -> WeightPublisher:
+        """From the ``async_training.weight_sync`` section: rank 0's store at ``master_addr:master_port`` (port 0:
+        a free one), ``backend`` ("auto": nccl on CUDA, else gloo), ``bucket_size_mb``, ``timeout_s`` and
+        ``join_timeout_s``."""
+        return cls(
+            ctx,
+            coordinator,
+            host=ws.master_addr,
+            port=ws.master_port,
+            backend=ws.backend,
+            bucket_size_mb=ws.bucket_size_mb,
+            timeout_s=ws.timeout_s,
+            join_timeout_s=ws.join_timeout_s,
+        )
 
     def _plan(self, *, version: int, candidates: list[str]) -> WeightSyncPlan:
         """Rank 0: the plan actors act on, validated here (the one place it is built)."""

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyWeightSync, TokenRatePacer
-from async_rl.actor.engine import SamplingSpec
-from async_rl.transport.protocol import WeightSyncPlan
+from async_rl.transport.protocol import GroupSampling, WeightSyncPlan
 from async_rl.weight_sync import WeightSender, WeightSyncError, create_store, open_group
 from async_rl.weight_sync.membership import JoinInfo
 
@@ -74,11 +73,11 @@ def test_pacer_rejects_bad_rates() -> None:
 def test_generate_takes_cost_over_rate_and_returns_valid_completions() -> None:
     engine = EmulatedEngine(400.0, response_len=5)
     prompt = [11, 12, 13, 14]
-    spec = SamplingSpec.defaults(n=4, max_tokens=99, seed=3)  # response_len overrides max_tokens
+    sampling = GroupSampling.defaults(n=4, max_tokens=99, seed=3)  # response_len overrides max_tokens
 
     async def run() -> tuple[list[Any], float]:
         t0 = time.monotonic()
-        out = await engine.generate(prompt, spec)
+        out = await engine.generate(prompt, sampling)
         return out, time.monotonic() - t0
 
     completions, seconds = asyncio.run(run())
@@ -90,7 +89,7 @@ def test_generate_takes_cost_over_rate_and_returns_valid_completions() -> None:
         assert c.logprobs.tolist() == [-1.0] * 5
         assert (c.min_version, c.max_version, c.finish_reason) == (0, 0, "length")
     assert engine.stats.generated_tokens == 20 and engine.stats.requests == 1
-    again = asyncio.run(EmulatedEngine(1e9, response_len=5).generate(prompt, spec))
+    again = asyncio.run(EmulatedEngine(1e9, response_len=5).generate(prompt, sampling))
     assert [c.token_ids.tolist() for c in again] == [c.token_ids.tolist() for c in completions]  # seeded
 
 
@@ -102,7 +101,7 @@ def test_inflight_update_pauses_the_group_and_spans_versions() -> None:
 
     async def run() -> tuple[list[Any], float]:
         t0 = time.monotonic()
-        task = asyncio.ensure_future(engine.generate([5, 6], SamplingSpec.defaults(n=1, max_tokens=10)))
+        task = asyncio.ensure_future(engine.generate([5, 6], GroupSampling.defaults(n=1, max_tokens=10)))
         await asyncio.sleep(0.03)
         await engine.update_weights(1, load, "inflight")
         out = await task
@@ -124,7 +123,7 @@ def test_drain_update_waits_for_running_groups() -> None:
 
     async def run() -> list[Any]:
         t0 = time.monotonic()
-        task = asyncio.ensure_future(engine.generate([5], SamplingSpec.defaults(n=1, max_tokens=10)))
+        task = asyncio.ensure_future(engine.generate([5], GroupSampling.defaults(n=1, max_tokens=10)))
         await asyncio.sleep(0.01)
         await engine.update_weights(1, load, "drain")
         assert loaded_at[0] - t0 >= 0.1 - 0.005  # only after the group's 0.1 s
@@ -144,13 +143,13 @@ def test_a_failed_update_aborts_running_groups_and_stays_paused_until_one_succee
         pass
 
     async def run() -> tuple[list[Any], list[Any]]:
-        task = asyncio.ensure_future(engine.generate([5], SamplingSpec.defaults(n=2, max_tokens=5)))
+        task = asyncio.ensure_future(engine.generate([5], GroupSampling.defaults(n=2, max_tokens=5)))
         await asyncio.sleep(0.02)
         with pytest.raises(RuntimeError, match="half-way"):
             await engine.update_weights(1, broken_load, "inflight")
         aborted = await asyncio.wait_for(task, timeout=0.5)
         assert engine.pacer.paused and engine.version == 0  # the half-loaded weights are never sampled from
-        late = asyncio.ensure_future(engine.generate([5], SamplingSpec.defaults(n=1, max_tokens=1)))  # 0.1 s of work
+        late = asyncio.ensure_future(engine.generate([5], GroupSampling.defaults(n=1, max_tokens=1)))  # 0.1 s of work
         await asyncio.sleep(0.2)
         assert not late.done()  # still paused
         await engine.update_weights(1, load, "drain")  # nothing runs: drain does not wait; it resumes

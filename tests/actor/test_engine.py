@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from async_rl.actor.engine import EngineSettings, GenerationEngine, SamplingSpec
+from async_rl.actor.engine import EngineSettings, GenerationEngine
 from async_rl.models.tiny import build_tiny_model
+from async_rl.transport.protocol import GroupSampling
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -35,10 +36,10 @@ def engine(tmp_path_factory, loop):
 
 def test_n_completions_with_one_logprob_per_token(engine, loop):
     eng, _ = engine
-    spec = SamplingSpec.defaults(n=4, temperature=1.0, max_tokens=12, seed=7)
+    sampling = GroupSampling.defaults(n=4, temperature=1.0, max_tokens=12, seed=7)
 
     async def run():
-        return await asyncio.gather(*[eng.generate([5, 6, 7, 8 + i], spec) for i in range(6)])
+        return await asyncio.gather(*[eng.generate([5, 6, 7, 8 + i], sampling) for i in range(6)])
 
     groups = loop.run_until_complete(run())
     assert len(groups) == 6
@@ -60,7 +61,7 @@ def test_processed_logprobs_are_the_sampling_distribution(engine, loop):
     eng, path = engine
     prompt = [9, 10, 11, 12, 13]
     comp = loop.run_until_complete(
-        eng.generate(prompt, SamplingSpec.defaults(n=1, temperature=0.7, max_tokens=10, seed=1))
+        eng.generate(prompt, GroupSampling.defaults(n=1, temperature=0.7, max_tokens=10, seed=1))
     )[0]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + comp.token_ids.tolist()])
@@ -72,7 +73,7 @@ def test_processed_logprobs_are_the_sampling_distribution(engine, loop):
 
 def test_inflight_update_keeps_running_requests_and_records_span(engine, loop):
     eng, _ = engine
-    spec = SamplingSpec.defaults(n=2, temperature=1.0, max_tokens=48, seed=3)
+    sampling = GroupSampling.defaults(n=2, temperature=1.0, max_tokens=48, seed=3)
     loaded = []
 
     async def fake_load():
@@ -80,7 +81,7 @@ def test_inflight_update_keeps_running_requests_and_records_span(engine, loop):
         await asyncio.sleep(0.05)
 
     async def run():
-        tasks = [asyncio.ensure_future(eng.generate([20, 21, 22 + i], spec)) for i in range(4)]
+        tasks = [asyncio.ensure_future(eng.generate([20, 21, 22 + i], sampling)) for i in range(4)]
         while eng.stats.generated_tokens == 0 and eng.inflight < 4:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
@@ -108,7 +109,7 @@ def test_a_failed_load_aborts_running_requests_and_keeps_vllm_paused_until_an_up
     leaves the model half loaded) aborts the running requests and leaves generation paused; a request submitted then
     waits, and runs once a later update succeeds."""
     eng, _ = engine
-    spec = SamplingSpec.defaults(n=2, temperature=1.0, max_tokens=120, seed=11)
+    sampling = GroupSampling.defaults(n=2, temperature=1.0, max_tokens=120, seed=11)
     old = eng.version
 
     async def broken_load():
@@ -118,7 +119,7 @@ def test_a_failed_load_aborts_running_requests_and_keeps_vllm_paused_until_an_up
         await asyncio.sleep(0.01)
 
     async def run():
-        tasks = [asyncio.ensure_future(eng.generate([40, 41, 42 + i], spec)) for i in range(2)]
+        tasks = [asyncio.ensure_future(eng.generate([40, 41, 42 + i], sampling)) for i in range(2)]
         while eng.inflight < 2:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
@@ -126,7 +127,7 @@ def test_a_failed_load_aborts_running_requests_and_keeps_vllm_paused_until_an_up
             await eng.update_weights(old + 1, broken_load, mode="inflight")
         aborted = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
         assert eng.version == old
-        late = asyncio.ensure_future(eng.generate([43, 44], SamplingSpec.defaults(n=1, max_tokens=4, seed=1)))
+        late = asyncio.ensure_future(eng.generate([43, 44], GroupSampling.defaults(n=1, max_tokens=4, seed=1)))
         await asyncio.sleep(0.5)
         assert not late.done()  # paused: nothing is sampled from the half-loaded weights
         await eng.update_weights(old + 1, good_load, mode="drain")  # nothing left to drain: swaps at once, resumes
@@ -176,7 +177,7 @@ class _LengthScorer:
 def test_loop_streams_each_group_as_soon_as_it_finishes(engine, loop):
     """Short groups reach the learner while a long group is still generating (not at the end of a batch)."""
     from async_rl.actor.loop import ActorLoop
-    from async_rl.transport.protocol import PromptGrant, SamplingParams, pack_array
+    from async_rl.transport.protocol import PromptGrant, pack_array
 
     eng, _ = engine
 
@@ -186,7 +187,7 @@ def test_loop_streams_each_group_as_soon_as_it_finishes(engine, loop):
             lease_id=pid + 1,
             min_version=0,
             prompt_token_ids=pack_array(np.asarray([30, 31, 32 + pid]), "<i4"),
-            sampling=SamplingParams(n=3, temperature=1.0, max_tokens=max_tokens, seed=pid),
+            sampling=GroupSampling.defaults(n=3, temperature=1.0, max_tokens=max_tokens, seed=pid),
             extras={"prompt": "p", "ground_truth": "g"},
         )
 
@@ -230,10 +231,10 @@ def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(t
     prompts = [[5 + (i * 7 + j) % 50 for j in range(100)] for i in range(12)]
 
     async def run(seed0: int):
-        specs = [
-            SamplingSpec.defaults(n=4, temperature=1.0, max_tokens=8, seed=seed0 + 4 * i) for i in range(len(prompts))
+        samplings = [
+            GroupSampling.defaults(n=4, temperature=1.0, max_tokens=8, seed=seed0 + 4 * i) for i in range(len(prompts))
         ]
-        return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(prompts, specs, strict=True)])
+        return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(prompts, samplings, strict=True)])
 
     try:
         loop.run_until_complete(eng.start())

@@ -1,11 +1,15 @@
-"""The engine's settings and sampling come from the typed config: each field changes with its key (no vLLM here)."""
+"""The engine's settings and its sampling (``GroupSampling``, the wire's struct) come from the typed config: each field
+changes with its key (no vLLM here)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from async_rl.actor.engine import EngineSettings, SamplingSpec
+import pytest
+
+from async_rl.actor.engine import EngineSettings
 from async_rl.config import default_config, load_config
+from async_rl.transport.protocol import GroupSampling, checked
 
 RO = "actor_rollout_ref.rollout"
 
@@ -39,10 +43,15 @@ def test_every_engine_setting_comes_from_its_config_key() -> None:
     assert derived.max_model_len == 20 + default_config().data.max_response_length  # null = prompt + response
 
 
-def test_sampling_spec_comes_from_the_rollout_section() -> None:
+def test_group_sampling_comes_from_the_rollout_section() -> None:
     cfg = load_config(None, [f"{RO}.n=3", f"{RO}.temperature=0.5", f"{RO}.top_p=0.9", f"{RO}.top_k=5"])
-    spec = SamplingSpec.from_config(cfg, seed=4)
-    assert spec == SamplingSpec(
+    sampling = GroupSampling.from_config(cfg, seed=4)
+    assert sampling == GroupSampling(
         n=3, temperature=0.5, top_p=0.9, top_k=5, max_tokens=cfg.data.max_response_length, seed=4
     )
-    assert SamplingSpec.defaults(n=2).max_tokens == default_config().data.max_response_length
+    default = GroupSampling.defaults(n=2)
+    assert (default.n, default.max_tokens, default.seed) == (2, default_config().data.max_response_length, None)
+    with pytest.raises(TypeError, match="Missing required argument"):
+        GroupSampling(n=1)  # type: ignore[call-arg]  # no defaults of its own: they live in the config
+    with pytest.raises(ValueError, match=r"top_p"):
+        checked(GroupSampling.defaults(top_p=1.5))  # the wire's constraints still hold

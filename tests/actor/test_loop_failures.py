@@ -11,8 +11,9 @@ import pytest
 from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant, make_plan
 
 from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
-from async_rl.actor.engine import Completion, EngineDead, SamplingSpec
+from async_rl.actor.engine import EngineDead, EngineOutput
 from async_rl.actor.loop import ActorFailed, ActorLoop
+from async_rl.transport.protocol import GroupSampling
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.membership import JoinInfo
 
@@ -25,11 +26,11 @@ class _DyingEngine(EmulatedEngine):
         self.good = good
         self.dead = False
 
-    async def generate(self, prompt_token_ids: list[int], spec: SamplingSpec) -> list[Completion]:
+    async def generate(self, prompt_token_ids: list[int], sampling: GroupSampling) -> list[EngineOutput]:
         if self.stats.requests >= self.good:
             self.dead = True
             raise EngineDead("the vLLM engine died while generating g3-v0: EngineDeadError()")
-        return await super().generate(prompt_token_ids, spec)
+        return await super().generate(prompt_token_ids, sampling)
 
 
 class _FailingWeightSync(InstantWeightSync):

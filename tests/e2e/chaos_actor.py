@@ -22,11 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyWeightSync
-from async_rl.actor.engine import Completion, SamplingSpec
+from async_rl.actor.engine import EngineOutput
 from async_rl.actor.loop import ActorLoop
 from async_rl.config import load_config
 from async_rl.runtime import resources
 from async_rl.transport import RolloutClient
+from async_rl.transport.protocol import GroupSampling
 from async_rl.weight_sync import WeightReceiver
 
 OUT_OF_VOCAB = 1_000_000
@@ -44,8 +45,8 @@ class _BadEngine(EmulatedEngine):
 
     groups = 0
 
-    async def generate(self, prompt_token_ids: Sequence[int], spec: SamplingSpec) -> list[Completion]:
-        completions = await super().generate(prompt_token_ids, spec)
+    async def generate(self, prompt_token_ids: Sequence[int], sampling: GroupSampling) -> list[EngineOutput]:
+        completions = await super().generate(prompt_token_ids, sampling)
         self.groups += 1
         if self.groups % 3 == 2:
             print(f"bad: group {self.groups} with one completion too few", flush=True)

@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _loop_fakes import ScriptedClient, make_grant
 
-from async_rl.actor.engine import Completion, EngineStats, SamplingSpec
+from async_rl.actor.engine import EngineOutput, EngineStats
 from async_rl.actor.loop import ActorLoop
 from async_rl.config import load_config
 from async_rl.rewards import OverlongShaping, RewardResult, overlong_penalty
 from async_rl.runtime.actor_main import reward_shaping
-from async_rl.transport.protocol import PromptGrant, RolloutGroup, SamplingParams, pack_array
+from async_rl.transport.protocol import GroupSampling, RolloutGroup
 
 
 @pytest.mark.parametrize(
@@ -79,17 +80,14 @@ class _LengthsEngine:
         self.lengths = lengths
         self.version = 0
         self.stats = EngineStats()
+        self.dead = False
 
-    @property
-    def vllm(self) -> Any:
-        return self
-
-    async def generate(self, prompt_token_ids: list[int], spec: SamplingSpec) -> list[Completion]:
+    async def generate(self, prompt_token_ids: list[int], sampling: GroupSampling) -> list[EngineOutput]:
         return [
-            Completion(
+            EngineOutput(
                 token_ids=np.arange(1, n + 1, dtype=np.int32),
                 logprobs=np.full(n, -0.5, dtype=np.float32),
-                finish_reason="length" if n >= spec.max_tokens else "stop",
+                finish_reason="length" if n >= sampling.max_tokens else "stop",
                 min_version=0,
                 max_version=0,
                 text="x" * n,
@@ -101,46 +99,14 @@ class _LengthsEngine:
         raise AssertionError("no weight updates in this test")
 
 
-class _OneGrantClient:
-    def __init__(self, grant: PromptGrant) -> None:
-        self.grants = [grant]
-        self.sent: list[RolloutGroup] = []
-        self.shutdown_requested = False
-        self.weight_sync: dict[str, Any] = {}
-        self.report: dict[str, float] = {}
-
-    def hello(self, loaded_version: int = 0) -> None:
-        return None
-
-    def poll(self, timeout_s: float = 0.0) -> None:
-        return None
-
-    def request_work(self, max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]:
-        out, self.grants = self.grants[:max_groups], self.grants[max_groups:]
-        return out
-
-    def send_group(self, group: RolloutGroup, timeout_s: float | None = None) -> None:
-        self.sent.append(group)
-
-    def wait_acked(self, timeout_s: float) -> bool:
-        return True
-
-
 class _ConstantScorer:
     def score(self, prompt: str, completion: str, ground_truth: str, extra: dict[str, Any] | None = None) -> Any:
         return RewardResult(score=1.0, components={"digits": 0.25})
 
 
 def _run_loop(lengths: list[int], shaping: OverlongShaping | None) -> RolloutGroup:
-    grant = PromptGrant(
-        prompt_id=0,
-        lease_id=1,
-        min_version=0,
-        prompt_token_ids=pack_array(np.asarray([3, 4, 5]), "<i4"),
-        sampling=SamplingParams(n=len(lengths), temperature=1.0, max_tokens=8),
-        extras={"prompt": "p", "ground_truth": "g"},
-    )
-    client = _OneGrantClient(grant)
+    sampling = GroupSampling.defaults(n=len(lengths), temperature=1.0, max_tokens=8)
+    client = ScriptedClient([make_grant(0, min_version=0, sampling=sampling)])
     loop = ActorLoop(
         actor_id="a0",
         client=client,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from async_rl.config import default_config, load_config
-from async_rl.runtime.resources import plane_settings, sampling_params
-from async_rl.transport import FilterSettings, PlaneSettings
+from async_rl.runtime.resources import plane_settings
+from async_rl.transport import FilterSettings, GroupSampling, PlaneSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "configs" / "smoke_grpo.yaml")
@@ -67,4 +67,4 @@ def test_views_take_the_configs_defaults() -> None:
         t.lease_timeout_s,
     )
     assert FilterSettings.defaults() == FilterSettings.from_config(cfg)
-    assert sampling_params(cfg, seed=None).max_tokens == cfg.data.max_response_length
+    assert GroupSampling.defaults().max_tokens == cfg.data.max_response_length

@@ -15,7 +15,7 @@ from async_rl.config import load_config
 from async_rl.metric_catalog import unknown_keys
 from async_rl.runtime import resources
 from async_rl.runtime.validation import Validator, ValSchedule, validation_metrics
-from async_rl.transport import PromptRecord, SamplingParams, make_completion
+from async_rl.transport import GroupSampling, PromptRecord, make_completion
 from async_rl.transport.evaluation import EvalResult, EvalRound
 
 
@@ -125,8 +125,8 @@ def _validator(timeout_s: float = 5.0) -> tuple[Validator, _FakeCoordinator, _Ra
     records = [PromptRecord(np.array([i], dtype=np.int32)) for i in range(2)]
     val = Validator(
         ctx, coord, ValSchedule(True, True, 2), records=records, sources=["arith", "arith"],
-        sampling=SamplingParams(n=1, temperature=0.0), timeout_s=timeout_s, log=lambda s, m: logged.append((s, m)),
-        poll_s=0.01,
+        sampling=GroupSampling.defaults(n=1, temperature=0.0), timeout_s=timeout_s,
+        log=lambda s, m: logged.append((s, m)), poll_s=0.01,
     )  # fmt: skip
     return val, coord, ctx, logged
 
@@ -211,9 +211,9 @@ def test_val_records_keep_the_data_source_of_each_row(tmp_path: Any) -> None:
 
 
 def test_val_sampling_is_greedy_unless_do_sample() -> None:
-    greedy = resources.val_sampling_params(load_config(None, ["actor_rollout_ref.rollout.val_kwargs.n=4"]), seed=1)
-    assert greedy == SamplingParams(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=None)
-    sampled = resources.val_sampling_params(
+    greedy = GroupSampling.for_validation(load_config(None, ["actor_rollout_ref.rollout.val_kwargs.n=4"]), seed=1)
+    assert greedy == GroupSampling(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=None)
+    sampled = GroupSampling.for_validation(
         load_config(
             None,
             [
@@ -227,7 +227,7 @@ def test_val_sampling_is_greedy_unless_do_sample() -> None:
         ),
         seed=5,
     )
-    assert sampled == SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=20, max_tokens=12, seed=5)
+    assert sampled == GroupSampling(n=4, temperature=0.7, top_p=0.9, top_k=20, max_tokens=12, seed=5)
 
 
 def test_build_validator_loads_prompts_only_when_a_round_will_run(tmp_path: Any) -> None:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, SamplingParams, unpack_array
+from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, PromptRecord, unpack_array
 from async_rl.transport.protocol import RolloutGroup
 
 
@@ -92,7 +92,9 @@ def test_random_speeds_and_pauses_keep_the_bound_and_exactly_once(
 ) -> None:
     total, n = 24, 2
     s = fast(max_staleness=k, stale_policy=stale_policy, groups_per_step=groups_per_step)  # type: ignore[arg-type]
-    coord = Coordinator(_records(total), s, sampling=SamplingParams(n=n), max_epochs=1, trust_claimed_versions=True)
+    coord = Coordinator(
+        _records(total), s, sampling=GroupSampling.defaults(n=n), max_epochs=1, trust_claimed_versions=True
+    )
     try:
         for i, gen_time in enumerate(gen_times):
             actor_procs.spawn(coord.address, f"a{i}", gen_time=gen_time, seed=i, slots=2, **ACTOR_OPTS)
@@ -116,7 +118,9 @@ def test_random_speeds_and_pauses_keep_the_bound_and_exactly_once(
 def test_killed_and_stopped_actors_lose_nothing_and_late_work_is_deduplicated(actor_procs: Any) -> None:
     total, n, k, g = 40, 2, 1, 2
     s = fast(max_staleness=k, groups_per_step=g, lease_timeout_s=30.0, stale_policy="regrant")
-    coord = Coordinator(_records(total), s, sampling=SamplingParams(n=n), max_epochs=1, trust_claimed_versions=True)
+    coord = Coordinator(
+        _records(total), s, sampling=GroupSampling.defaults(n=n), max_epochs=1, trust_claimed_versions=True
+    )
     events: dict[str, float] = {}
 
     def holds_lease(actor_id: str) -> bool:

@@ -14,13 +14,13 @@ import pytest
 from _plane_helpers import collect_grants as _collect
 from _plane_helpers import wait_until as _wait
 
-from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, RolloutClient, SamplingParams
+from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, PromptRecord, RolloutClient
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 Factory = Callable[..., Coordinator]
 ClientFactory = Callable[..., RolloutClient]
 GroupMaker = Callable[..., RolloutGroup]
-GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=4)
+GREEDY = GroupSampling.defaults(n=1, temperature=0.0, max_tokens=4)
 
 
 def fast(**overrides: Any) -> PlaneSettings:
@@ -200,7 +200,7 @@ def test_eval_api_checks_arguments(coordinator_factory: Factory) -> None:
     with pytest.raises(ValueError, match="records"):
         coord.start_eval(2, [{"prompt": "x"}], GREEDY)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="sampling"):
-        coord.start_eval(2, _val_records(1), SamplingParams(top_p=0.0))
+        coord.start_eval(2, _val_records(1), GroupSampling.defaults(top_p=0.0))
     round_id = coord.start_eval(2, _val_records(1), GREEDY)
     with pytest.raises(RuntimeError, match="still open"):
         coord.start_eval(2, _val_records(1), GREEDY)

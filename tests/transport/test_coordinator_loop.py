@@ -16,11 +16,11 @@ from _plane_helpers import wait_until as _wait
 
 from async_rl.transport import (
     Coordinator,
+    GroupSampling,
     MessageTooLarge,
     PlaneSettings,
     PromptRecord,
     RolloutClient,
-    SamplingParams,
 )
 from async_rl.transport.protocol import RolloutGroup, WeightSyncPlan, group_seed
 
@@ -244,7 +244,7 @@ def test_learner_api_checks_arguments(coordinator_factory: Factory, client_facto
         other.load_state_dict(coord.state_dict())
     assert all(key.startswith("transport/") for key in coord.metrics())
     with pytest.raises(ValueError, match=r"sampling: Expected `float` <= 1.0 - at `\$.top_p`"):
-        Coordinator([PromptRecord(np.arange(2))], fast(), sampling=SamplingParams(top_p=1.5))
+        Coordinator([PromptRecord(np.arange(2))], fast(), sampling=GroupSampling.defaults(top_p=1.5))
 
 
 def test_settings_validation_names_the_field() -> None:

@@ -13,13 +13,13 @@ import pytest
 from _plane_helpers import collect_grants as _collect
 from _plane_helpers import wait_until as _wait
 
-from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, RolloutClient, SamplingParams, make_completion
+from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, PromptRecord, RolloutClient, make_completion
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 Factory = Callable[..., Coordinator]
 ClientFactory = Callable[..., RolloutClient]
 GroupMaker = Callable[..., RolloutGroup]
-SAMPLING = SamplingParams(n=2, max_tokens=8)
+SAMPLING = GroupSampling.defaults(n=2, max_tokens=8)
 VOCAB = 50  # records(n) prompts are [i, ..., i + 3]: every answer (conftest.answer) stays far below it
 
 
@@ -139,7 +139,7 @@ def test_an_invalid_eval_group_is_refused_and_its_prompt_granted_again(
     coord = coordinator_factory(8, sampling=SAMPLING, vocab_size=VOCAB)
     client = client_factory(coord.address)
     client.hello()
-    round_id = coord.start_eval(0, make_records(1), SamplingParams(n=2, max_tokens=8))
+    round_id = coord.start_eval(0, make_records(1), GroupSampling.defaults(n=2, max_tokens=8))
     (grant,) = [g for g in _collect(client, 1, loaded=0) if g.is_eval]
     bad = msgspec.structs.replace(_out_of_vocab(make_group, grant, "actor-0"), eval_round=round_id)
     client.send_group(bad)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from async_rl.transport import PromptRecord, SamplingParams, make_completion, unpack_array
+from async_rl.transport import GroupSampling, PromptRecord, make_completion, unpack_array
 from async_rl.transport.actors import ActorState
 from async_rl.transport.evaluation import EvalRound
 from async_rl.transport.protocol import Completion, group_seed
@@ -16,7 +16,7 @@ V = 3  # the round's pinned policy version
 
 def _round(n_records: int = 4, n: int = 2, seed: int | None = None) -> EvalRound:
     recs = [PromptRecord(np.arange(i, i + 3, dtype=np.int32), {"ground_truth": str(i)}) for i in range(n_records)]
-    return EvalRound(7, V, recs, SamplingParams(n=n, temperature=0.0, max_tokens=4, seed=seed), now=100.0)
+    return EvalRound(7, V, recs, GroupSampling.defaults(n=n, temperature=0.0, max_tokens=4, seed=seed), now=100.0)
 
 
 def _completions(n: int = 2, vmin: int = V, vmax: int = V, reward: float = 1.0) -> list[Completion]:
@@ -149,6 +149,6 @@ def test_prompt_grant_is_pinned_and_marked_as_eval() -> None:
 
 def test_a_round_needs_records_and_valid_ids() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        EvalRound(0, 0, [], SamplingParams(), now=0.0)
+        EvalRound(0, 0, [], GroupSampling.defaults(), now=0.0)
     with pytest.raises(ValueError, match=">= 0"):
-        EvalRound(-1, 0, _round(1).records, SamplingParams(), now=0.0)
+        EvalRound(-1, 0, _round(1).records, GroupSampling.defaults(), now=0.0)

@@ -20,10 +20,10 @@ from async_rl.transport import (
     Coordinator,
     FilterBudgetExceeded,
     FilterSettings,
+    GroupSampling,
     PlaneSettings,
     PromptRecord,
     RolloutClient,
-    SamplingParams,
 )
 from async_rl.transport.codec import decode_plain, encode_plain
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
@@ -32,7 +32,7 @@ Factory = Callable[..., Coordinator]
 ClientFactory = Callable[..., RolloutClient]
 GroupMaker = Callable[..., RolloutGroup]
 B = 4
-SAMPLING = SamplingParams(n=2, max_tokens=8)
+SAMPLING = GroupSampling.defaults(n=2, max_tokens=8)
 BY_ACC = FilterSettings.defaults(enable=True, metric="acc")
 # prompt ids whose group comes back constant (all-correct or all-wrong): ids are granted in order, so with B = 4 and
 # K = 0 the steps consume 0-6 (3 filtered), 7-13 (3), 14-18 (1), 19-22 (0)
@@ -194,7 +194,7 @@ def test_eval_groups_are_never_filtered(
     client = client_factory(coord.address)
     client.hello()
     val = [PromptRecord(r.token_ids + 100, {}) for r in coord.source.records[:3]]
-    round_id = coord.start_eval(0, val, SamplingParams(n=2, max_tokens=8))
+    round_id = coord.start_eval(0, val, GroupSampling.defaults(n=2, max_tokens=8))
     deadline = time.monotonic() + 5.0
     while not coord.wait_eval(round_id, timeout_s=0.0) and time.monotonic() < deadline:
         for g in client.request_work(3, 0, timeout_s=0.05):
@@ -303,7 +303,7 @@ def test_a_filter_that_is_off_or_has_one_completion_filters_nothing(
 ) -> None:
     for sampling, fs in (
         (SAMPLING, FilterSettings.defaults()),
-        (SamplingParams(n=1, max_tokens=8), FilterSettings.defaults(enable=True, metric="reward")),
+        (GroupSampling.defaults(n=1, max_tokens=8), FilterSettings.defaults(enable=True, metric="reward")),
     ):
         with caplog.at_level(logging.WARNING, logger="async_rl.transport.coordinator"):
             coord = coordinator_factory(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from async_rl.transport import Coordinator, PlaneSettings, RolloutClient, SamplingParams, make_completion, unpack_array
+from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, RolloutClient, make_completion, unpack_array
 from async_rl.transport.codec import WireCodec
 from async_rl.transport.protocol import Heartbeat, Hello, RolloutGroup
 from async_rl.transport.sockets import bind_router
@@ -140,7 +140,7 @@ def test_flood_through_the_coordinator_is_fully_accepted(
     coordinator_factory: Callable[..., Coordinator], client_factory: Callable[..., RolloutClient]
 ) -> None:
     s = fast(socket_hwm=HWM, groups_per_step=FLOOD // 2, max_inflight_groups=FLOOD)  # K = 1: 2 steps may queue
-    coord = coordinator_factory(FLOOD, s, max_epochs=1, sampling=SamplingParams(max_tokens=16_384))
+    coord = coordinator_factory(FLOOD, s, max_epochs=1, sampling=GroupSampling.defaults(max_tokens=16_384))
     client = client_factory(coord.address, "flooder", settings=s)
     client.hello()
     grants: list = []

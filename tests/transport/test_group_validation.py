@@ -8,10 +8,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from async_rl.transport.protocol import Completion, RolloutGroup, SamplingParams, WireArray, make_completion
+from async_rl.transport.protocol import Completion, GroupSampling, RolloutGroup, WireArray, make_completion
 from async_rl.transport.validation import INVALID_REASONS, Quarantine, check_group
 
-GRANT = SamplingParams(n=2, max_tokens=4)
+GRANT = GroupSampling.defaults(n=2, max_tokens=4)
 VOCAB = 100
 
 

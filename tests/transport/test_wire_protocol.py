@@ -17,11 +17,11 @@ from async_rl.transport.protocol import (
     AckEntry,
     Bye,
     GroupAck,
+    GroupSampling,
     Heartbeat,
     Hello,
     PromptGrant,
     RolloutGroup,
-    SamplingParams,
     Shutdown,
     VersionUpdate,
     WeightSyncPlan,
@@ -59,7 +59,7 @@ def test_every_message_kind_round_trips() -> None:
         lease_id=2,
         min_version=0,
         prompt_token_ids=pack_array([5, 6], "<i4"),
-        sampling=SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=20, max_tokens=64, seed=11),
+        sampling=GroupSampling(n=4, temperature=0.7, top_p=0.9, top_k=20, max_tokens=64, seed=11),
         extras={"ground_truth": "42", "nested": [1, {"a": b"x"}]},
     )
     messages = [
@@ -216,7 +216,7 @@ def test_extension_types_are_rejected() -> None:
         "lease_id": 1,
         "min_version": 0,
         "prompt_token_ids": [b"\x01\x00\x00\x00", "<i4", 1],
-        "sampling": {},
+        "sampling": msgspec.to_builtins(GroupSampling.defaults()),
         "extras": {"x": ext},
     }
     grant = {"kind": "work_grant", "policy_version": 0, "prompts": [prompt]}

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import msgspec
 import torch
 
+from async_rl.config.async_training import WeightSyncConfig
 from async_rl.transport.protocol import WeightSyncPlan
 from async_rl.weight_sync import ReceiveReport, WeightReceiver
 from async_rl.weight_sync.membership import JoinInfo, announce_at, join_epoch
@@ -59,6 +60,12 @@ class _Coordinator:
         self.confirmed.append((version, list(actor_ids)))
 
 
+def _publisher(coord: _Coordinator, *, timeout_s: float) -> WeightPublisher:
+    """A gloo publisher built as a run builds it, from ``async_training.weight_sync`` (the config's defaults else)."""
+    ws = WeightSyncConfig(backend="gloo", timeout_s=timeout_s, join_timeout_s=JOIN_S)
+    return WeightPublisher.from_config(ws, _Ctx(), coord)
+
+
 def _weights(version: int) -> Iterator[tuple[str, torch.Tensor]]:
     yield "w", torch.full((64,), float(version))
 
@@ -89,7 +96,7 @@ def _receiving_actor(
 
 def test_the_plan_is_announced_before_any_epoch_and_carries_every_setting() -> None:
     coord = _Coordinator([])
-    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=7.0, join_timeout_s=JOIN_S)
+    pub = _publisher(coord, timeout_s=7.0)
     try:
         assert coord.versions == [0]  # announced at the coordinator's current version: actors learn where to announce
         expected = WeightSyncPlan(
@@ -103,7 +110,7 @@ def test_the_plan_is_announced_before_any_epoch_and_carries_every_setting() -> N
 
 def test_sync_metrics_are_the_bytes_the_actor_received() -> None:
     coord = _Coordinator(["a"])
-    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=10.0, join_timeout_s=JOIN_S)
+    pub = _publisher(coord, timeout_s=10.0)
     weights = {"w": torch.arange(1024, dtype=torch.float32), "b": torch.ones(15, dtype=torch.float64)}
     try:
         reports: list[ReceiveReport] = []
@@ -123,7 +130,7 @@ def test_sync_metrics_are_the_bytes_the_actor_received() -> None:
 
 def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
     coord = _Coordinator(["good", "silent", "stuck"])
-    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=10.0, join_timeout_s=JOIN_S)
+    pub = _publisher(coord, timeout_s=10.0)
     try:
         announce_at("127.0.0.1", pub.port, "stuck", "stuck-1")  # announces itself, then never gets ready
         got: list[float] = []
@@ -151,7 +158,7 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
 
 def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
     coord = _Coordinator(["a", "b"])
-    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=10.0, join_timeout_s=JOIN_S)
+    pub = _publisher(coord, timeout_s=10.0)
     try:
         got_a: list[float] = []
         got_b: list[float] = []
@@ -177,7 +184,7 @@ def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
 
 def test_a_transfer_to_a_member_presumed_dead_is_abandoned_without_waiting_for_the_timeout() -> None:
     coord = _Coordinator(["frozen"])
-    pub = WeightPublisher(_Ctx(), coord, backend="gloo", timeout_s=30.0, join_timeout_s=JOIN_S)
+    pub = _publisher(coord, timeout_s=30.0)
     joined = threading.Event()
 
     def frozen() -> None:  # joins, then never reads the broadcast (a SIGSTOPped actor)

@@ -1,4 +1,7 @@
-"""Fakes for actor-loop tests: grants, a scripted rollout client, an instant weight sync."""
+"""Fakes for actor-loop tests (tests/actor, tests/rewards): grants, a scripted rollout client, an instant weight sync.
+
+Imported as a top-level module (``from _loop_fakes import ...``): tests/ is on ``sys.path`` because the root
+conftest.py lives here (pytest's default ``prepend`` import mode inserts its directory)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from async_rl.transport.protocol import PromptGrant, RolloutGroup, SamplingParams, WeightSyncPlan, pack_array
+from async_rl.transport.protocol import GroupSampling, PromptGrant, RolloutGroup, WeightSyncPlan, pack_array
 from async_rl.weight_sync.membership import JoinInfo
 
 
@@ -20,13 +23,16 @@ def make_plan(candidates: tuple[str, ...] = ("a0",), *, epoch: int = 0, version:
     )  # fmt: skip
 
 
-def make_grant(prompt_id: int, min_version: int, eval_round: int = -1) -> PromptGrant:
+def make_grant(
+    prompt_id: int, min_version: int, eval_round: int = -1, sampling: GroupSampling | None = None
+) -> PromptGrant:
+    """A grant of prompt ``[3, 4, 5 + prompt_id]``; ``sampling`` None: two greedy completions of <= 4 tokens."""
     return PromptGrant(
         prompt_id=prompt_id,
         lease_id=prompt_id + 1,
         min_version=min_version,
         prompt_token_ids=pack_array(np.asarray([3, 4, 5 + prompt_id]), "<i4"),
-        sampling=SamplingParams(n=2, temperature=0.0, max_tokens=4),
+        sampling=sampling or GroupSampling.defaults(n=2, temperature=0.0, max_tokens=4),
         extras={"prompt": "p", "ground_truth": "g"},
         eval_round=eval_round,
     )

@@ -175,8 +175,7 @@ class Trainer:
         return self._finish(summary)
 
     def _next_rollouts(self, step: int) -> StepRollouts | None:
-        if self.stop.agreed(self.ctx):
-            raise StopRequested("stop requested between steps")
+        """The step's batch; the source checks the stop signal (collectively) before it waits, and while it waits."""
         t = self.cfg.async_training.timeouts
         # The first step also waits for the actors to start (engine start-up, model load).
         return self.source.next(t.step_s + (t.actor_start_s if step == self.start_step else 0.0))

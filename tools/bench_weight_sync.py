@@ -11,8 +11,9 @@ One run, one backend (``auto``: NCCL with CUDA, gloo otherwise), two processes:
 * reference: vLLM's own ``reload_weights`` RPC of the same weights from the local file, i.e. the cost of the load
   step alone (on CPU it dominates: every linear weight is repacked for oneDNN).
 
-Both phases are timed on the receiving side; the ratio full/raw of achieved bandwidth is printed (target >= 0.8) with
-the worker's own breakdown. Example (CPU)::
+Both phases are timed on the receiving side. The headline ratio is (raw broadcast + vLLM's own reload) / full update:
+the update should cost at most 1.2x the sum of its two parts (ratio >= 0.83). The worker's own breakdown and the
+achieved-bandwidth ratio full/raw are printed with it. Example (CPU)::
 
     .venv/bin/python tools/bench_weight_sync.py --hidden 1024 --layers 4 --reps 3
 """
@@ -45,7 +46,11 @@ GB = float(1 << 30)
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=["main", "sender"], default="main")
-    p.add_argument("--model", help="model dir (sender role)")
+    p.add_argument(
+        "--model",
+        help="a Hugging Face model dir with one model.safetensors to sync instead of a built Qwen2 (e.g. the real "
+        "SmolLM2: ~/.cache/async_rl/models/smollm2-135m-instruct, see tools/prepare_model.py)",
+    )
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
@@ -95,15 +100,18 @@ def run_main(args: argparse.Namespace) -> None:
     from async_rl.weight_sync.membership import JoinInfo
 
     with tempfile.TemporaryDirectory() as tmp:
-        heads = max(1, args.hidden // 64)
-        model_dir = build_tiny_model(
-            Path(tmp) / "m",
-            hidden=args.hidden,
-            layers=args.layers,
-            heads=heads,
-            kv_heads=max(1, heads // 4),
-            intermediate=4 * args.hidden,
-        )
+        if args.model:
+            model_dir = Path(args.model).expanduser()
+        else:
+            heads = max(1, args.hidden // 64)
+            model_dir = build_tiny_model(
+                Path(tmp) / "m",
+                hidden=args.hidden,
+                layers=args.layers,
+                heads=heads,
+                kv_heads=max(1, heads // 4),
+                intermediate=4 * args.hidden,
+            )
         llm = vllm.LLM(
             model=str(model_dir), enforce_eager=True, dtype="float32", max_model_len=128, **vllm_engine_kwargs()
         )
@@ -183,16 +191,15 @@ def run_main(args: argparse.Namespace) -> None:
         "ratio_full_over_raw_plus_local_reload": round((raw_s + statistics.median(reload_times)) / full_s, 3),
     }
     print(json.dumps(result, indent=2))
-    print(
-        f"achieved-bandwidth ratio (full update / raw broadcast): {result['ratio_full_over_raw']:.2f} (target >= 0.8)"
-    )
+    parts = result["ratio_full_over_raw_plus_local_reload"]
+    print(f"sum of parts / full update: {parts:.2f} (target >= 0.83: at most 1.2x raw broadcast + vLLM reload)")
     from async_rl.tuning.bench import BenchLine, emit
 
     detail = (
         f"{result['model_mib']} MiB over {group.backend}: update {full_s:.3f} s vs raw {raw_s:.3f} s "
         f"(vLLM's own reload of the same weights {result['vllm_local_reload_s']:.3f} s)"
     )
-    emit("weight_sync", [BenchLine("weight_sync_vs_raw_broadcast", result["ratio_full_over_raw"], 0.8, detail)])
+    emit("weight_sync", [BenchLine("weight_sync_vs_sum_of_parts", parts, round(1 / 1.2, 2), detail)])
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from async_rl.config.fields import NonNegFloat, Prob, doc, noop
-from async_rl.config.names import LRSchedule, ModelDtype
+from async_rl.config.names import LRSchedule, ModelDtype, ParamDtype
 
 
 class OptimConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -64,17 +64,24 @@ class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """verl's ``fsdp_config.mixed_precision``: the dtypes FSDP2 computes and reduces in (verl's null = these)."""
+    """verl's ``fsdp_config.mixed_precision``: the dtypes FSDP2 computes and reduces in (verl's null = these).
+
+    verl's spelling ``param_dtype: bf16`` keeps its meaning (mixed precision); the default ``auto`` differs from verl's
+    ``bf16`` only on CPU, where it computes in fp32.
+    """
 
     param_dtype: Annotated[
-        Literal["bf16", "fp32"],
+        ParamDtype,
         doc(
-            "Dtype the parameters are all-gathered in for forward and backward: 'bf16' = mixed precision (master"
-            " weights, gradient reduction and optimizer state stay fp32), 'fp32' = full precision. Used by the actor"
-            " and the critic on CUDA; on CPU the learner computes in fp32, and the frozen reference model computes in"
-            " bf16 on CUDA either way."
+            "Dtype the learner computes in (FSDP2 all-gathers the parameters in it for forward and backward; a single"
+            " process without torchrun uses torch.autocast): 'bf16' ="
+            " mixed precision wherever the learner runs, CPU included (master weights, gradients, gradient reduction"
+            " and optimizer state stay fp32; log-probs are computed in fp32 from the bf16 logits), 'fp32' = full"
+            " precision, 'auto' = 'bf16' on CUDA and 'fp32' on CPU (bf16 matmuls are fast only on CPUs with"
+            " AMX/AVX512-BF16; a CPU without them gets a start-up warning with 'bf16'). The actor, the critic and the"
+            " frozen reference model all follow it."
         ),
-    ] = "bf16"
+    ] = "auto"
     reduce_dtype: Annotated[Literal["fp32"], doc("Dtype of the gradient reduction (always fp32).")] = "fp32"
     buffer_dtype: Annotated[Literal["fp32"], doc("Dtype of the model buffers (always fp32).")] = "fp32"
 

@@ -28,6 +28,7 @@ Device = Literal["auto", "cpu", "cuda"]
 RolloutEngine = Literal["vllm"]
 RolloutDtype = Literal["auto", "bfloat16", "float16", "float32"]
 ModelDtype = Literal["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
+ParamDtype = Literal["auto", "bf16", "fp32"]  # the learner's compute dtype; auto = bf16 on CUDA, fp32 on CPU
 Strategy = Literal["fsdp", "fsdp2"]
 Truncation = Literal["error", "left", "right", "middle"]
 UpdateMode = Literal["inflight", "drain"]
@@ -77,6 +78,7 @@ __all__ = [
     "LogprobsMode",
     "LossAggMode",
     "ModelDtype",
+    "ParamDtype",
     "PolicyLossMode",
     "ResumeMode",
     "RolloutDtype",

@@ -34,7 +34,7 @@ class Critic:
         source: ModelSource,
         *,
         packed: bool,
-        mixed_precision: bool,
+        compute_dtype: torch.dtype,
         gradient_checkpointing: bool,
         max_consecutive_nonfinite: int,
         rollout_n: int,
@@ -49,7 +49,7 @@ class Critic:
             source,
             ctx,
             role="critic",
-            mixed_precision=mixed_precision,
+            compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
             value_head=True,
         )

@@ -27,8 +27,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from async_rl.learner.dist import DistContext
+from async_rl.weight_sync.protocol import TensorSpec, dtype_name
 
-__all__ = ["clean_name", "export_hf", "iter_full_state"]
+__all__ = ["clean_name", "export_hf", "full_state_manifest", "iter_full_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,17 @@ def iter_full_state(
         if to_cpu:
             full = full.cpu()
         yield name, full
+
+
+def full_state_manifest(model: nn.Module, *, dtype: torch.dtype | None = None) -> list[TensorSpec]:
+    """What :func:`iter_full_state` will yield (name, dtype, global shape, in order), from metadata alone: no gather.
+
+    The weight sync plans its buckets from it before the first tensor is gathered."""
+    specs = []
+    for name, value in _unique_entries(model):
+        out = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        specs.append(TensorSpec(name, dtype_name(out), tuple(value.shape)))
+    return specs
 
 
 def _plan_shards(entries: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None, max_bytes: int) -> list[list[int]]:

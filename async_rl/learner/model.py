@@ -7,18 +7,24 @@ a fixed seed), then every decoder layer (the classes in the model's ``_no_split_
 become FSDP2 units over the 1-D mesh, which moves the shards to the rank's device. Tied input/output embeddings stay
 in the root unit, so the tie survives sharding.
 
-Precision: on GPU with ``mixed_precision``, parameters are all-gathered in bf16 for compute while the sharded master
-copy, gradients reduction and optimizer state stay fp32 (``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)``); on CPU everything is fp32. Dropout is switched off (log-probs must be deterministic functions
-of the weights) and HF gradient checkpointing (non-reentrant) is the activation-checkpointing option; it keeps
-parameter names unchanged, which export and weight sync rely on.
+Precision: ``compute_dtype`` is the learner's resolved ``param_dtype`` (bf16 or fp32 on any device, see
+:func:`~async_rl.learner.settings.resolve_compute_dtype`). With bf16 a sharded model all-gathers its parameters in
+bf16 for compute while the sharded master copy, the gradients, their reduction and the optimizer state stay fp32
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``). A single process (no process group, so no FSDP2)
+gets the same split another way: the model keeps fp32 parameters and runs its forward under ``torch.autocast(bf16)``
+(matmuls and attention in bf16, the rest in fp32: close to, not bit-identical with, the sharded path); the frozen
+reference does the same, so it computes exactly as the actor would at the same weights. Dropout is switched off
+(log-probs must be deterministic functions of the weights) and HF gradient checkpointing (non-reentrant) is the
+activation-checkpointing option; it keeps parameter names unchanged, which export and weight sync rely on.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,12 +32,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from async_rl.learner.dist import DistContext, log_rank0
 
-__all__ = ["ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
+__all__ = ["COMPUTE_DTYPES", "ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
 
 logger = logging.getLogger(__name__)
 
 ModelSource = str | Path | Callable[[], nn.Module]
 """A Hugging Face model directory, or a zero-argument factory returning a freshly built model."""
+
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
+"""The dtypes a learner model can compute in (master weights are fp32 either way)."""
 
 
 def load_causal_lm(path: str | Path) -> nn.Module:
@@ -67,21 +76,38 @@ def _layer_classes(model: nn.Module) -> set[str]:
     return {str(n) for n in names}
 
 
+def _autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """Run ``model``'s forward under ``torch.autocast(device_type, dtype)`` (the backward replays the forward's
+    dtypes; parameters, gradients and names are untouched)."""
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward  # type: ignore[method-assign]
+
+
 def build_model(
     source: ModelSource,
     ctx: DistContext,
     *,
     role: str,
     trainable: bool = True,
-    mixed_precision: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
     gradient_checkpointing: bool = False,
     value_head: bool = False,
 ) -> nn.Module:
     """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).
 
     ``role`` is only used in log lines. ``trainable=False`` freezes the parameters (reference model).
+    ``compute_dtype`` (fp32 or bf16) is the forward/backward dtype, see the module docstring.
     ``value_head`` loads a directory as a critic (``load_value_model``); a factory is called as is.
     """
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"{role}: compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype}")
+    bf16 = compute_dtype == torch.bfloat16
     if callable(source):
         model = source()
     elif value_head:
@@ -103,7 +129,7 @@ def build_model(
     if ctx.is_distributed:
         assert ctx.mesh is not None
         mp = MixedPrecisionPolicy()
-        if mixed_precision and ctx.device.type == "cuda":
+        if bf16:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         classes = _layer_classes(model)
         layers = [m for m in model.modules() if type(m).__name__ in classes]
@@ -115,8 +141,16 @@ def build_model(
         log_rank0(ctx, logger, "%s: %d FSDP2 units over %d ranks", role, len(layers) + 1, ctx.world_size)
     else:
         model = model.to(ctx.device)
-        if mixed_precision and ctx.device.type == "cuda" and not trainable:
-            model = model.to(torch.bfloat16)
+        if bf16:  # frozen models too: the reference then computes exactly as the actor did at its weights
+            _autocast_forward(model, ctx.device.type, torch.bfloat16)
     n_params = sum(p.numel() for p in model.parameters())
-    log_rank0(ctx, logger, "%s: %.3fM parameters (trainable=%s)", role, n_params / 1e6, trainable)
+    log_rank0(
+        ctx,
+        logger,
+        "%s: %.3fM parameters (trainable=%s, compute %s)",
+        role,
+        n_params / 1e6,
+        trainable,
+        str(compute_dtype).removeprefix("torch."),
+    )
     return model

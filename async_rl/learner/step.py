@@ -59,7 +59,7 @@ from async_rl.learner.batching import (
 from async_rl.learner.checkpoint import load_learner, save_learner
 from async_rl.learner.critic import Critic
 from async_rl.learner.dist import DistContext, log_rank0
-from async_rl.learner.export import iter_full_state
+from async_rl.learner.export import full_state_manifest, iter_full_state
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
@@ -68,6 +68,7 @@ from async_rl.learner.policy import build_micro_inputs, forward_full_batch, resp
 from async_rl.learner.settings import LearnerSettings
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
+from async_rl.weight_sync.protocol import TensorSpec
 
 __all__ = ["Learner", "share_batch"]
 
@@ -105,11 +106,13 @@ class Learner:
         self.settings = settings
         self.ctx = ctx
         s = settings
+        # param_dtype resolved once for this device; the actor, the reference and the critic all compute in it
+        self.compute_dtype = s.compute_dtype(ctx.device, warn=ctx.is_rank0)
         actor = build_model(
             policy,
             ctx,
             role="actor",
-            mixed_precision=s.mixed_precision,
+            compute_dtype=self.compute_dtype,
             gradient_checkpointing=s.enable_gradient_checkpointing,
         )
         optimizer, scheduler = build_optimizer(actor, s.optim)
@@ -119,7 +122,9 @@ class Learner:
         self.vocab_size = embedding_rows(actor)
         self.ref = None
         if s.needs_ref:
-            self.ref = build_model(ref if ref is not None else policy, ctx, role="ref", trainable=False)
+            self.ref = build_model(
+                ref if ref is not None else policy, ctx, role="ref", trainable=False, compute_dtype=self.compute_dtype
+            )
         self.critic: Critic | None = None
         if s.needs_critic:
             assert s.critic is not None
@@ -131,7 +136,7 @@ class Learner:
                 ctx,
                 source,
                 packed=s.use_remove_padding,
-                mixed_precision=s.mixed_precision,
+                compute_dtype=self.compute_dtype,
                 gradient_checkpointing=s.enable_gradient_checkpointing,
                 max_consecutive_nonfinite=s.max_consecutive_nonfinite,
                 rollout_n=s.rollout_n,
@@ -153,6 +158,10 @@ class Learner:
     def iter_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Full actor weights one tensor at a time, on rank 0 (every rank must exhaust it): weight-sync input."""
         return iter_full_state(self.model, self.ctx, dtype=dtype)
+
+    def weight_manifest(self, *, dtype: torch.dtype | None = None) -> list[TensorSpec]:
+        """What :meth:`iter_weights` yields, from metadata alone (the weight sync plans its buckets from it)."""
+        return full_state_manifest(self.model, dtype=dtype)
 
     def save_checkpoint(
         self, root: str | Path, *, extra: bytes | dict[str, Any] | None = None, keep_last: int = 3

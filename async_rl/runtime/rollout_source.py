@@ -128,7 +128,7 @@ def wait_for_groups(
         if decision == _REPUBLISH:
             if validator is not None:
                 validator.before_publish(learner.version)
-            publisher.publish(learner.version, learner.iter_weights)
+            publisher.publish(learner.version, learner.iter_weights, learner.weight_manifest())
 
 
 class RolloutSource:

@@ -216,7 +216,7 @@ class Trainer:
 
     def _publish(self, version: int) -> dict[str, float]:
         self.validator.before_publish(version)
-        report = self.publisher.publish(version, self.learner.iter_weights)
+        report = self.publisher.publish(version, self.learner.iter_weights, self.learner.weight_manifest())
         self.published = version
         return report
 

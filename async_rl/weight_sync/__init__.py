@@ -1,12 +1,12 @@
 """Learner -> actor weight broadcast: NCCL on GPU, gloo on CPU, same code, with digest and load verification.
 
-Learner rank 0: ``open_group(..., rank=0)`` then ``WeightSender(group).send(named_tensors, version=v)``.
+Learner rank 0: ``open_group(..., rank=0)`` then ``WeightSender(group).send(named_tensors, version=v, manifest=specs)``.
 Actor: build ``vllm.LLM(**vllm_engine_kwargs(), ...)``, then ``EngineWeightSync(llm).join(...)`` once and
 ``.update(version=v)`` per update. ``vllm_ext`` (imported only inside vLLM workers) holds the engine registered with
 vLLM's weight-transfer registry; this package's top level never imports vLLM.
 """
 
-from async_rl.weight_sync.buckets import Bucket, TensorAssembler, iter_buckets
+from async_rl.weight_sync.buckets import Bucket, TensorAssembler, fill_buckets, plan_buckets
 from async_rl.weight_sync.client import AsyncEngineWeightSync, EngineWeightSync, vllm_engine_kwargs
 from async_rl.weight_sync.digest import TensorDigest, compare_digests, digest_tensor, fingerprint
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError, WeightSyncTimeout
@@ -34,9 +34,10 @@ __all__ = [
     "compare_digests",
     "create_store",
     "digest_tensor",
+    "fill_buckets",
     "fingerprint",
-    "iter_buckets",
     "open_group",
+    "plan_buckets",
     "resolve_backend",
     "vllm_engine_kwargs",
 ]

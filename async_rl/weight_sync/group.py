@@ -11,8 +11,9 @@ same epoch number, which namespaces the rendezvous keys (``PrefixStore``) on the
 failed epoch can never be confused with the new one. The TCPStore server lives in rank 0's process for the lifetime
 of the learner.
 
-Every collective goes through :meth:`WeightSyncGroup.broadcast`, which bounds it with the group timeout and turns an
-expiry into :class:`WeightSyncTimeout` (never a hang) and marks the group broken.
+Every collective goes through :meth:`WeightSyncGroup.broadcast`, or its two halves :meth:`~WeightSyncGroup.post` and
+:meth:`~WeightSyncGroup.complete` (a transfer stays in flight while the next is prepared). Each is bounded by the group
+timeout, and an expiry becomes :class:`WeightSyncTimeout` (never a hang) and marks the group broken.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -31,9 +33,10 @@ from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WeightSyncGroup", "create_store", "open_group", "resolve_backend"]
+__all__ = ["Transfer", "WeightSyncGroup", "create_store", "open_group", "resolve_backend"]
 
 _PREFIX = "async_rl/weight_sync/epoch"
+_WAIT_SLICE = timedelta(seconds=0.05)  # how often a waiting member checks whether the transfer was given up
 
 
 def resolve_backend(backend: str = "auto") -> SyncBackend:
@@ -60,6 +63,15 @@ def create_store(host: str, port: int, *, is_master: bool, timeout_s: float = 12
     return dist.TCPStore(
         host, port, None, is_master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=True
     )
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One posted broadcast (see :meth:`WeightSyncGroup.post`)."""
+
+    work: Any
+    what: str
+    deadline: float  # time.monotonic() after which it counts as timed out
 
 
 class WeightSyncGroup:
@@ -124,10 +136,21 @@ class WeightSyncGroup:
         """Broadcast ``tensor`` from rank 0 (in place on the others), bounded by the group timeout.
 
         ``during`` runs on this thread while the transfer is in flight (the collective progresses on the backend's
-        own thread), which is how digests and model loading overlap the wire. It must not touch ``tensor``'s memory
-        on a receiving rank. If it raises, the group is marked broken (the stream is out of step) and its exception
-        propagates.
+        own thread). It must not touch ``tensor``'s memory on a receiving rank. If it raises, the group is marked
+        broken (the stream is out of step) and its exception propagates.
         """
+        transfer = self.post(tensor, what=what)
+        if during is not None:
+            try:
+                during()
+            except BaseException:
+                self.broken = True
+                raise
+        self.complete(transfer)
+
+    def post(self, tensor: torch.Tensor, *, what: str = "tensor") -> Transfer:
+        """Start broadcasting ``tensor`` and return at once; :meth:`complete` waits for it. Several transfers may be in
+        flight; every member must post the same sequence, and ``tensor`` must stay untouched until completed."""
         if self.broken:
             raise WeightSyncError(f"weight-sync group epoch {self.epoch} is broken; rejoin under a new epoch first")
         timeout = timedelta(seconds=self.timeout_s)
@@ -135,37 +158,49 @@ class WeightSyncGroup:
             work = self._pg.broadcast(tensor, 0, timeout) if self.backend == "gloo" else self._pg.broadcast(tensor, 0)
         except RuntimeError as exc:
             raise self._failure(what, exc) from exc
-        if during is not None:
-            try:
-                during()
-            except BaseException:
-                self.broken = True
-                raise
+        return Transfer(work, what, time.monotonic() + self.timeout_s)
+
+    def complete(self, transfer: Transfer) -> None:
+        """Wait for a posted transfer, at most until its deadline (the group timeout after it was posted).
+
+        Every 0.05 s of waiting it checks whether the transfer was given up: rank 0 by ``abort_if``, the others by
+        rank 0's store key (:meth:`abandon`)."""
+        work, what = transfer.work, transfer.what
         try:
-            # Poll the completion (NCCL's wait() does not block the host anyway) against our deadline, and every
-            # 0.1 s check whether the transfer was given up: rank 0 by abort_if, the others by rank 0's store key.
-            deadline = time.monotonic() + self.timeout_s
-            pause, next_check = 0.0002, time.monotonic() + 0.1
-            while not work.is_completed():
-                now = time.monotonic()
-                if now > deadline:
+            while not self._wait_slice(work):
+                if time.monotonic() > transfer.deadline:
                     raise RuntimeError(f"Operation timed out after {self.timeout_s} s")
-                if now >= next_check:
-                    next_check = now + 0.1
-                    reason = self._abandoned()
-                    if reason:
-                        raise WeightSyncError(f"broadcast of {what} abandoned (epoch {self.epoch}): {reason}")
-                time.sleep(pause)
-                pause = min(pause * 2, 0.005)
-            if self.backend == "gloo":
-                work.wait(timeout)
-            else:
-                work.wait()
+                reason = self._abandoned()
+                if reason:
+                    raise WeightSyncError(f"broadcast of {what} abandoned (epoch {self.epoch}): {reason}")
         except RuntimeError as exc:
             if isinstance(exc, WeightSyncError):
                 self.broken = True
                 raise
             raise self._failure(what, exc) from exc
+
+    def _wait_slice(self, work: Any) -> bool:
+        """Wait up to about 0.05 s for ``work``; True once it completed (a failed transfer raises RuntimeError).
+
+        gloo: a blocking wait with a short timeout, which returns the moment the bytes are in (a timed-out wait
+        leaves the transfer running; only a completed one carries a failure). NCCL's ``wait()`` does not block the
+        host, so its completion is polled."""
+        if self.backend == "gloo":
+            try:
+                work.wait(_WAIT_SLICE)
+            except RuntimeError:
+                if work.is_completed():
+                    raise
+                return False
+            return True
+        deadline, pause = time.monotonic() + _WAIT_SLICE.total_seconds(), 0.0001
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.002)
+        work.wait()
+        return True
 
     def _abandoned(self) -> str | None:
         """Why the transfer in flight is given up, if it is (see :meth:`abandon`)."""

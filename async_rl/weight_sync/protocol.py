@@ -1,20 +1,23 @@
-"""Wire format of one weight update: fixed-size frames, msgpack headers and the closing digest message.
+"""Wire format of one weight update: fixed-size frames, one up-front plan, bare data, and the closing digests.
 
 One update is a sequence of broadcasts from group rank 0, every one of which all ranks take part in:
 
-    per bucket:  FRAME(kind=BUCKET, header_len, data_len, seq)  ->  header bytes  ->  data bytes
-    at the end:  FRAME(kind=END, header_len, 0, seq)            ->  end message bytes (per-tensor digests)
-    on failure:  FRAME(kind=ABORT, header_len, 0, seq)          ->  reason (utf-8)
+    first:       FRAME(kind=PLAN, header_len, total_bytes, 0)        ->  plan bytes (every bucket's chunk table)
+    per bucket:  data bytes only (its size is in the plan: no per-bucket frame or header, no round trip)
+    at the end:  FRAME(kind=END, header_len, 0, buckets)             ->  end message bytes (per-tensor digests)
+    on failure:  FRAME(kind=ABORT, header_len, 0, seq)               ->  reason (utf-8), in place of PLAN or END
 
 A frame is a 4-element int64 tensor, so every rank knows how many bytes the next broadcast carries before it posts the
-receive. Headers travel as msgpack bytes inside uint8 tensors (never pickle). A header describes the chunks of one
-bucket: which tensor each chunk belongs to, its dtype/shape, where the chunk sits inside the bucket and inside the full
-tensor. Headers are per bucket, not one up-front list, because the learner gathers FSDP shards lazily: the sender sees
-a stream of (name, tensor) pairs and cannot know every shape before it starts sending.
+receive. Plans and end messages travel as msgpack bytes inside uint8 tensors (never pickle). The plan is computed from
+the tensors' metadata alone (``TensorSpec``: name, dtype, shape), which the learner knows before it gathers anything,
+so the FSDP gather stays lazy (one bucket at a time) while the receivers know every buffer in advance and can post
+the next receive before they load the previous bucket. A failure in the middle of the data (a gather raised, a member
+died) cannot be framed: the sender abandons the epoch through the store and every receiver stops within 0.1 s.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 import msgspec
@@ -25,11 +28,13 @@ from async_rl.weight_sync.errors import WeightSyncError
 
 __all__ = [
     "FRAME_ABORT",
-    "FRAME_BUCKET",
     "FRAME_END",
-    "BucketHeader",
+    "FRAME_PLAN",
+    "BucketSpec",
     "ChunkMeta",
     "EndMessage",
+    "TensorSpec",
+    "UpdatePlan",
     "decode_frame",
     "decode_struct",
     "dtype_from_name",
@@ -41,10 +46,10 @@ __all__ = [
 _T = TypeVar("_T", bound=msgspec.Struct)
 
 _MAGIC = 0x5753_0000  # "WS" in the high half of the first frame word: catches a desynchronised stream early
-FRAME_BUCKET = 1
+FRAME_PLAN = 1
 FRAME_END = 2
 FRAME_ABORT = 3
-_KINDS = (FRAME_BUCKET, FRAME_END, FRAME_ABORT)
+_KINDS = (FRAME_PLAN, FRAME_END, FRAME_ABORT)
 
 # dtypes a weight may have on the wire; anything else is refused rather than reinterpreted.
 _DTYPES: dict[str, torch.dtype] = {
@@ -64,6 +69,18 @@ _DTYPES: dict[str, torch.dtype] = {
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
+class TensorSpec(msgspec.Struct, array_like=True, frozen=True):
+    """What one tensor of an update will be, known before its bytes exist: the input of the bucket plan."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=dtype_from_name(self.dtype)).element_size()
+
+
 class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
     """One contiguous byte range of one tensor, placed inside one bucket.
 
@@ -80,14 +97,21 @@ class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
     total: int
 
 
-class BucketHeader(msgspec.Struct, array_like=True, frozen=True):
-    """Describes the data broadcast that follows it. ``direct`` buckets hold one chunk sent without packing."""
+class BucketSpec(msgspec.Struct, array_like=True, frozen=True):
+    """One data broadcast of ``nbytes`` bytes. A ``direct`` bucket is one chunk sent from (and into) the tensor's own
+    memory; a packed one holds its chunks at 64-byte aligned offsets of one flat buffer."""
+
+    direct: bool
+    nbytes: int
+    chunks: list[ChunkMeta]
+
+
+class UpdatePlan(msgspec.Struct, frozen=True):
+    """Everything the receivers need before the first data byte: the version, the digest algorithm, the buckets."""
 
     version: int
-    seq: int
     algo: str
-    direct: bool
-    chunks: list[ChunkMeta]
+    buckets: list[BucketSpec]
 
 
 class EndMessage(msgspec.Struct, frozen=True):

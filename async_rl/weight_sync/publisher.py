@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -34,6 +34,7 @@ import torch
 from async_rl.transport.protocol import WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
+from async_rl.weight_sync.protocol import TensorSpec
 from async_rl.weight_sync.sender import SendReport, WeightSender
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class WeightPublisher:
         self.epoch = -1
         self.members: list[str] = []
         self.group: WeightSyncGroup | None = None
+        self.sender: WeightSender | None = None  # one per group: it keeps its packing buffers across publishes
         self.failures = 0
         self.left_out = 0  # invitations not answered within join_timeout_s
         self._missed: dict[str, str] = {}  # actor -> the announcement it missed a join with (not invited again)
@@ -174,6 +176,7 @@ class WeightPublisher:
                 timeout_s=self.timeout_s,
             )
             self.group.abort_if = self._member_gone
+            self.sender = WeightSender(self.group, bucket_size_mb=self.bucket_size_mb)
         return {"sync/join_seconds": time.monotonic() - t0}
 
     def _member_gone(self) -> str | None:
@@ -183,8 +186,16 @@ class WeightPublisher:
         gone = [actor for actor in self.members if actor not in live]
         return f"actor(s) {', '.join(gone)} no longer alive" if gone else None
 
-    def publish(self, version: int, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]) -> dict[str, float]:
-        """Announce ``version`` and stream ``weights()`` to the actors. Returns ``sync/...`` metrics (rank 0)."""
+    def publish(
+        self,
+        version: int,
+        weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
+        manifest: Sequence[TensorSpec] | None = None,
+    ) -> dict[str, float]:
+        """Announce ``version`` and stream ``weights()`` to the actors. Returns ``sync/...`` metrics (rank 0).
+
+        ``manifest`` (what ``weights()`` yields, from metadata) keeps the gather lazy; without it rank 0 takes every
+        tensor before sending (see :meth:`WeightSender.send`)."""
         started = time.monotonic()
         metrics: dict[str, float] = {}
         if self.ctx.rank == 0:
@@ -222,7 +233,8 @@ class WeightPublisher:
         assert self.group is not None
         it = weights()
         try:
-            report = WeightSender(self.group, bucket_size_mb=self.bucket_size_mb).send(it, version=version)
+            assert self.sender is not None and self.sender.group is self.group
+            report = self.sender.send(it, version=version, manifest=manifest)
             self.coordinator.confirm_weights(version, list(self.members))
             metrics.update({"sync/seconds": time.monotonic() - started, **send_metrics(report)})
         except Exception as exc:  # a dead or slow actor: re-form next time, keep training
@@ -251,6 +263,7 @@ class WeightPublisher:
         if self.group is not None:
             self.group.close()
             self.group = None
+            self.sender = None
 
     def close(self) -> None:
         self._close_group()

@@ -1,12 +1,13 @@
 """Actor side of a weight update: receive one complete update from group rank 0 and hand tensors to a loader.
 
-:class:`WeightReceiver` is independent of vLLM: it follows the frames of ``protocol``, receives each bucket into the
-buffer the :class:`~async_rl.weight_sync.buckets.TensorAssembler` hands out (direct buckets land straight in the
-destination tensor), digests every byte, and passes each batch of completed tensors to ``consume`` (the vLLM engine
-passes the model's ``load_weights``). Digesting and loading bucket *i* run while bucket *i+1* is on the wire (the
-receive is posted first; the backend progresses it on its own thread). After the END frame it compares its digests
-with the sender's and raises :class:`WeightSyncError` naming the first tensor that differs, is missing or is
-unexpected. Any failure before END leaves the group out of step, so it is marked broken (rejoin under a new epoch).
+:class:`WeightReceiver` is independent of vLLM: it reads the update's plan (``protocol``), receives each bucket into
+the buffer the :class:`~async_rl.weight_sync.buckets.TensorAssembler` hands out (direct buckets land straight in the
+destination tensor, packed tensors are used in place), digests every byte, and passes each batch of completed tensors
+to ``consume`` (the vLLM engine passes the model's ``load_weights``). The plan gives every buffer in advance, so the
+receives of buckets *i+1* and *i+2* are posted before bucket *i* is digested and loaded: the backend moves bytes on its
+own thread while this one loads. After the END frame it compares its digests with the sender's and raises
+:class:`WeightSyncError` naming the first tensor that differs, is missing or is unexpected. Any failure before END
+leaves the group out of step, so it is marked broken (rejoin under a new epoch).
 
 Tensors are loaded as they complete (bounded memory), so a mismatch is known only after loading: a failed update
 leaves the model with unverified weights, and the caller must treat it as unusable until a later update succeeds.
@@ -16,21 +17,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import partial
 
 import torch
 
-from async_rl.weight_sync.buckets import TensorAssembler
+from async_rl.weight_sync.buckets import BufferPool, TensorAssembler
 from async_rl.weight_sync.digest import ByteDigest, TensorDigest, compare_digests, fingerprint
 from async_rl.weight_sync.errors import WeightSyncError
-from async_rl.weight_sync.group import WeightSyncGroup
+from async_rl.weight_sync.group import Transfer, WeightSyncGroup
 from async_rl.weight_sync.protocol import (
     FRAME_ABORT,
     FRAME_END,
-    BucketHeader,
+    BucketSpec,
     EndMessage,
+    UpdatePlan,
     decode_frame,
     decode_struct,
 )
@@ -62,10 +64,14 @@ class ReceiveReport:
 class WeightReceiver:
     """Receives weight updates on a non-zero rank of the weight-sync group."""
 
-    def __init__(self, group: WeightSyncGroup) -> None:
+    def __init__(self, group: WeightSyncGroup, *, pool: BufferPool | None = None) -> None:
+        """``pool``: receive buffers kept across updates (see :class:`BufferPool`). The tensors handed to ``consume``
+        then live in the pool's memory and are overwritten by the next update, so ``consume`` must copy what it keeps
+        (vLLM's loaders do). Without a pool every update gets fresh memory."""
         if group.rank == 0:
             raise ValueError("group rank 0 is the sender; receivers have ranks 1..world_size-1")
         self.group = group
+        self.pool = pool
 
     def receive(self, consume: Consumer, *, expect_version: int | None = None) -> ReceiveReport:
         """Receive one complete update, calling ``consume(batch)`` for each batch of completed tensors.
@@ -73,19 +79,17 @@ class WeightReceiver:
         Raises WeightSyncError (digest mismatch, protocol error, sender abort, version mismatch) or WeightSyncTimeout.
         """
         group = self.group
-        assembler = TensorAssembler(group.device)
+        pool = self.pool if self.pool is not None else BufferPool(group.device)
+        assembler = TensorAssembler(group.device, pool)
         states: dict[str, ByteDigest] = {}
         got: dict[str, TensorDigest] = {}
-        seq = nbytes = 0
-        version = -1
         consume_s = 0.0
-        pending: tuple[BucketHeader, torch.Tensor] | None = None
 
-        def process(header: BucketHeader, buf: torch.Tensor) -> None:
+        def process(bucket: BucketSpec, buf: torch.Tensor) -> None:
             """Digest a received bucket and load the tensors it completes."""
             nonlocal consume_s
-            for meta, piece in assembler.commit(header.chunks, header.direct, buf):
-                state = states.setdefault(meta.name, ByteDigest(header.algo, meta.total))
+            for meta, piece in assembler.commit(bucket, buf):
+                state = states.setdefault(meta.name, ByteDigest(plan.algo, meta.total))
                 state.update(piece)
                 if state.consumed == meta.total:
                     got[meta.name] = states.pop(meta.name).finish(meta.name, meta.dtype, meta.shape)
@@ -97,41 +101,44 @@ class WeightReceiver:
 
         t0 = time.perf_counter()
         try:
-            while True:
-                frame = torch.empty(4, dtype=torch.int64, device=group.device)
-                group.broadcast(frame, what=f"frame {seq}")
-                kind, header_len, data_len, frame_seq = decode_frame(frame)
-                if frame_seq != seq:
-                    raise WeightSyncError(f"frame sequence {frame_seq} received, expected {seq}")
-                raw_header = torch.empty(header_len, dtype=torch.uint8, device=group.device)
-                group.broadcast(raw_header, what=f"header {seq}")
-                if kind == FRAME_ABORT:
-                    reason = raw_header.cpu().numpy().tobytes().decode(errors="replace")
-                    raise WeightSyncError(f"sender aborted the update: {reason}")
-                if kind == FRAME_END:
-                    end = decode_struct(raw_header, EndMessage)
-                    break
-                header = decode_struct(raw_header, BucketHeader)
-                if expect_version is not None and header.version != expect_version:
-                    raise WeightSyncError(f"sender is sending weights v{header.version}, expected v{expect_version}")
-                if version not in (-1, header.version):
-                    raise WeightSyncError(f"weights version changed mid-update: v{version} -> v{header.version}")
-                version = header.version
-                buf = assembler.buffer_for(header.chunks, header.direct, data_len)
-                previous, pending = pending, (header, buf)
-                # The previous bucket is digested and loaded while this one is on the wire.
-                overlap = partial(process, *previous) if previous is not None else None
-                group.broadcast(buf, what=f"bucket {seq}", during=overlap)
-                seq += 1
-                nbytes += data_len
+            kind, raw, announced = self._frame(0)
+            if kind == FRAME_END:
+                raise WeightSyncError("END frame received before any plan: sender and receiver are out of step")
+            plan = decode_struct(raw, UpdatePlan)
+            if announced != sum(b.nbytes for b in plan.buckets):
+                raise WeightSyncError(f"plan frame announces {announced} B, the plan's buckets hold another size")
+            if expect_version is not None and plan.version != expect_version:
+                raise WeightSyncError(f"sender is sending weights v{plan.version}, expected v{expect_version}")
+            upcoming = iter(enumerate(plan.buckets))
+            posted: deque[tuple[BucketSpec, torch.Tensor, Transfer]] = deque()
+
+            def post_next() -> None:
+                item = next(upcoming, None)
+                if item is not None:
+                    seq, bucket = item
+                    buf = assembler.buffer_for(bucket)
+                    posted.append((bucket, buf, group.post(buf, what=f"bucket {seq}")))
+
+            post_next()
+            post_next()
+            while posted:
+                bucket, buf, transfer = posted.popleft()
+                group.complete(transfer)
+                post_next()
+                process(bucket, buf)  # while the next two buckets are on the wire
+            kind, raw, _ = self._frame(len(plan.buckets))
+            if kind != FRAME_END:
+                raise WeightSyncError(f"frame kind {kind} after the last bucket, expected END")
+            end = decode_struct(raw, EndMessage)
         except BaseException as exc:
+            pool.drop()  # a receive still posted may write into what it lent
             group.mark_broken(f"receive abandoned mid-update: {exc}")
             raise
-        if pending is not None:
-            process(*pending)
+        pool.restore()  # every tensor was consumed; nothing is in flight
+        seq, nbytes = len(plan.buckets), sum(b.nbytes for b in plan.buckets)
         assembler.finish()
-        if version not in (-1, end.version):
-            raise WeightSyncError(f"END message is for weights v{end.version}, buckets were v{version}")
+        if end.version != plan.version:
+            raise WeightSyncError(f"END message is for weights v{end.version}, the plan was v{plan.version}")
         if (end.buckets, end.nbytes) != (seq, nbytes):
             raise WeightSyncError(
                 f"sender reports {end.buckets} buckets / {end.nbytes} B, received {seq} buckets / {nbytes} B"
@@ -160,3 +167,18 @@ class WeightReceiver:
             report.fingerprint,
         )
         return report
+
+    def _frame(self, seq: int) -> tuple[int, torch.Tensor, int]:
+        """Receive one frame and its header: ``(kind, header bytes, data length)``; ABORT raises the sender's reason."""
+        group = self.group
+        frame = torch.empty(4, dtype=torch.int64, device=group.device)
+        group.broadcast(frame, what=f"frame {seq}")
+        kind, header_len, data_len, frame_seq = decode_frame(frame)
+        raw = torch.empty(header_len, dtype=torch.uint8, device=group.device)
+        group.broadcast(raw, what=f"header {seq}")
+        if kind == FRAME_ABORT:
+            reason = raw.cpu().numpy().tobytes().decode(errors="replace")
+            raise WeightSyncError(f"sender aborted the update: {reason}")
+        if frame_seq != seq:
+            raise WeightSyncError(f"frame sequence {frame_seq} received, expected {seq}")
+        return kind, raw, data_len

@@ -1,36 +1,41 @@
 """Learner side of a weight update: stream (name, tensor) pairs to every actor through the weight-sync group.
 
-The learner's rank 0 calls :meth:`WeightSender.send` with an iterator of full (unsharded) tensors in checkpoint
-(Hugging Face) naming. The iterator is consumed lazily, bucket by bucket, so an FSDP learner can gather one parameter
-(``DTensor.full_tensor()``) at a time and peak at about one bucket of extra memory. Non-zero learner ranks do not call
-the sender, but must still drive the same gather loop in lockstep (the gather is a collective of the FSDP world).
+The learner's rank 0 calls :meth:`WeightSender.send` with full (unsharded) tensors in checkpoint (Hugging Face)
+naming and, for a lazy iterator, their ``manifest`` (name, dtype, shape of each, in order). The sender plans every
+bucket from the manifest and broadcasts the plan once (see ``protocol``); then it only broadcasts bucket bytes. The
+iterator is consumed lazily, one bucket ahead: bucket *i+1* is gathered (``DTensor.full_tensor()``) and packed while
+bucket *i* is on the wire, and each bucket is digested while it is on the wire, so at most two buckets are held.
+Non-zero learner ranks do not call the sender, but must drive the same gather loop in lockstep (the gather is a
+collective of the FSDP world).
 
-Per bucket the sender broadcasts a frame, a msgpack header and the bucket bytes (see ``protocol``); after the last
-bucket it broadcasts the per-tensor digests of exactly the bytes it sent, so every receiver can prove what it got.
-If producing the tensors fails mid-way, an ABORT frame tells the receivers to stop waiting (best effort) before the
-exception propagates. Every broadcast is bounded by the group timeout.
+After the last bucket the sender broadcasts the per-tensor digests of exactly the bytes it sent, so every receiver can
+prove what it got. A failure before the plan is sent becomes an ABORT frame; a failure in the middle of the data (a
+gather raised, a tensor does not match the manifest) abandons the epoch through the store, which stops every receiver
+within 0.1 s. Either way the exception propagates. Every broadcast is bounded by the group timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 
-from async_rl.weight_sync.buckets import Bucket, iter_buckets
+from async_rl.weight_sync.buckets import BufferPool, fill_buckets, plan_buckets, tensor_spec
 from async_rl.weight_sync.digest import ByteDigest, TensorDigest, algo_for_device, fingerprint
 from async_rl.weight_sync.errors import WeightSyncError
-from async_rl.weight_sync.group import WeightSyncGroup
+from async_rl.weight_sync.group import Transfer, WeightSyncGroup
 from async_rl.weight_sync.protocol import (
     FRAME_ABORT,
-    FRAME_BUCKET,
     FRAME_END,
-    BucketHeader,
+    FRAME_PLAN,
     ChunkMeta,
     EndMessage,
+    TensorSpec,
+    UpdatePlan,
     encode_frame,
     encode_struct,
 )
@@ -62,8 +67,7 @@ class WeightSender:
     """Broadcasts weight updates from group rank 0.
 
     ``bucket_size_mb`` caps every broadcast. Tensors of at least ``direct_min_mb`` are sent straight from their own
-    memory instead of being copied into a packing buffer; the default (1 MiB on CPU, half a bucket on GPU) reflects
-    that a host memcpy costs about as much as the gloo link while a device copy is nearly free next to NCCL.
+    memory instead of being copied into a packing buffer (default: 1 MiB on CPU, half a bucket on GPU).
     """
 
     def __init__(self, group: WeightSyncGroup, *, bucket_size_mb: float = 256.0, direct_min_mb: float | None = None):
@@ -80,57 +84,83 @@ class WeightSender:
                 raise ValueError(f"direct_min_mb must be > 0, got {direct_min_mb}")
             direct = min(max(int(direct_min_mb * _MB), 1), self.cap_bytes)
         self.direct_min_bytes = direct
+        self.pool = BufferPool(group.device)  # packing buffers, reused by the next send (see BufferPool)
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SendReport:
-        """Send one complete update (every tensor the receivers should load) tagged with ``version``."""
+    def send(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        *,
+        version: int,
+        manifest: Sequence[TensorSpec] | None = None,
+    ) -> SendReport:
+        """Send one complete update (every tensor the receivers should load) tagged with ``version``.
+
+        Without a ``manifest`` the tensors are taken all at once to read their metadata (fine for a list; a lazy
+        FSDP gather should pass its manifest so that only two buckets are ever held).
+        """
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
         device = self.group.device
         algo = algo_for_device(device)
-        states: dict[str, ByteDigest] = {}
-        digests: list[TensorDigest] = []
-        seq = nbytes = 0
         t0 = time.perf_counter()
         try:
-            buckets = iter_buckets(named_tensors, self.cap_bytes, device=device, direct_min_bytes=self.direct_min_bytes)
-            for bucket in buckets:
-                header = encode_struct(BucketHeader(version, seq, algo, bucket.direct, bucket.chunks))
-                self._broadcast_frame(FRAME_BUCKET, header, bucket.data.numel(), seq)
-
-                def digest_bucket(bucket: Bucket = bucket) -> None:  # runs while the bucket is on the wire
-                    for meta in bucket.chunks:
-                        state = states.setdefault(meta.name, ByteDigest(algo, meta.total))
-                        self._digest_chunk(meta, bucket.data[meta.offset : meta.offset + meta.nbytes], state)
-                        if state.consumed == meta.total:
-                            digests.append(states.pop(meta.name).finish(meta.name, meta.dtype, meta.shape))
-
-                self.group.broadcast(bucket.data, what=f"bucket {seq}", during=digest_bucket)
-                seq += 1
-                nbytes += bucket.data.numel()
-            assert not states, f"tensors left incomplete by the packer: {sorted(states)}"
-            digests.sort(key=lambda d: d.name)
-            end = EndMessage(version, seq, nbytes, algo, digests, fingerprint(digests))
-            self._broadcast_frame(FRAME_END, encode_struct(end), 0, seq)
-        except WeightSyncError:
-            raise  # the group itself failed: nothing more can be sent on it
-        except BaseException as exc:
-            self._abort(f"{type(exc).__name__}: {exc}", seq)
+            if manifest is None:
+                named_tensors = list(named_tensors)
+                manifest = [tensor_spec(name, tensor) for name, tensor in named_tensors]
+            buckets = plan_buckets(manifest, self.cap_bytes, direct_min_bytes=self.direct_min_bytes)
+        except BaseException as exc:  # nothing is on the wire yet: the receivers wait for a frame, tell them
+            self._abort(f"{type(exc).__name__}: {exc}", 0)
             raise
+        plan = UpdatePlan(version, algo, buckets)
+        total = sum(b.nbytes for b in buckets)
+        self._broadcast_frame(FRAME_PLAN, encode_struct(plan), total, 0)
+        digests = self._send_buckets(plan, named_tensors)
+        digests.sort(key=lambda d: d.name)
+        end = EndMessage(version, len(buckets), total, algo, digests, fingerprint(digests))
+        self._broadcast_frame(FRAME_END, encode_struct(end), 0, len(buckets))
         seconds = time.perf_counter() - t0
         report = SendReport(
-            version, len(digests), seq, nbytes, seconds, nbytes / (1 << 30) / max(seconds, 1e-9), end.fingerprint
+            version, len(digests), len(buckets), total, seconds, total / (1 << 30) / max(seconds, 1e-9), end.fingerprint
         )
         logger.info(
             "weights v%d sent: %d tensors, %d buckets, %.1f MiB in %.3f s (%.2f GB/s), fingerprint %s",
             version,
             report.tensors,
             report.buckets,
-            nbytes / _MB,
+            total / _MB,
             seconds,
             report.gbps,
             report.fingerprint,
         )
         return report
+
+    def _send_buckets(self, plan: UpdatePlan, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[TensorDigest]:
+        """Broadcast every bucket's bytes, keeping two in flight; return the digests of what was sent."""
+        group = self.group
+        states: dict[str, ByteDigest] = {}
+        digests: list[TensorDigest] = []
+        in_flight: deque[Transfer] = deque()
+        try:
+            # Taking the next bucket (gather, pack) runs while the previous one is still on the wire.
+            buckets = fill_buckets(plan.buckets, named_tensors, device=group.device, pool=self.pool)
+            for seq, bucket in enumerate(buckets):
+                in_flight.append(group.post(bucket.data, what=f"bucket {seq}"))
+                for meta in bucket.chunks:  # digest while the bytes are on the wire
+                    state = states.setdefault(meta.name, ByteDigest(plan.algo, meta.total))
+                    self._digest_chunk(meta, bucket.data[meta.offset : meta.offset + meta.nbytes], state)
+                    if state.consumed == meta.total:
+                        digests.append(states.pop(meta.name).finish(meta.name, meta.dtype, meta.shape))
+                if len(in_flight) > 1:
+                    group.complete(in_flight.popleft())
+            while in_flight:
+                group.complete(in_flight.popleft())
+        except BaseException as exc:  # mid-stream: no frame can be sent; the receivers watch the store
+            self.pool.drop()
+            group.abandon(f"{type(exc).__name__}: {exc}")
+            raise
+        self.pool.restore()
+        assert not states, f"tensors left incomplete by the plan: {sorted(states)}"
+        return digests
 
     def _digest_chunk(self, meta: ChunkMeta, data: torch.Tensor, state: ByteDigest) -> None:
         """Fold the bytes being sent for ``meta`` into its digest (a seam for fault-injection tests)."""

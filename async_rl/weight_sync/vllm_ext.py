@@ -50,6 +50,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
+from async_rl.weight_sync.buckets import BufferPool
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.group import WeightSyncGroup
 from async_rl.weight_sync.membership import JoinInfo, join_epoch
@@ -106,6 +107,10 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.last_error: dict[str, Any] | None = None
         self.updates = 0
         self._verifier = self._make_verifier()
+        # Receive buffers reused from one update to the next on CPU (see BufferPool: fresh host memory costs a page
+        # fault per page). vLLM's loaders copy every tensor into the model by finalize_layerwise_reload, before the
+        # next update can reuse the buffers.
+        self._pool: BufferPool | None = None
 
     def _make_verifier(self) -> LoadVerifier | None:
         pc = self.parallel_config
@@ -175,7 +180,9 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
 
             with disable_mtp_completeness_check():
                 expect = update_info.version if update_info.version >= 0 else None
-                received = WeightReceiver(group).receive(load, expect_version=expect)
+                if self._pool is None or self._pool.device != group.device:
+                    self._pool = BufferPool(group.device)
+                received = WeightReceiver(group, pool=self._pool).receive(load, expect_version=expect)
             reloading = False
             finalize_layerwise_reload(self.model, self.model_config)
             checked = verifier.verify(self.model, require_complete=update_info.require_complete) if verifier else None

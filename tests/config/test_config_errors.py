@@ -55,6 +55,11 @@ def test_out_of_range_names_key_and_bound() -> None:
         ("algorithm.rollout_correction.is_level=batch", "algorithm.rollout_correction.is_level", ["'geometric'"]),
         ("async_training.stale_policy=keep", "async_training.stale_policy", ["'regrant'"]),
         ("async_training.actor.logprobs_mode=x", "async_training.actor.logprobs_mode", ["'processed'", "'raw'"]),
+        (
+            f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype=bfloat16",
+            f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype",
+            ["'auto'", "'bf16'", "'fp32'"],
+        ),
     ],
 )
 def test_bad_enum_lists_allowed_values(override: str, key: str, allowed: list[str]) -> None:

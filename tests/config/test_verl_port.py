@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 from async_rl.config import load_config_with_warnings, parse_cli
 
@@ -168,3 +169,25 @@ def test_warmup_style_is_an_alias_of_lr_scheduler_type() -> None:
     cfg, _ = load_config_with_warnings(None, ["actor_rollout_ref.actor.optim.warmup_style=cosine"])
     assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
     assert cfg.actor_rollout_ref.actor.optim.warmup_style is None
+
+
+def test_verl_mixed_precision_section_keeps_its_spelling_and_meaning(tmp_path: Path) -> None:
+    """verl writes ``fsdp_config.mixed_precision`` as bf16/fp32/fp32 (or leaves it null); both load, and verl's
+    ``param_dtype: bf16`` still means mixed precision. Unset it is ``auto`` (bf16 on CUDA, fp32 on CPU)."""
+    mp = "actor_rollout_ref.actor.fsdp_config.mixed_precision"
+    verl = [f"+{mp}.param_dtype=bf16", f"+{mp}.reduce_dtype=fp32", f"+{mp}.buffer_dtype=fp32"]
+    cfg, warnings = load_config_with_warnings(None, verl)
+    assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16" and warnings == []
+    yaml_file = tmp_path / "verl.yaml"
+    yaml_file.write_text(
+        "actor_rollout_ref:\n  actor:\n    fsdp_config:\n      mixed_precision:\n"
+        "        param_dtype: bf16\n        reduce_dtype: fp32\n        buffer_dtype: fp32\n"
+    )
+    from_yaml, _ = load_config_with_warnings([str(yaml_file)], [])
+    assert (
+        from_yaml.actor_rollout_ref.actor.fsdp_config.mixed_precision
+        == cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision
+    )
+    for overrides in ([], [f"{mp}=null"]):
+        unset, _ = load_config_with_warnings(None, overrides)
+        assert unset.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "auto"

@@ -201,6 +201,92 @@ def scenario_gpu(ctx: Any) -> dict[str, Any]:
     return res
 
 
+def _cosine(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    va = torch.cat([a[k].double().flatten() for k in sorted(a)])
+    vb = torch.cat([b[k].double().flatten() for k in sorted(a)])
+    return float(va @ vb / (va.norm() * vb.norm()))
+
+
+def _precision_step(ctx: Any, param_dtype: str, groups: list[Any]) -> dict[str, Any]:
+    """One GAE + KL-loss step (2 mini-batches) at ``param_dtype``; what ``scenario_precision`` compares."""
+    s = settings(
+        adv_estimator="gae",
+        critic=CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+        use_kl_loss=True,
+        entropy_coeff=0.01,
+        param_dtype=param_dtype,
+    )
+    learner = Learner(s, ctx, tiny_policy, critic=tiny_critic)
+    assert learner.ref is not None and learner.critic is not None
+    models = {"actor": learner.model, "ref": learner.ref, "critic": learner.critic.model}
+    hooked = {f"{role}/layer0.down_proj": m.get_submodule("model.layers.0.mlp.down_proj") for role, m in models.items()}
+    hooked["actor/lm_head"] = learner.model.get_submodule("lm_head")  # in the root FSDP unit
+    hooked["critic/score"] = learner.critic.model.get_submodule("score")
+    seen: dict[str, set[str]] = {key: set() for key in hooked}  # weight/input/output dtypes of each Linear's calls
+
+    def record(key: str, m: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        seen[key].add("/".join(str(t.dtype).removeprefix("torch.") for t in (m.weight, inputs[0], out)))
+
+    for key, linear in hooked.items():
+        linear.register_forward_hook(lambda m, i, o, key=key: record(key, m, i, o))
+    grad_dtypes: set[str] = set()
+    first: list[dict[str, torch.Tensor]] = []  # the actor's first mini-batch (the critic updates before it)
+
+    def on_grads(m: nn.Module, keep: list[dict[str, torch.Tensor]] | None) -> None:
+        for p in m.parameters():
+            if p.grad is not None:
+                local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                grad_dtypes.update({str(p.grad.dtype), str(local.dtype)})
+        if keep is not None and not keep:
+            keep.append(full_grads(m))
+
+    learner.actor.grad_hook = lambda m: on_grads(m, first)
+    learner.critic.trained.grad_hook = lambda m: on_grads(m, None)
+    batch = learner.collate(groups)
+    log_probs = learner._log_probs(learner.model, batch)
+    metrics = learner.train_step(groups)
+    optimizers = (learner.actor.optimizer, learner.critic.trained.optimizer)
+    return {
+        "compute_dtype": str(learner.compute_dtype),
+        "seen": {k: sorted(v) for k, v in seen.items()},
+        "grad_dtypes": sorted(grad_dtypes),
+        # the trained models' parameters are their fp32 shards (the frozen reference's root unit stays gathered
+        # after its no-grad forward, FSDP2's root heuristic, so its parameters are not checked here)
+        "master_dtypes": sorted(
+            {f"{type(p).__name__}:{p.dtype}" for role in ("actor", "critic") for p in models[role].parameters()}
+        ),
+        "optim_state_dtypes": sorted(
+            {str(v.dtype) for o in optimizers for st in o.state.values() for v in st.values() if torch.is_tensor(v)}
+        ),
+        "finite": all(math.isfinite(v) for v in metrics.values()),
+        "metrics": {
+            k: metrics[f"learner/{k}"]
+            for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/loss", "actor/skipped_updates")
+        },
+        "_log_probs": log_probs,
+        "_mask": batch["response_mask"].bool(),
+        "_grads": first[0],
+    }
+
+
+def scenario_precision(ctx: Any) -> dict[str, Any]:
+    """CPU, gloo: one step with param_dtype bf16 (FSDP2 MixedPrecisionPolicy) against the same step in fp32, from
+    the same weights and batch: the dtypes each model role computes and keeps, log-probs, gradients and losses."""
+    res: dict[str, Any] = {"device": ctx.device.type, "backend": ctx.backend}
+    groups = scripted_groups(4, 4, seed=500)
+    runs = {pd: _precision_step(ctx, pd, groups) for pd in ("fp32", "bf16")}
+    for pd, run in runs.items():
+        res.update({f"{pd}/{k}": v for k, v in run.items() if not k.startswith("_")})
+    mask = runs["fp32"]["_mask"]
+    lp32, lp16 = runs["fp32"]["_log_probs"], runs["bf16"]["_log_probs"]
+    diff = (lp32 - lp16).abs()[mask]
+    res["logprob_abs_diff_mean"] = float(diff.mean())
+    res["logprob_abs_diff_max"] = float(diff.max())
+    res["logprob_abs_mean"] = float(lp32.abs()[mask].mean())
+    res["grad_cosine"] = _cosine(runs["fp32"]["_grads"], runs["bf16"]["_grads"])
+    return res
+
+
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)
@@ -211,6 +297,8 @@ def main() -> None:
         res = scenario_train(ctx, out)
     elif scenario == "gpu":
         res = scenario_gpu(ctx)
+    elif scenario == "precision":
+        res = scenario_precision(ctx)
     elif scenario.startswith("resume_"):
         res = scenario_resume(ctx, out, scenario[-1])
     else:

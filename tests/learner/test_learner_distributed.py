@@ -89,6 +89,33 @@ def test_resume_is_bit_identical_and_ignores_an_uncommitted_save(tmp_path: Path)
     assert first["step2"]["learner/reward_kl_penalty_coeff"] != 0.001  # the adaptive KL coefficient had moved
 
 
+def test_cpu_bf16_mixed_precision_keeps_fp32_state_and_tracks_fp32(tmp_path: Path) -> None:
+    """param_dtype=bf16 on CPU: FSDP2 computes in bf16 (actor, reference and critic), everything it keeps is fp32."""
+    res = run_worker("precision", tmp_path)
+    assert (res["device"], res["backend"]) == ("cpu", "gloo")
+    assert (res["fp32/compute_dtype"], res["bf16/compute_dtype"]) == ("torch.float32", "torch.bfloat16")
+    roles = {
+        "actor/layer0.down_proj",
+        "actor/lm_head",
+        "ref/layer0.down_proj",
+        "critic/layer0.down_proj",
+        "critic/score",
+    }
+    for pd, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
+        # a Linear in a decoder-layer unit and one in the root unit of each model: weight/input/output dtypes
+        assert res[f"{pd}/seen"] == {role: [f"{dtype}/{dtype}/{dtype}"] for role in roles}
+        assert res[f"{pd}/grad_dtypes"] == ["torch.float32"]  # the gradients (and their reduce-scatter) are fp32
+        assert res[f"{pd}/master_dtypes"] == ["DTensor:torch.float32"]  # the sharded master weights
+        assert res[f"{pd}/optim_state_dtypes"] == ["torch.float32"]
+        assert res[f"{pd}/finite"] and res[f"{pd}/metrics"]["actor/skipped_updates"] == 0.0
+    # bf16 really changed the numbers, by about its rounding (seen: mean 7e-4, max 2.4e-3 on log-probs of ~4.2)
+    assert 1e-5 < res["logprob_abs_diff_mean"] < 5e-3 and res["logprob_abs_diff_max"] < 2e-2
+    assert res["grad_cosine"] > 0.999  # seen: 0.99997
+    m32, m16 = res["fp32/metrics"], res["bf16/metrics"]
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/loss"):  # seen: <= 0.5% apart
+        assert m16[key] == pytest.approx(m32[key], rel=0.02, abs=1e-4), key
+
+
 @pytest.mark.gpu
 def test_gpu_mixed_precision_training(tmp_path: Path) -> None:
     import torch

@@ -132,7 +132,7 @@ def test_from_config_reads_verl_names() -> None:
 
 def test_every_setting_comes_from_its_config_key() -> None:
     """Each field of LearnerSettings changes with the config key it is read from: no default of its own, no key
-    left unread (mixed_precision and max_consecutive_nonfinite included)."""
+    left unread (param_dtype and max_consecutive_nonfinite included)."""
     keys: dict[str, tuple[str, object, object]] = {  # field: (key, value, the field's value)
         "ppo_mini_batch_size": (f"{ARR}.actor.ppo_mini_batch_size", 4, 4),
         "ppo_micro_batch_size_per_gpu": (f"{ARR}.actor.ppo_micro_batch_size_per_gpu", 2, 2),
@@ -175,7 +175,7 @@ def test_every_setting_comes_from_its_config_key() -> None:
         "rollout_rs_threshold": (f"{RC}.rollout_rs_threshold", "0.5_2.0", "0.5_2.0"),
         "bypass_mode": (f"{RC}.bypass_mode", True, True),
         "max_consecutive_nonfinite": (f"{ARR}.actor.max_consecutive_nonfinite", 2, 2),
-        "mixed_precision": (f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype", "fp32", False),
+        "param_dtype": (f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype", "fp32", "fp32"),
         "seed": ("trainer.seed", 5, 5),
     }
     needs = {  # other keys a value needs to be valid

@@ -35,16 +35,27 @@ def test_dry_run_report_for_every_config(path):
 
 @pytest.mark.parametrize("module", ["async_rl.entrypoints.train", "async_rl.entrypoints.actor"])
 def test_entrypoint_dry_run_subprocess(module):
-    for path in CONFIGS:
-        proc = subprocess.run(
+    # One process per config, all at once: each spends seconds importing torch, so the test takes the longest of them.
+    procs = {
+        path: subprocess.Popen(
             [sys.executable, "-m", module, "--config", str(path), "--dry-run"],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            timeout=300,
         )
-        assert proc.returncode == 0, f"{module} --dry-run {path.name} failed:\n{proc.stderr[-2000:]}"
-        assert json.loads(proc.stdout)["adv_estimator"] == load_config([str(path)]).algorithm.adv_estimator
+        for path in CONFIGS
+    }
+    try:
+        outputs = {path: proc.communicate(timeout=300) for path, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for path, (stdout, stderr) in outputs.items():
+        assert procs[path].returncode == 0, f"{module} --dry-run {path.name} failed:\n{stderr[-2000:]}"
+        assert json.loads(stdout)["adv_estimator"] == load_config([str(path)]).algorithm.adv_estimator
 
 
 def test_dry_run_rejects_bad_key_naming_it():

@@ -9,9 +9,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_rl.weight_sync.buckets import ALIGN, TensorAssembler, iter_buckets
+from async_rl.weight_sync.buckets import (
+    ALIGN,
+    Bucket,
+    BufferPool,
+    TensorAssembler,
+    fill_buckets,
+    plan_buckets,
+    tensor_spec,
+)
 from async_rl.weight_sync.errors import WeightSyncError
-from async_rl.weight_sync.protocol import ChunkMeta
+from async_rl.weight_sync.protocol import BucketSpec, ChunkMeta
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8, torch.uint8, torch.bool]
 
@@ -25,16 +33,22 @@ def _make(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor
     return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=gen).to(dtype)
 
 
+def _buckets(named: list[tuple[str, torch.Tensor]], cap: int, direct_min: int | None = None) -> list[Bucket]:
+    plan = plan_buckets([tensor_spec(n, t) for n, t in named], cap, direct_min_bytes=direct_min)
+    return list(fill_buckets(plan, iter(named)))
+
+
 def _loopback(named: list[tuple[str, torch.Tensor]], cap: int, direct_min: int | None = None):
     """Pack, 'transmit' by copying into the receiver's buffers, reassemble; return (tensors, bucket sizes)."""
     assembler = TensorAssembler("cpu")
     out: dict[str, torch.Tensor] = {}
     sizes = []
-    for bucket in iter_buckets(named, cap, direct_min_bytes=direct_min):
+    for bucket in _buckets(named, cap, direct_min):
         sizes.append(bucket.data.numel())
-        buf = assembler.buffer_for(bucket.chunks, bucket.direct, bucket.data.numel())
+        spec = BucketSpec(bucket.direct, bucket.data.numel(), bucket.chunks)
+        buf = assembler.buffer_for(spec)
         buf.copy_(bucket.data)
-        assembler.commit(bucket.chunks, bucket.direct, buf)
+        assembler.commit(spec, buf)
         out.update(dict(assembler.pop_complete()))
     assembler.finish()
     return out, sizes
@@ -49,7 +63,7 @@ def test_hand_computed_layout() -> None:
         ("d", torch.ones(100)),  # 400 B >= 256: direct, split into 256 + 144
         ("e", torch.ones(3, dtype=torch.bfloat16)),  # 6 B in a fresh packed bucket
     ]
-    buckets = list(iter_buckets(named, 256, direct_min_bytes=256))
+    buckets = _buckets(named, 256, 256)
     assert [b.data.numel() for b in buckets] == [94, 160, 256, 144, 6]
     assert [b.direct for b in buckets] == [False, False, True, True, False]
     assert [(m.name, m.offset) for m in buckets[0].chunks] == [("a", 0), ("b", 64)]
@@ -58,7 +72,7 @@ def test_hand_computed_layout() -> None:
 
 def test_direct_bucket_is_a_view_of_the_source() -> None:
     big = torch.arange(1000, dtype=torch.float32)  # 4000 B >= direct_min: sent from its own memory
-    (bucket,) = list(iter_buckets([("w", big)], 8192, direct_min_bytes=1024))
+    (bucket,) = _buckets([("w", big)], 8192, 1024)
     assert bucket.direct and bucket.data.data_ptr() == big.data_ptr()
 
 
@@ -89,15 +103,45 @@ def test_round_trip_respects_cap(specs, cap: int, direct_frac: float, seed: int)
 
 def test_invalid_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match="cap_bytes"):
-        list(iter_buckets([("a", torch.ones(1))], ALIGN - 1))
+        _buckets([("a", torch.ones(1))], ALIGN - 1)
     with pytest.raises(ValueError, match="direct_min_bytes"):
-        list(iter_buckets([("a", torch.ones(1))], 128, direct_min_bytes=129))
+        _buckets([("a", torch.ones(1))], 128, 129)
     with pytest.raises(ValueError, match="appears twice"):
-        list(iter_buckets([("a", torch.ones(1)), ("a", torch.ones(1))], 128))
+        _buckets([("a", torch.ones(1)), ("a", torch.ones(1))], 128)
     with pytest.raises(ValueError, match="cannot be sent"):
-        list(iter_buckets([("a", torch.ones(1, dtype=torch.complex64))], 128))
+        _buckets([("a", torch.ones(1, dtype=torch.complex64))], 128)
     with pytest.raises(ValueError, match="torch.Tensor"):
-        list(iter_buckets([("a", [1.0])], 128))  # type: ignore[list-item]
+        _buckets([("a", [1.0])], 128)  # type: ignore[list-item]
+
+
+def test_fill_checks_the_tensors_against_the_plan() -> None:
+    plan = plan_buckets([tensor_spec("a", torch.ones(4)), tensor_spec("b", torch.ones(2))], 128)
+    with pytest.raises(ValueError, match=r"tensor 'a' \(float16\[4\]\) does not match"):
+        list(fill_buckets(plan, [("a", torch.ones(4, dtype=torch.float16)), ("b", torch.ones(2))]))
+    with pytest.raises(ValueError, match="does not match"):
+        list(fill_buckets(plan, [("b", torch.ones(2)), ("a", torch.ones(4))]))  # out of order
+    with pytest.raises(ValueError, match="ended before 'b'"):
+        list(fill_buckets(plan, [("a", torch.ones(4))]))
+    with pytest.raises(ValueError, match="'c' is not in the plan"):
+        list(fill_buckets(plan, [("a", torch.ones(4)), ("b", torch.ones(2)), ("c", torch.ones(1))]))
+
+
+def test_packed_tensors_are_received_in_place() -> None:
+    named = [("a", torch.arange(4.0)), ("b", torch.arange(3, dtype=torch.int64))]
+    (bucket,) = _buckets(named, 1024, 1024)
+    spec = BucketSpec(False, bucket.data.numel(), bucket.chunks)
+    asm = TensorAssembler()
+    buf = asm.buffer_for(spec)
+    buf.copy_(bucket.data)
+    asm.commit(spec, buf)
+    got = dict(asm.pop_complete())
+    assert torch.equal(got["a"], torch.arange(4.0)) and torch.equal(got["b"], torch.arange(3))
+    # No copy: each tensor is a view of the bucket's receive buffer, at its 64-byte aligned offset.
+    assert got["a"].data_ptr() == buf.data_ptr() and got["b"].data_ptr() == buf.data_ptr() + 64
+
+
+def _packed(meta: ChunkMeta, size: int) -> BucketSpec:
+    return BucketSpec(False, size, [meta])
 
 
 def _meta(name: str = "w", *, start: int = 0, nbytes: int = 8, total: int = 8, shape=(2,)) -> ChunkMeta:
@@ -107,24 +151,37 @@ def _meta(name: str = "w", *, start: int = 0, nbytes: int = 8, total: int = 8, s
 def test_assembler_rejects_malformed_streams() -> None:
     asm = TensorAssembler()
     with pytest.raises(WeightSyncError, match="expected 0") as info:
-        asm.commit([_meta(start=4, nbytes=4)], False, torch.zeros(4, dtype=torch.uint8))
+        asm.commit(_packed(_meta(start=4, nbytes=4), 4), torch.zeros(4, dtype=torch.uint8))
     assert info.value.tensor == "w"
     asm = TensorAssembler()
     with pytest.raises(WeightSyncError, match="shape"):  # 3 floats are 12 bytes, not 8
-        asm.commit([_meta(shape=(3,))], False, torch.zeros(8, dtype=torch.uint8))
+        asm.commit(_packed(_meta(shape=(3,)), 8), torch.zeros(8, dtype=torch.uint8))
     asm = TensorAssembler()
-    asm.commit([_meta()], False, torch.zeros(8, dtype=torch.uint8))
+    asm.commit(_packed(_meta(), 8), torch.zeros(8, dtype=torch.uint8))
     assert [name for name, _ in asm.pop_complete()] == ["w"]
     with pytest.raises(WeightSyncError, match="twice"):
-        asm.commit([_meta()], False, torch.zeros(8, dtype=torch.uint8))
+        asm.commit(_packed(_meta(), 8), torch.zeros(8, dtype=torch.uint8))
     asm = TensorAssembler()
-    asm.commit([_meta(nbytes=4)], False, torch.zeros(4, dtype=torch.uint8))
+    asm.commit(_packed(_meta(nbytes=4), 4), torch.zeros(4, dtype=torch.uint8))
     assert asm.pop_complete() == []
     with pytest.raises(WeightSyncError, match="incomplete"):
         asm.finish()
     with pytest.raises(WeightSyncError, match="outside"):
-        TensorAssembler().commit([_meta()], False, torch.zeros(4, dtype=torch.uint8))
+        TensorAssembler().commit(_packed(_meta(), 4), torch.zeros(4, dtype=torch.uint8))
     with pytest.raises(WeightSyncError, match="unknown dtype"):
         TensorAssembler().commit(
-            [ChunkMeta("w", "complex64", (1,), 0, 8, 0, 8)], False, torch.zeros(8, dtype=torch.uint8)
+            _packed(ChunkMeta("w", "complex64", (1,), 0, 8, 0, 8), 8), torch.zeros(8, dtype=torch.uint8)
         )
+
+
+def test_buffer_pool_lends_each_buffer_once_per_update_and_reuses_it_after() -> None:
+    pool = BufferPool("cpu")
+    a, b = pool.take(100), pool.take(100)
+    assert a.data_ptr() != b.data_ptr() and pool.held_bytes == 0  # both lent: never the same buffer twice at once
+    pool.restore()
+    assert pool.held_bytes == 200
+    again = {pool.take(100).data_ptr(), pool.take(100).data_ptr()}
+    assert again == {a.data_ptr(), b.data_ptr()}
+    assert pool.take(100).data_ptr() not in again  # a third one of that size is new memory
+    pool.drop()  # a failed update: what it had lent is not reused
+    assert pool.held_bytes == 0 and pool.take(100).data_ptr() not in again

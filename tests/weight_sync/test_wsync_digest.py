@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from async_rl.weight_sync.digest import (
-    ALGO_CRC32,
     ALGO_WSUM16,
+    ALGO_XXH3,
     ByteDigest,
     TensorDigest,
     compare_digests,
@@ -19,8 +19,10 @@ from async_rl.weight_sync.digest import (
 from async_rl.weight_sync.errors import WeightSyncError
 from async_rl.weight_sync.protocol import (
     FRAME_END,
-    BucketHeader,
+    BucketSpec,
     ChunkMeta,
+    TensorSpec,
+    UpdatePlan,
     decode_frame,
     decode_struct,
     dtype_from_name,
@@ -32,10 +34,15 @@ from async_rl.weight_sync.protocol import (
 MASK = (1 << 64) - 1
 
 
-def test_crc32_matches_the_standard_check_value() -> None:
-    # CRC-32 (IEEE) of the ASCII string "123456789" is 0xCBF43926 by definition of the algorithm's check value.
+def test_xxh3_matches_the_reference_values() -> None:
+    # XXH3-64 (seed 0) of the empty input is 0x2D06800538D394C2, the value the reference implementation documents.
+    assert digest_tensor("x", torch.zeros(0, dtype=torch.uint8), "uint8", ALGO_XXH3).a == 0x2D06800538D394C2
+    # Streamed in two chunks, "123456789" digests as in one piece.
     data = torch.tensor(list(b"123456789"), dtype=torch.uint8)
-    assert digest_tensor("x", data, "uint8", ALGO_CRC32).a == 0xCBF43926
+    state = ByteDigest(ALGO_XXH3, 9)
+    state.update(data[:4])
+    state.update(data[4:])
+    assert state.finish("x", "uint8", (9,)).a == digest_tensor("x", data, "uint8", ALGO_XXH3).a == 0x72DCB18B67A17DFF
 
 
 def test_wsum16_hand_computed() -> None:
@@ -54,7 +61,7 @@ def test_wsum16_hand_computed() -> None:
 @given(
     data=st.binary(min_size=0, max_size=600),
     cuts=st.lists(st.integers(0, 300), max_size=5),
-    algo=st.sampled_from([ALGO_CRC32, ALGO_WSUM16]),
+    algo=st.sampled_from([ALGO_XXH3, ALGO_WSUM16]),
 )
 def test_chunking_does_not_change_the_digest(data: bytes, cuts: list[int], algo: str) -> None:
     raw = torch.tensor(list(data), dtype=torch.uint8)
@@ -66,7 +73,7 @@ def test_chunking_does_not_change_the_digest(data: bytes, cuts: list[int], algo:
     assert state.finish("x", "uint8", (len(data),)) == digest_tensor("x", raw, "uint8", algo)
 
 
-@pytest.mark.parametrize("algo", [ALGO_CRC32, ALGO_WSUM16])
+@pytest.mark.parametrize("algo", [ALGO_XXH3, ALGO_WSUM16])
 def test_single_bit_flip_and_swap_are_detected(algo: str) -> None:
     base = torch.randn(257, generator=torch.Generator().manual_seed(0))
     ref = digest_tensor("w", base, "float32", algo)
@@ -106,10 +113,15 @@ def test_frames_and_headers_round_trip() -> None:
     assert decode_frame(encode_frame(FRAME_END, 17, 0, 5)) == (FRAME_END, 17, 0, 5)
     with pytest.raises(WeightSyncError, match="out of step"):
         decode_frame(torch.tensor([1, 17, 0, 5]))  # no magic
-    header = BucketHeader(3, 0, ALGO_CRC32, False, [ChunkMeta("w", "bfloat16", (2, 3), 64, 12, 0, 12)])
-    assert decode_struct(encode_struct(header), BucketHeader) == header
-    with pytest.raises(WeightSyncError, match="malformed BucketHeader"):
-        decode_struct(torch.tensor([1, 2, 3], dtype=torch.uint8), BucketHeader)
+    plan = UpdatePlan(3, ALGO_XXH3, [BucketSpec(False, 76, [ChunkMeta("w", "bfloat16", (2, 3), 64, 12, 0, 12)])])
+    assert decode_struct(encode_struct(plan), UpdatePlan) == plan
+    with pytest.raises(WeightSyncError, match="malformed UpdatePlan"):
+        decode_struct(torch.tensor([1, 2, 3], dtype=torch.uint8), UpdatePlan)
+
+
+def test_tensor_spec_sizes() -> None:
+    assert TensorSpec("w", "bfloat16", (3, 5)).nbytes == 30
+    assert TensorSpec("s", "int64", ()).nbytes == 8 and TensorSpec("e", "float32", (0, 4)).nbytes == 0
 
 
 def test_dtype_names() -> None:

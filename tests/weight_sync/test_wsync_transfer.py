@@ -19,6 +19,7 @@ from async_rl.weight_sync import (
     open_group,
     resolve_backend,
 )
+from async_rl.weight_sync.buckets import BufferPool, tensor_spec
 from async_rl.weight_sync.digest import ByteDigest
 from async_rl.weight_sync.group import WeightSyncGroup
 from async_rl.weight_sync.protocol import ChunkMeta
@@ -149,6 +150,71 @@ def test_sender_failure_aborts_the_receivers() -> None:
         WeightSender(root, bucket_size_mb=1, direct_min_mb=1e-5).send(broken_source(), version=1)
     thread.join(30)
     assert isinstance(box.get("error"), WeightSyncError) and "OSError: gather failed" in str(box["error"])
+
+
+def test_failure_mid_stream_abandons_the_epoch_and_stops_the_receivers_at_once() -> None:
+    root, actor = _groups(2, timeout_s=30)
+    weights = _weights()
+    manifest = [tensor_spec(name, t) for name, t in weights.items()]
+
+    def lazy_source():  # a lazy gather: the plan went out from the manifest, then the second tensor fails
+        names = iter(weights.items())
+        yield next(names)
+        raise OSError("gather failed")
+
+    thread, box = _in_thread(_collect(actor))
+    t0 = time.perf_counter()
+    with pytest.raises(OSError, match="gather failed"):
+        WeightSender(root, bucket_size_mb=4 / 1024, direct_min_mb=4 / 1024).send(
+            lazy_source(), version=1, manifest=manifest
+        )
+    thread.join(10)
+    elapsed = time.perf_counter() - t0
+    assert isinstance(box.get("error"), WeightSyncError) and "OSError: gather failed" in str(box["error"])
+    assert "abandoned" in str(box["error"]) and elapsed < 5.0, elapsed  # not the 30 s group timeout
+    assert root.broken and actor.broken
+
+
+def test_lazy_source_with_a_manifest_matches_the_materialised_send() -> None:
+    root, actor = _groups(2, timeout_s=20)
+    weights = _weights(3)
+    manifest = [tensor_spec(name, t) for name, t in weights.items()]
+    thread, box = _in_thread(_collect(actor))
+    sent = WeightSender(root, bucket_size_mb=4 / 1024, direct_min_mb=4 / 1024).send(
+        iter(weights.items()), version=4, manifest=manifest
+    )
+    thread.join(30)
+    got, report = box["value"]
+    assert (sent.tensors, sent.buckets, report.fingerprint) == (6, 3, sent.fingerprint)
+    assert all(torch.equal(got[name], t) for name, t in weights.items())
+
+
+def test_a_receiver_with_a_pool_reuses_its_buffers_on_the_next_update() -> None:
+    root, actor = _groups(2, timeout_s=20)
+    pool = BufferPool("cpu")
+    sender = WeightSender(root, bucket_size_mb=4 / 1024, direct_min_mb=4 / 1024)
+    seen: list[dict[str, tuple[int, torch.Tensor]]] = []
+
+    def update(seed: int) -> None:
+        got: dict[str, tuple[int, torch.Tensor]] = {}
+
+        def keep(batch: list[tuple[str, torch.Tensor]]) -> None:  # like vLLM's loaders: copy what is kept
+            got.update({name: (t.data_ptr(), t.clone()) for name, t in batch})
+
+        thread, box = _in_thread(lambda: WeightReceiver(actor, pool=pool).receive(keep))
+        sender.send(_weights(seed).items(), version=seed)
+        thread.join(30)
+        assert "error" not in box, box.get("error")
+        seen.append(got)
+
+    update(1)
+    held = pool.held_bytes
+    update(2)
+    assert held > 0 and pool.held_bytes == held
+    for name, tensor in _weights(2).items():
+        assert torch.equal(seen[1][name][1], tensor), name
+        if tensor.numel():
+            assert seen[1][name][0] == seen[0][name][0], name  # the same memory as the first update's
 
 
 def test_version_mismatch_is_refused() -> None:

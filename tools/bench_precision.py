@@ -1,0 +1,174 @@
+"""Benchmark the learner's compute precision: the same learner step in fp32 and in bf16 mixed precision
+(``actor.fsdp_config.mixed_precision.param_dtype`` fp32 vs bf16), side by side on one model and one fixed batch.
+
+Usage: ``python tools/bench_precision.py [--model builtin:tiny-arith | DIR | builtin:NAME] [--steps 3] [--groups 4]
+[--n 4] [--prompt-len 32] [--response-len 64] [--threads N] [--local]``
+
+Both learners start from the same weights. A step is forward + backward + AdamW step over the same batch (synthetic
+groups of random tokens, one mini-batch, so the proximal pass is skipped). After one warm-up step each, rounds
+interleave the two (the order alternates each round), so drift on a shared machine hits both alike; the ratio is
+fp32 step time / bf16 step time (above 1: bf16 is faster), the median of the per-round ratios with their spread.
+Before any update it also reports the mean |log-prob difference| between the two precisions over the batch's
+response tokens. By default the learner is one FSDP2 rank (a gloo group of one in this process, NCCL with a GPU), so
+bf16 is FSDP2's ``MixedPrecisionPolicy`` as under torchrun; ``--local`` measures the single-process path
+(``torch.autocast``) instead. Nothing is downloaded (``builtin:`` models are built or converted from installed
+wheels, see ``async_rl.runtime.resources``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def context(local: bool) -> Any:
+    """``local_context()``, or a process group of one rank in this process (unless torchrun already set one up)."""
+    from async_rl.learner import init_distributed, local_context
+
+    if local:
+        return local_context()
+    if "WORLD_SIZE" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    return init_distributed("auto")
+
+
+def make_groups(args: argparse.Namespace, vocab: int) -> list[Any]:
+    from async_rl.learner.batching import Response, SampledGroup
+
+    rng = random.Random(0)
+    groups = []
+    for g in range(args.groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_len)]
+        responses = [
+            Response(
+                [rng.randrange(3, vocab) for _ in range(args.response_len)],
+                [-1.0] * args.response_len,
+                float(rng.random()),
+                0,
+            )
+            for _ in range(args.n)
+        ]
+        groups.append(SampledGroup(g, prompt, responses))
+    return groups
+
+
+def build(args: argparse.Namespace, ctx: Any, model_path: str) -> dict[str, Any]:
+    from async_rl.learner import Learner, LearnerSettings, OptimSettings
+
+    rows = args.groups * args.n
+    learners = {}
+    for pd in PRECISIONS:
+        settings = LearnerSettings.defaults(
+            adv_estimator="grpo",
+            ppo_mini_batch_size=args.groups,  # one optimizer step per train_step: no proximal pass
+            ppo_micro_batch_size_per_gpu=args.micro or rows,
+            log_prob_micro_batch_size_per_gpu=args.micro or rows,
+            rollout_n=args.n,
+            optim=OptimSettings.defaults(lr=1e-6),
+            rollout_is=None,
+            enable_gradient_checkpointing=False,
+            max_prompt_length=None,
+            max_response_length=None,
+            param_dtype=pd,
+            seed=0,
+        )
+        learners[pd] = Learner(settings, ctx, model_path)
+        assert learners[pd].compute_dtype == (torch.float32 if pd == "fp32" else torch.bfloat16)
+    return learners
+
+
+def timed_step(learner: Any, groups: list[Any]) -> float:
+    t0 = time.perf_counter()
+    metrics = learner.train_step(groups)
+    elapsed = time.perf_counter() - t0
+    assert metrics["learner/actor/proximal_pass_skipped"] == 1.0, "the step should be one optimizer step"
+    assert metrics["learner/actor/skipped_updates"] == 0.0, "a non-finite update was skipped"
+    return elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="builtin:tiny-arith", help="model directory or builtin: name")
+    p.add_argument("--steps", type=int, default=3, help="timed rounds, each one step of each precision")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps of each precision first")
+    p.add_argument("--groups", type=int, default=4)
+    p.add_argument("--n", type=int, default=4, help="responses per group")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--response-len", type=int, default=64)
+    p.add_argument("--micro", type=int, default=0, help="sequences per micro-batch (0: the whole batch)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--local", action="store_true", help="single-process path (autocast) instead of one FSDP2 rank")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from async_rl.learner import teardown
+    from async_rl.learner.settings import cpu_native_bf16
+    from async_rl.runtime import resources
+
+    ctx = context(args.local)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = resources.resolve_model_path(args.model, tmp)
+        learners = build(args, ctx, model_path)
+        fp32 = learners["fp32"]
+        groups = make_groups(args, int(fp32.vocab_size or 64))
+        batch = fp32.collate(groups)
+        mask = batch["response_mask"].bool()
+        lp = {pd: learner._log_probs(learner.model, batch) for pd, learner in learners.items()}
+        diff = (lp["fp32"] - lp["bf16"]).abs()[mask]
+        n_params = sum(p.numel() for p in fp32.model.parameters()) * ctx.world_size  # shards: about the total
+        tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
+        path = "single process (autocast)" if args.local else f"FSDP2 x{ctx.world_size} ({ctx.backend})"
+        print(
+            f"model {args.model}: {n_params / 1e6:.1f}M params; {ctx.device.type}, {path}, {torch.get_num_threads()}"
+            f" threads, native CPU bf16: {cpu_native_bf16()}; batch {len(groups)}x{args.n} sequences, {tokens} tokens",
+            flush=True,
+        )
+        magnitude = float(lp["fp32"].abs()[mask].mean())
+        print(
+            f"log-probs fp32 vs bf16 (same weights, {int(mask.sum())} response tokens, mean |log p| {magnitude:.3f}):"
+            f" mean |diff| {float(diff.mean()):.3e}, max {float(diff.max()):.3e}",
+            flush=True,
+        )
+        for _ in range(args.warmup):
+            for learner in learners.values():
+                timed_step(learner, groups)
+        times: dict[str, list[float]] = {pd: [] for pd in PRECISIONS}
+        for r in range(args.steps):
+            for pd in PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]:
+                times[pd].append(timed_step(learners[pd], groups))
+            print(f"round {r + 1}: fp32 {times['fp32'][-1]:.3f} s, bf16 {times['bf16'][-1]:.3f} s", flush=True)
+    teardown(ctx)
+    ratios = [a / b for a, b in zip(times["fp32"], times["bf16"], strict=True)]
+    t32, t16 = statistics.median(times["fp32"]), statistics.median(times["bf16"])
+    ratio = statistics.median(ratios)
+    detail = (
+        f"step {t32:.3f} s fp32 vs {t16:.3f} s bf16 (median of {args.steps}); per-round ratio"
+        f" {min(ratios):.3f}-{max(ratios):.3f}; log-prob mean |diff| {float(diff.mean()):.1e}"
+    )
+    print(f"fp32_time / bf16_time = {ratio:.3f} (above 1: bf16 faster); {detail}")
+    emit("precision", [BenchLine("precision_fp32_vs_bf16_step", ratio, None, detail)])
+
+
+if __name__ == "__main__":
+    main()

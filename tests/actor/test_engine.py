@@ -25,10 +25,20 @@ def loop():
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, loop):
+    """One engine for the module (each start-up costs tens of seconds). Its step budget of 128 tokens makes every
+    other 100-token prefill of the last test one that would be chunked; the other tests run at most 24 sequences."""
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3)
-    eng = GenerationEngine(
-        EngineSettings.defaults(model_path=str(path), dtype="float32", max_model_len=128, enforce_eager=True, seed=0)
+    settings = EngineSettings.defaults(
+        model_path=str(path),
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        max_num_seqs=32,
+        enable_chunked_prefill=True,  # what the config asks for; the engine turns it off on CPU
+        enforce_eager=True,
+        seed=0,
     )
+    eng = GenerationEngine(settings)
     loop.run_until_complete(eng.start())
     yield eng, path
     loop.run_until_complete(eng.shutdown())
@@ -211,23 +221,13 @@ def test_loop_streams_each_group_as_soon_as_it_finishes(engine, loop):
             assert c.reward_components is not None and "chars" in c.reward_components
 
 
-def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(tmp_path):
+def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(engine, loop):
     """Regression: vLLM's CPU build died with 'CPU Generator does not use offset' on the first seeded request whose
     prefill was split across steps (46-token prompts x 64 sequences with the real model). Here: 100-token prompts with
-    a 128-token step budget, so every other prefill would be chunked. Samples must also stay reproducible."""
-    path = build_tiny_model(tmp_path / "model", seed=3)
-    settings = EngineSettings.defaults(
-        model_path=str(path),
-        dtype="float32",
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        max_num_seqs=32,
-        enable_chunked_prefill=True,  # what the config asks for; the engine turns it off on CPU
-        enforce_eager=True,
-        seed=0,
-    )
-    eng = GenerationEngine(settings)
-    loop = asyncio.new_event_loop()
+    the module engine's 128-token step budget, so every other prefill would be chunked. Samples must also stay
+    reproducible."""
+    eng, _ = engine
+    assert eng.settings.max_num_batched_tokens == 128 and eng.settings.enable_chunked_prefill
     prompts = [[5 + (i * 7 + j) % 50 for j in range(100)] for i in range(12)]
 
     async def run(seed0: int):
@@ -236,13 +236,8 @@ def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(t
         ]
         return await asyncio.gather(*[eng.generate(p, s) for p, s in zip(prompts, samplings, strict=True)])
 
-    try:
-        loop.run_until_complete(eng.start())
-        first = loop.run_until_complete(run(100))
-        again = loop.run_until_complete(run(100))
-        assert not eng.dead
-        assert [len(g) for g in first] == [4] * len(prompts)
-        assert [[c.token_ids.tolist() for c in g] for g in first] == [[c.token_ids.tolist() for c in g] for g in again]
-    finally:
-        loop.run_until_complete(eng.shutdown())
-        loop.close()
+    first = loop.run_until_complete(run(100))
+    again = loop.run_until_complete(run(100))
+    assert not eng.dead
+    assert [len(g) for g in first] == [4] * len(prompts)
+    assert [[c.token_ids.tolist() for c in g] for g in first] == [[c.token_ids.tolist() for c in g] for g in again]

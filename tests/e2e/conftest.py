@@ -1,5 +1,8 @@
 """Shared checks for the end-to-end tests: the ledger identity, that no process a test started outlives it, and that
-every metrics.jsonl a test wrote names only catalogued metrics and real weight-sync values (_e2e_helpers)."""
+every metrics.jsonl a test wrote names only catalogued metrics and real weight-sync values (_e2e_helpers).
+
+A job that several tests of one module assert on is launched once, by module-scoped fixtures that use `shared_run`:
+the same two checks then apply to it as a whole, after the module's last test."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -50,6 +54,7 @@ class TestProcesses:
     __test__ = False  # not a test class
 
     def __init__(self, marker: str) -> None:
+        self.marker = marker
         self.entry = f"{MARKER}={marker}".encode()
 
     def alive(self) -> dict[int, str]:
@@ -110,4 +115,36 @@ def e2e_run_metrics(tmp_path: Path) -> Iterator[None]:
     """Every e2e test: afterwards, each metrics.jsonl it wrote under its tmp_path passes `check_run_metrics`."""
     yield
     for path in sorted(tmp_path.rglob("metrics.jsonl")):
+        check_run_metrics(path)
+
+
+@dataclass
+class SharedRun:
+    """A job launched once for several tests of a module: its directory, and the marker its processes carry."""
+
+    __test__ = False  # not a test class
+
+    path: Path
+    processes: TestProcesses
+
+    def env(self) -> dict[str, str]:
+        """The environment to start the job's processes with: this run's marker (not the current test's)."""
+        return {**os.environ, MARKER: self.processes.marker}
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedRun]:
+    """A directory and a process marker for a job that module-scoped fixtures launch once and several tests check.
+
+    After the module's last test, the checks every e2e test gets (`e2e_processes`, `e2e_run_metrics`) run on it: no
+    process it started is still alive, and each metrics.jsonl under its directory passes `check_run_metrics`.
+    """
+    run = SharedRun(tmp_path_factory.mktemp("shared"), TestProcesses(uuid.uuid4().hex))
+    yield run
+    left = run.processes.wait_gone(LEFTOVER_GRACE_S)
+    if left:
+        run.processes.kill(left)
+        lines = "\n".join(f"  {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))
+        pytest.fail(f"{len(left)} process(es) started by the shared run still alive after the module:\n{lines}")
+    for path in sorted(run.path.rglob("metrics.jsonl")):
         check_run_metrics(path)

@@ -1,15 +1,25 @@
 """End to end on the real pieces: torchrun 2-rank FSDP2 learner (gloo) + one vLLM CPU actor over ZeroMQ, weight
 broadcast every step, staleness bound K=1, validation rounds on the actor (before training, every 3 steps, at the
-end); then a resume from the checkpoint that neither repeats nor skips prompts.
+end); then resumes from checkpoints that neither repeat nor skip prompts, one after the run ended and one after the
+whole job was SIGKILLed mid-run.
 
-Started through ``launchers/local.py`` (process groups, logs per part). Uses the builtin tiny model: this checks the
-wiring and the guarantees, not learning.
+One job in three launches through ``launchers/local.py`` (process groups, logs per part), shared by the tests here
+(module-scoped fixtures, each launch once): the first run of 6 steps with validation; a resume from its step-6
+checkpoint towards step 12, SIGKILLed once it has trained past its step-9 checkpoint; and a resume from that to the
+end. Each fixture reads what its launch left (logs, metrics, audit) as soon as it ends, before the next one rewrites
+the logs. Uses the builtin tiny model: this checks the wiring and the guarantees, not learning.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _e2e_helpers import ROOT, launcher_command, read_jsonl
@@ -24,6 +34,9 @@ VALIDATION = (
     "trainer.val_before_train=true",
     "trainer.test_freq=3",
 )
+FIRST = 6  # steps of the first run
+STEPS = 12  # where the resumed launches end
+KILL_AFTER = 9  # the second launch is killed once this step's checkpoint exists and a later step was trained
 
 
 def _command(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -38,18 +51,110 @@ def _command(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> list[str
     return launcher_command("smoke_grpo.yaml", run_dir, steps=steps, overrides=overrides)
 
 
-def _launch(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_command(run_dir, steps, extra), cwd=ROOT, capture_output=True, text=True, timeout=900)
+@dataclass(frozen=True)
+class Launch:
+    """What one launch left behind, read as soon as it ended (and its processes were gone)."""
+
+    run_dir: Path
+    returncode: int | None  # None: killed by the test
+    stderr: str
+    lines: list[dict]  # metrics.jsonl: training steps and validation rounds, every launch so far
+    audit: list[dict]  # trained_groups.jsonl
+    learner_log: str
+    actor_log: str
+    final_hf: bool  # final_hf/config.json exists
+    checkpoints: list[str]
+    left: dict[int, str]  # processes of the job still alive afterwards (pid -> command line)
+
+    @property
+    def steps(self) -> list[dict]:
+        """The training steps' lines (validation rounds are lines of their own)."""
+        return [m for m in self.lines if "val/version" not in m]
+
+
+def _read(run_dir: Path, returncode: int | None, stderr: str, left: dict[int, str]) -> Launch:
+    ckpts = run_dir / "checkpoints"
+    return Launch(
+        run_dir=run_dir,
+        returncode=returncode,
+        stderr=stderr,
+        lines=read_jsonl(run_dir / "metrics.jsonl"),
+        audit=read_jsonl(run_dir / "trained_groups.jsonl"),
+        learner_log=(run_dir / "logs" / "learner.log").read_text(),
+        actor_log=(run_dir / "logs" / "actor-0.log").read_text(),
+        final_hf=(run_dir / "final_hf" / "config.json").exists(),
+        checkpoints=sorted(p.name for p in ckpts.iterdir() if not p.name.endswith(".tmp")) if ckpts.is_dir() else [],
+        left=left,
+    )
+
+
+def _launch(shared_run: Any, steps: int, extra: tuple[str, ...] = ()) -> Launch:
+    run_dir = shared_run.path / "run"
+    done = subprocess.run(
+        _command(run_dir, steps, extra), cwd=ROOT, capture_output=True, text=True, timeout=900, env=shared_run.env()
+    )
+    return _read(run_dir, done.returncode, done.stderr, shared_run.processes.wait_gone(20.0))
+
+
+def _resumed_from(learner_log: str) -> int:
+    found = re.findall(r"resumed from \S*step_(\d+) at policy version", learner_log)
+    assert found, "no 'resumed from' in learner.log"
+    return int(found[-1])
+
+
+@pytest.fixture(scope="module")
+def first(shared_run: Any) -> Launch:
+    """6 steps with validation rounds, from scratch."""
+    return _launch(shared_run, steps=FIRST, extra=VALIDATION)
+
+
+@pytest.fixture(scope="module")
+def killed(shared_run: Any, first: Launch) -> Launch:
+    """A resume of the first run towards step 12, SIGKILLed mid-run: the launcher, torchrun and the actor by process
+    group. The learner ranks, each in a session of its own, are not in those groups: they leave because their parent
+    died (runtime/parent_watch.py)."""
+    assert first.returncode == 0, f"the first launch failed:\n{first.stderr[-4000:]}"
+    run_dir = shared_run.path / "run"
+    job = subprocess.Popen(
+        _command(run_dir, steps=STEPS), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=shared_run.env(),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+
+        def trained() -> int:
+            return len([m for m in read_jsonl(run_dir / "metrics.jsonl") if "val/version" not in m])
+
+        while not (run_dir / "checkpoints" / f"step_{KILL_AFTER}").exists() or trained() < KILL_AFTER + 1:
+            assert job.poll() is None, "the job ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        # The launcher keeps every part in its own process group: kill those first, then the launcher's.
+        for line in subprocess.run(["ps", "-eo", "pid,pgid,ppid"], capture_output=True, text=True).stdout.split("\n"):
+            fields = line.split()
+            if len(fields) == 3 and fields[2] == str(job.pid):
+                try:
+                    os.killpg(int(fields[1]), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=60)
+    # No orphan: the ranks stop (a stop checkpoint if a step was trained since the last one) and exit.
+    return _read(run_dir, None, "", shared_run.processes.wait_gone(15.0))
+
+
+@pytest.fixture(scope="module")
+def resumed(shared_run: Any, killed: Launch) -> Launch:
+    """A new launch after the kill: it resumes from the last checkpoint and runs to step 12."""
+    return _launch(shared_run, steps=STEPS)
 
 
 @pytest.mark.slow
-def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
-    run_dir = tmp_path / "run"
-    first = _launch(run_dir, steps=6, extra=VALIDATION)
+def test_async_grpo_pipeline_with_validation_rounds(first: Launch) -> None:
     assert first.returncode == 0, f"launcher failed:\n{first.stderr[-4000:]}"
-
-    lines = read_jsonl(run_dir / "metrics.jsonl")
-    metrics = [m for m in lines if "val/version" not in m]  # training steps; validation rounds are lines of their own
+    assert not first.left, f"still alive after the launcher exited: {first.left}"
+    lines, metrics = first.lines, first.steps
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
     # Each round is logged at the step of the version it evaluated, before any later step's line.
     val = [m for m in lines if "val/version" in m]
@@ -66,79 +171,56 @@ def test_async_grpo_pipeline_and_resume(tmp_path, assert_nothing_lost):
         assert m["transport/duplicates"] == 0
         assert m["learner/batch/size"] == BATCH * 6  # rollout.n = 6 in the demo config
         assert m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0  # weights reached the actor every step
-    audit = read_jsonl(run_dir / "trained_groups.jsonl")
-    for rec in audit:
+    for rec in first.audit:
         assert all(rec["step"] - 1 - v <= K for v in rec["start_versions"])
-    first_ids = [i for rec in audit for i in rec["prompt_ids"]]
-    assert len(first_ids) == len(set(first_ids)) == 6 * BATCH
-    actor_log = (run_dir / "logs" / "actor-0.log").read_text()
-    assert "now on policy version 5" in actor_log  # the actor loaded every published version it was sent
-    assert (run_dir / "final_hf" / "config.json").exists()
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.endswith(".tmp"))
-
-    # Resume: the same run continues from the step-6 checkpoint to step 9.
-    second = _launch(run_dir, steps=9)  # smoke_grpo.yaml alone: val_before_train false, test_freq -1, no rounds
-    assert second.returncode == 0, f"resume failed:\n{second.stderr[-4000:]}"
-    metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "val/version" not in m]
-    assert [m["step"] for m in metrics][6:] == [7, 8, 9]
-    audit = read_jsonl(run_dir / "trained_groups.jsonl")
-    all_ids = [i for rec in audit for i in rec["prompt_ids"]]
-    assert len(all_ids) == len(set(all_ids)) == 9 * BATCH  # no prompt group trained twice
-    # Nothing skipped: the restored ledger still accounts for every prompt granted before the stop, and for all since.
-    assert_nothing_lost(metrics)
-    assert metrics[-1]["transport/dropped_total"] == 0
-
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(run_dir / "final_hf")
-    assert sum(p.numel() for p in model.parameters()) > 0
+    first_ids = [i for rec in first.audit for i in rec["prompt_ids"]]
+    assert len(first_ids) == len(set(first_ids)) == FIRST * BATCH
+    assert "now on policy version 5" in first.actor_log  # the actor loaded every published version it was sent
+    assert first.final_hf
+    assert first.checkpoints
 
 
 @pytest.mark.slow
-def test_learner_killed_mid_run_resumes_without_repeating_or_skipping(tmp_path, assert_nothing_lost, e2e_processes):
-    """SIGKILL the whole job mid-run: the launcher, torchrun and the actor by process group. The learner ranks, each in
-    a session of its own, are not in those groups: they leave because their parent died (runtime/parent_watch.py).
-    A new launch then resumes from the last checkpoint."""
-    import os
-    import signal
-    import time
+def test_resume_continues_after_the_last_step_of_the_ended_run(killed: Launch, assert_nothing_lost) -> None:
+    """The second launch (smoke_grpo.yaml alone: val_before_train false, test_freq -1, no rounds) went on from the
+    first run's step-6 checkpoint: its steps follow step 6 with none repeated or skipped."""
+    assert _resumed_from(killed.learner_log) == FIRST
+    steps = [m["step"] for m in killed.steps]
+    assert len(steps) >= KILL_AFTER + 1
+    assert steps == list(range(1, len(steps) + 1))  # 1-6 from the first run, then 7, 8, ...
+    # the audit may hold one step more: a step killed after its update, before its metrics line
+    audited = [rec["step"] for rec in killed.audit]
+    assert audited == list(range(1, len(audited) + 1)) and len(audited) >= len(steps)
+    ids = [i for rec in killed.audit for i in rec["prompt_ids"]]
+    assert len(ids) == len(set(ids)) == len(audited) * BATCH  # no prompt group trained twice
+    # Nothing skipped: the restored ledger still accounts for every prompt granted before the stop, and for all since.
+    assert_nothing_lost(killed.steps)
 
-    run_dir = tmp_path / "run"
-    job = subprocess.Popen(
-        _command(run_dir, steps=12), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600
-        while not (run_dir / "checkpoints" / "step_6").exists() or len(read_jsonl(run_dir / "metrics.jsonl")) < 7:
-            assert job.poll() is None, "the job ended before it could be killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-    finally:
-        # The launcher keeps every part in its own process group: kill those first, then the launcher's.
-        for line in subprocess.run(["ps", "-eo", "pid,pgid,ppid"], capture_output=True, text=True).stdout.split("\n"):
-            fields = line.split()
-            if len(fields) == 3 and fields[2] == str(job.pid):
-                try:
-                    os.killpg(int(fields[1]), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=60)
-    # No orphan: the ranks stop (a stop checkpoint if a step was trained since the last one) and exit.
-    left = e2e_processes.wait_gone(15.0)
-    assert not left, f"still alive 15 s after the job was killed: {left}"
-    killed_after = len(read_jsonl(run_dir / "metrics.jsonl"))
-    assert killed_after >= 7
 
-    resumed = _launch(run_dir, steps=12)
+@pytest.mark.slow
+def test_learner_killed_mid_run_leaves_no_process_behind(killed: Launch) -> None:
+    """SIGKILL to the whole job (launcher, torchrun, actor): the orphaned learner ranks exit by themselves."""
+    assert not killed.left, f"still alive 15 s after the job was killed: {killed.left}"
+    assert f"step_{KILL_AFTER}" in killed.checkpoints
+
+
+@pytest.mark.slow
+def test_learner_killed_mid_run_resumes_without_repeating_or_skipping(resumed: Launch, assert_nothing_lost) -> None:
     assert resumed.returncode == 0, f"resume failed:\n{resumed.stderr[-4000:]}"
-    assert "resumed from" in (run_dir / "logs" / "learner.log").read_text()
-    audit = read_jsonl(run_dir / "trained_groups.jsonl")
-    assert [rec["step"] for rec in audit] == list(range(1, 13))  # steps after the checkpoint were redone once
-    ids = [i for rec in audit for i in rec["prompt_ids"]]
-    assert len(ids) == len(set(ids)) == 12 * BATCH  # no prompt group trained twice in the model's history
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    # the resumed run's ledger (restored at step 6, or at the stop checkpoint the orphaned ranks wrote on their way)
-    assert_nothing_lost([m for m in metrics if m["step"] > 6])
-    assert metrics[-1]["transport/dropped_total"] == 0
+    assert not resumed.left, f"still alive after the launcher exited: {resumed.left}"
+    start = _resumed_from(resumed.learner_log)  # step 9, or the stop checkpoint the orphaned ranks wrote on their way
+    assert start >= KILL_AFTER
+    assert [rec["step"] for rec in resumed.audit] == list(range(1, STEPS + 1))  # steps after the checkpoint redone once
+    ids = [i for rec in resumed.audit for i in rec["prompt_ids"]]
+    assert len(ids) == len(set(ids)) == STEPS * BATCH  # no prompt group trained twice in the model's history
+    steps = [m["step"] for m in resumed.steps]
+    assert steps[-(STEPS - start) :] == list(range(start + 1, STEPS + 1))
+    # the ledger at every logged step: the first run's, the killed run's, and the one restored after the kill
+    assert_nothing_lost(resumed.steps)
+    assert resumed.steps[-1]["transport/dropped_total"] == 0
+
+    from transformers import AutoModelForCausalLM
+
+    assert resumed.final_hf
+    model = AutoModelForCausalLM.from_pretrained(resumed.run_dir / "final_hf")
+    assert sum(p.numel() for p in model.parameters()) > 0

@@ -189,9 +189,11 @@ class WeightSyncGroup:
             try:
                 work.wait(_WAIT_SLICE)
             except RuntimeError:
-                if work.is_completed():
-                    raise
-                return False
+                if not work.is_completed():
+                    return False
+                # It completed between the slice's expiry and the check: wait again for its real outcome (returns
+                # at once; raises only if the transfer itself failed), never report the slice's own timeout.
+                work.wait(timedelta(seconds=self.timeout_s))
             return True
         deadline, pause = time.monotonic() + _WAIT_SLICE.total_seconds(), 0.0001
         while not work.is_completed():

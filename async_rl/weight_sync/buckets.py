@@ -197,7 +197,7 @@ class _Partial:
 
 
 class TensorAssembler:
-    """Receiver half of :func:`iter_buckets`: hands out receive buffers and turns received buckets into tensors.
+    """Receiver half of :func:`fill_buckets`: hands out receive buffers and turns received buckets into tensors.
 
     Call :meth:`buffer_for` with a bucket's header chunks to get the tensor to receive into (for a direct bucket, a
     slice of the destination tensor itself), then :meth:`commit` once the bytes are there. Every malformed or

@@ -114,6 +114,17 @@ METRICS: tuple[Metric, ...] = (
     _m("rollout/staleness_hist/{lag}", "batch", "share of the step's groups with this staleness"),
     _m("rollout/version_span_mean", "batch", "mean versions a completion spanned (weights updated while it ran)"),
     _m("rollout/version_span_max", "batch", "largest version span of a completion"),
+    _m("rollout/num_turns_mean", "batch", "multi-turn: mean model turns per episode"),
+    _m("rollout/num_turns_max", "batch", "multi-turn: most model turns in one episode"),
+    _m("rollout/turn_length_mean", "batch", "multi-turn: mean tokens the model sampled in one turn"),
+    _m("rollout/sampled_tokens_mean", "batch", "multi-turn: mean sampled (trained) tokens per episode"),
+    _m("rollout/tool_calls_mean", "batch", "multi-turn: mean tool calls per episode"),
+    _m(
+        "rollout/tool_errors", "batch", "multi-turn: tool calls that failed (unparseable, unknown tool, error, timeout)"
+    ),
+    _m(
+        "rollout/template_mismatches", "batch", "multi-turn: episodes whose tokens differ from the whole-chat rendering"
+    ),
     # ---- the learner's update (learner/step.py, update.py, critic.py)
     _m("learner/actor/pg_loss", "update_mean", "policy-gradient loss of a mini-batch"),
     _m("learner/actor/kl_loss", "update_mean", "KL loss against the reference policy (with `use_kl_loss`)"),
@@ -160,6 +171,11 @@ METRICS: tuple[Metric, ...] = (
     _m("learner/batch/size", "batch", "completions trained this step"),
     _m("learner/batch/reward_mean", "batch", "mean reward (sum of token-level scores) of the trained completions"),
     _m("learner/batch/response_length_mean", "batch", "mean response length, in tokens"),
+    _m(
+        "learner/batch/sampled_length_mean",
+        "batch",
+        "mean number of response tokens the model sampled (multi-turn: without the observation tokens)",
+    ),
     _m("learner/batch/advantages_mean", "batch", "mean advantage over the tokens in the loss"),
     _m("learner/batch/advantages_max", "batch", "largest advantage over the tokens in the loss"),
     _m("learner/batch/advantages_min", "batch", "smallest advantage over the tokens in the loss"),
@@ -247,7 +263,8 @@ METRICS: tuple[Metric, ...] = (
         "transport/drops/invalid_{reason}",
         "cumulative",
         "groups refused by validation, their prompts granted again, by reason: malformed, wrong_completion_count, "
-        "bad_version, empty_response, response_too_long, token_out_of_vocab, bad_logprobs, missing_filter_metric",
+        "bad_version, empty_response, response_too_long, token_out_of_vocab, bad_logprobs, bad_loss_mask, bad_turns, "
+        "missing_filter_metric",
     ),
     _m("transport/drops_total", "cumulative", "all of transport/drops/*"),
     _m("transport/decode_errors/{reason}", "cumulative", "messages that failed to decode, by reason"),
@@ -308,6 +325,14 @@ METRICS: tuple[Metric, ...] = (
     _m("actor/idle_seconds", "cumulative", "seconds with nothing to generate", "actor"),
     _m("actor/generated_tokens", "cumulative", "tokens generated", "actor"),
     _m("actor/policy_version", "last", "policy version loaded at exit", "actor"),
+    _m("actor/episodes", "cumulative", "multi-turn episodes played", "actor"),
+    _m("actor/template_mismatches", "cumulative", "episodes that failed the multi-turn template check", "actor"),
+    _m(
+        "actor/env_{counter}",
+        "cumulative",
+        "the environment worker's counters (calls, errors, timeouts, restarts, episode_timeouts, episodes_lost)",
+        "actor",
+    ),
     _m("reward/calls", "cumulative", "reward worker calls", "actor"),
     _m("reward/errors", "cumulative", "reward worker calls that raised (scored 0)", "actor"),
     _m("reward/timeouts", "cumulative", "reward worker calls that timed out (scored 0)", "actor"),

@@ -7,6 +7,7 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
         if the learner's plan (``client.weight_sync``) invites this actor to a new version: join its epoch, then
         pause -> receive + verify -> resume   (engine.update_weights, the one pause/resume path)
         keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
+        multi-turn (``episodes``): each grant's episodes talk with the environment (actor.episodes), which scores them
         each finished group: score its completions in the reward worker (then the optional length shaping,
         ``reward_shaping``: DAPO's overlong penalty, so the reward on the wire is the shaped one), send it
         (tracked until acked; the send never blocks the loop)
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateMode
+from async_rl.actor.episodes import EpisodeRunner
 from async_rl.rewards import OverlongShaping, RewardResult
 from async_rl.transport.protocol import (
     Completion,
@@ -136,6 +138,7 @@ class ActorLoop:
         scorer: Scorer,
         weight_sync: WeightSync | None,
         reward_shaping: OverlongShaping | None = None,
+        episodes: EpisodeRunner | None = None,
         max_concurrent_groups: int,
         update_mode: UpdateMode = "inflight",
         poll_interval_s: float = 0.01,
@@ -148,6 +151,7 @@ class ActorLoop:
         self.engine = engine
         self.scorer = scorer
         self.reward_shaping = reward_shaping
+        self.episodes = episodes
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
         self.update_mode = update_mode
@@ -261,6 +265,9 @@ class ActorLoop:
         return False
 
     async def _run_group(self, grant: PromptGrant) -> None:
+        if self.episodes is not None:
+            await self._run_episodes(grant, self.episodes)
+            return
         started = time.time()
         prompt_ids = unpack_array(grant.prompt_token_ids)
         completions = await self.engine.generate(prompt_ids.tolist(), grant.sampling)
@@ -289,6 +296,23 @@ class ActorLoop:
             actor_id=self.actor_id,
             completions=[_wire_completion(c, r) for c, r in zip(completions, rewards, strict=True)],
             timings={"generate_s": generated - started, "reward_s": time.time() - generated},
+            eval_round=grant.eval_round,
+        )
+        await self._finished.put(group)
+
+    async def _run_episodes(self, grant: PromptGrant, episodes: EpisodeRunner) -> None:
+        """Multi-turn: the environment scores the episodes (the reward worker is not used)."""
+        started = time.time()
+        completions = await episodes.run_group(grant, unpack_array(grant.prompt_token_ids).tolist())
+        if completions is None:
+            self.stats.groups_aborted += 1
+            return
+        group = RolloutGroup(
+            prompt_id=grant.prompt_id,
+            lease_id=grant.lease_id,
+            actor_id=self.actor_id,
+            completions=completions,
+            timings={"generate_s": time.time() - started},
             eval_round=grant.eval_round,
         )
         await self._finished.put(group)
@@ -386,6 +410,8 @@ class ActorLoop:
             "actor/generated_tokens": float(self.engine.stats.generated_tokens),
             "actor/policy_version": float(self.engine.version),
         }
+        if self.episodes is not None:
+            out.update(self.episodes.metrics())
         scorer_metrics = getattr(self.scorer, "metrics", None)
         if callable(scorer_metrics):
             out.update(scorer_metrics())

@@ -11,7 +11,17 @@ import msgspec
 
 from async_rl.config.common import ActorFsdpConfig, FsdpConfig, OptimConfig
 from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, UnitInterval, doc, noop
-from async_rl.config.names import KLKind, LossAggMode, PolicyLossMode, RolloutDtype, RolloutEngine, Strategy
+from async_rl.config.names import (
+    KLKind,
+    LossAggMode,
+    PolicyLossMode,
+    RolloutDtype,
+    RolloutEngine,
+    SanityCheckMode,
+    Strategy,
+    ToolFormat,
+    TruncateSide,
+)
 
 _MICRO = "null = derived"
 
@@ -37,7 +47,10 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     target_modules: Annotated[str | list[str], noop("LoRA target modules.")] = "all-linear"
     use_liger: Annotated[bool, noop("Liger kernels.")] = False
     use_fused_kernels: Annotated[bool, noop("verl fused kernels.")] = False
-    custom_chat_template: Annotated[str | None, noop("Chat template override.")] = None
+    custom_chat_template: Annotated[
+        str | None,
+        doc("Jinja chat template that replaces the tokenizer's own (prompts, multi-turn rendering); null = its own."),
+    ] = None
 
 
 class PolicyLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -137,6 +150,60 @@ class ValKwargs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = False
 
 
+class MultiTurnConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Multi-turn episodes: the model talks with an environment (tool calls, games) over several turns.
+
+    verl's keys where verl has them; ``environment`` and the two timeouts are this system's. The episode's whole
+    response (model tokens plus observation tokens) is bounded by ``data.max_response_length``; each turn generates
+    at most what is left of it."""
+
+    enable: Annotated[bool, doc("Run multi-turn episodes with `environment` instead of single completions.")] = False
+    environment: Annotated[
+        str | None,
+        doc(
+            "'module:Class' of the environment (async_rl.envs.base.Environment); built in:"
+            " async_rl.envs.calculator:CalculatorEnv, async_rl.envs.guessing:GuessingEnv. Required when enabled."
+        ),
+    ] = None
+    environment_kwargs: Annotated[
+        dict[str, Any], doc("Keyword arguments for the environment class (msgpack-able values).")
+    ] = msgspec.field(default_factory=dict)
+    max_assistant_turns: Annotated[
+        PosInt | None, doc("Most model turns per episode; null = bounded only by the response length.")
+    ] = None
+    max_user_turns: Annotated[
+        PosInt | None, doc("Most environment (observation) turns per episode; null = bounded only by the length.")
+    ] = None
+    max_parallel_calls: Annotated[PosInt, doc("Tool calls executed per model turn; further calls are ignored.")] = 1
+    max_tool_response_length: Annotated[
+        PosInt, doc("Characters of one tool response kept (longer ones truncated).")
+    ] = 256
+    tool_response_truncate_side: Annotated[
+        TruncateSide, doc("Which part of an over-long tool response is kept: left (start), right (end), middle (both).")
+    ] = "middle"
+    format: Annotated[ToolFormat, doc("Tool-call format: 'hermes' = <tool_call>{json}</tool_call>.")] = "hermes"
+    tokenization_sanity_check_mode: Annotated[
+        SanityCheckMode,
+        doc(
+            "Check each episode's tokens against the chat template rendering the whole conversation: 'strict' counts"
+            " every mismatch (metric rollout/template_mismatches), 'ignore_strippable' ignores whitespace-only tokens,"
+            " 'disable' skips the check."
+        ),
+    ] = "strict"
+    call_timeout_s: Annotated[PosFloat, doc("Wall-clock limit of one environment call (a tool run, a reset).")] = 10.0
+    episode_timeout_s: Annotated[PosFloat, doc("Wall-clock limit of one episode, generation included.")] = 600.0
+    tool_config_path: Annotated[
+        str | None, noop("verl's tool yaml is not read: tools belong to the `environment` class.")
+    ] = None
+    interaction_config_path: Annotated[
+        str | None, noop("verl's interaction yaml is not read: the `environment` class answers the model.")
+    ] = None
+    use_inference_chat_template: Annotated[
+        bool, noop("The model's own sampled tokens are always what is trained (verl's false).")
+    ] = False
+    num_repeat_rollouts: Annotated[int | None, noop("Episodes per prompt are rollout.n.")] = None
+
+
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Generation on the vLLM actors."""
 
@@ -184,7 +251,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     disable_log_stats: Annotated[bool, noop("vLLM stats logging.")] = True
     calculate_log_probs: Annotated[bool, noop("Behaviour log-probs are always returned here.")] = False
     engine_kwargs: Annotated[dict[str, Any], noop("Engine-specific kwargs.")] = msgspec.field(default_factory=dict)
-    multi_turn: Annotated[dict[str, Any], noop("Multi-turn rollout.")] = msgspec.field(default_factory=dict)
+    multi_turn: Annotated[MultiTurnConfig, doc("Multi-turn episodes with an environment.")] = msgspec.field(
+        default_factory=MultiTurnConfig
+    )
     agent: Annotated[dict[str, Any], noop("Agent loop.")] = msgspec.field(default_factory=dict)
 
 

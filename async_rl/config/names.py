@@ -36,6 +36,9 @@ StalePolicy = Literal["drop", "regrant"]
 WeightSyncBackend = Literal["auto", "nccl", "gloo"]
 LogprobsMode = Literal["processed", "raw"]
 ActorFailurePolicy = Literal["stop", "continue"]
+TruncateSide = Literal["left", "middle", "right"]
+ToolFormat = Literal["hermes"]
+SanityCheckMode = Literal["disable", "strict", "ignore_strippable"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 KL_KINDS: tuple[str, ...] = get_args(KLKind)
@@ -83,8 +86,11 @@ __all__ = [
     "ResumeMode",
     "RolloutDtype",
     "RolloutEngine",
+    "SanityCheckMode",
     "StalePolicy",
     "Strategy",
+    "ToolFormat",
+    "TruncateSide",
     "Truncation",
     "UpdateMode",
     "WeightSyncBackend",

@@ -327,6 +327,24 @@ def _check_reward_and_trainer(cfg: Config, errors: list[str]) -> None:
         errors.append("async_training.weight_sync.backend='nccl' needs CUDA, but trainer.device='cpu'")
 
 
+def _check_multi_turn(cfg: Config, errors: list[str]) -> None:
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    key = f"{ARR}.rollout.multi_turn"
+    if not mt.enable:
+        return
+    if mt.environment is None:
+        errors.append(
+            f"{key}.enable=true needs {key}.environment ('module:Class', e.g. async_rl.envs.guessing:GuessingEnv)"
+        )
+    elif not _REWARD_SPEC.match(mt.environment):
+        errors.append(f"{key}.environment must look like 'package.module:Class', got {mt.environment!r}")
+    if cfg.reward.reward_kwargs.overlong_buffer_cfg.enable:
+        errors.append(
+            f"{key}.enable=true: the environment gives the reward; reward.reward_kwargs.overlong_buffer_cfg"
+            " (overlong shaping) does not apply to episodes, turn it off"
+        )
+
+
 def _check_reward_kwargs(cfg: Config, errors: list[str]) -> None:
     """Older spellings of reward.reward_kwargs must agree with it and each other; overlong shaping needs a valid zone.
 
@@ -483,6 +501,7 @@ def validate_config(cfg: Config) -> list[str]:
     _check_model_paths(cfg, errors)
     _check_reward_and_trainer(cfg, errors)
     _check_reward_kwargs(cfg, errors)
+    _check_multi_turn(cfg, errors)
     _check_async(cfg, errors)
     if len(errors) == 1:
         raise ConfigError(errors[0])

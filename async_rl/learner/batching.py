@@ -4,8 +4,9 @@ Actors deliver *groups*: one prompt with its ``n`` sampled responses, each with 
 reported, a scalar reward and the policy version that generated it. The learner needs verl's tensor layout:
 prompts left-padded to ``P`` and responses right-padded to ``T`` so ``input_ids = [prompt | response]`` (``[B, P+T]``)
 and the logits at positions ``P-1 .. P+T-2`` predict the response tokens. ``response_mask`` marks the tokens that
-exist (it shapes the forward passes and never changes); ``loss_mask`` starts equal to it and is what the losses, the
-advantages and every token or sequence count read: rows or tokens leave the update by being zeroed there (an
+exist (it shapes the forward passes and never changes); ``loss_mask`` starts as the tokens the model sampled (all of
+them, except the observation tokens of a multi-turn episode: tool responses, template glue) and is what the losses,
+the advantages and every token or sequence count read: rows or tokens leave the update by being zeroed there (an
 out-of-vocabulary group, rejection sampling, masked truncated responses). The reward sits on the last valid response
 token of ``token_level_scores``. Rows keep the order of the groups (group-major), and ``index`` holds the dense group
 id every group-based advantage estimator needs.
@@ -44,14 +45,16 @@ __all__ = [
 
 
 class Response(msgspec.Struct, frozen=True):
-    """One sampled response: its token ids, behaviour log-probs (one per token), scalar reward, policy version, and
-    whether generation stopped at the length limit (``truncated``: the actor's finish reason was ``"length"``)."""
+    """One sampled response: its token ids, behaviour log-probs (one per token), scalar reward, policy version,
+    whether generation stopped at the length limit (``truncated``: the actor's finish reason was ``"length"``), and
+    which tokens the model sampled (``loss_mask``, one 0/1 per token; None: all of them)."""
 
     token_ids: list[int]
     logprobs: list[float]
     reward: float
     version: int = 0
     truncated: bool = False
+    loss_mask: list[int] | None = None
 
 
 class SampledGroup(msgspec.Struct, frozen=True):
@@ -109,6 +112,7 @@ class Row(NamedTuple):
     reward: float
     version: int
     truncated: bool
+    loss_mask: Sequence[int] | np.ndarray | None = None  # 1: sampled, 0: observation token; None: all sampled
 
 
 def group_rows(groups: Sequence[SampledGroup]) -> list[Row]:
@@ -119,7 +123,16 @@ def group_rows(groups: Sequence[SampledGroup]) -> list[Row]:
             raise ValueError(f"group {g.group_id!r} has no responses")
         for r in g.responses:
             rows.append(
-                Row(gi, g.prompt_ids, r.token_ids, r.logprobs, float(r.reward), int(r.version), bool(r.truncated))
+                Row(
+                    gi,
+                    g.prompt_ids,
+                    r.token_ids,
+                    r.logprobs,
+                    float(r.reward),
+                    int(r.version),
+                    bool(r.truncated),
+                    r.loss_mask,
+                )
             )
     return rows
 
@@ -156,9 +169,10 @@ def collate_rows(
 
     Tensors: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/``response_mask``/
     ``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/``prompt_lengths``/
-    ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``P``/``T`` default to the longest
-    prompt/response; a longer one raises ``ValueError``, as do empty prompts or responses and log-probs that do not
-    match the tokens (``group_ids`` names the group in those errors).
+    ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``loss_mask`` is a row's own mask where
+    it has one (a multi-turn episode's sampled tokens), else its ``response_mask``. ``P``/``T`` default to the longest
+    prompt/response; a longer one raises ``ValueError``, as do empty prompts or responses and log-probs or a loss
+    mask that do not match the tokens (``group_ids`` names the group in those errors).
     """
     if not rows:
         raise ValueError("rows must not be empty")
@@ -175,6 +189,10 @@ def collate_rows(
             raise ValueError(
                 f"group {name(row.group)!r}: logprobs has {len(row.logprobs)} entries for {len(row.token_ids)} tokens"
             )
+        if row.loss_mask is not None and len(row.loss_mask) != len(row.token_ids):
+            raise ValueError(
+                f"group {name(row.group)!r}: loss_mask has {len(row.loss_mask)} entries for {len(row.token_ids)} tokens"
+            )
     longest_p = max(len(r.prompt_ids) for r in rows)
     longest_t = max(len(r.token_ids) for r in rows)
     p_width = longest_p if max_prompt_length is None else max_prompt_length
@@ -188,6 +206,7 @@ def collate_rows(
     prompt_mask = np.zeros((b, p_width), dtype=np.int64)
     responses = np.full((b, t_width), pad_token_id, dtype=np.int64)
     response_mask = np.zeros((b, t_width), dtype=np.int64)
+    loss_mask = np.zeros((b, t_width), dtype=np.int64)
     logprobs = np.zeros((b, t_width), dtype=np.float32)
     scores = np.zeros((b, t_width), dtype=np.float32)
     p_lens = np.fromiter((len(r.prompt_ids) for r in rows), dtype=np.int64, count=b)
@@ -198,6 +217,7 @@ def collate_rows(
         prompt_mask[i, p_width - pl :] = 1
         responses[i, :tl] = r.token_ids
         response_mask[i, :tl] = 1
+        loss_mask[i, :tl] = 1 if r.loss_mask is None else r.loss_mask
         logprobs[i, :tl] = r.logprobs
         scores[i, tl - 1] = r.reward
     attention_mask = torch.from_numpy(np.concatenate([prompt_mask, response_mask], axis=1))
@@ -210,7 +230,7 @@ def collate_rows(
             "position_ids": position_ids,
             "responses": torch.from_numpy(responses),
             "response_mask": response_mask_t,
-            "loss_mask": response_mask_t.clone(),
+            "loss_mask": torch.from_numpy(loss_mask),
             "rollout_log_probs": torch.from_numpy(logprobs),
             "token_level_scores": torch.from_numpy(scores),
             "index": torch.tensor([r.group for r in rows], dtype=torch.long),

@@ -13,7 +13,8 @@ Per step, on every rank with the same batch (rank 0 collates the groups it pulle
 3. rewards (minus the KL penalty when ``use_kl_in_reward``) and advantages from the *whole* batch, identically on
    every rank (group statistics need whole groups); with ``mask_truncated_responses`` the rows that ran into the
    length limit then leave ``loss_mask``, which every loss, denominator and count reads (``response_mask`` only
-   shapes the forward passes);
+   shapes the forward passes). A multi-turn episode's observation tokens are never in ``loss_mask`` (collation),
+   so they get no loss and no count, and GAE bootstraps each sampled token from the next sampled one;
 4. critic update (GAE only), then the actor update: ``ppo_epochs`` x mini-batches, each one optimizer step from
    accumulated micro-batch gradients (see ``update.py`` for the scaling), guarded against non-finite values;
 5. metrics reduced over ranks, namespaced ``learner/...``; ``version`` increments.
@@ -346,7 +347,7 @@ class Learner:
             assert entropy is not None
             if reuse_proximal:
                 old_log_prob = log_prob.detach()
-                _accumulate_offpolicy(acc, old_log_prob, sel("rollout_log_probs"), mi.response_mask)
+                _accumulate_offpolicy(acc, old_log_prob, sel("rollout_log_probs"), sel("sampled_mask"))
             else:
                 old_log_prob = sel("old_log_probs")
             pg_loss, pg_metrics, corr_metrics, mask = self._pg_loss(
@@ -397,6 +398,9 @@ class Learner:
         s, ctx = self.settings, self.ctx
         t_start = time.perf_counter()
         out: dict[str, float] = {}
+        # the tokens the model sampled, before any leaves the loss: behaviour log-probs exist only there (an
+        # observation token's is 0), so the off-policy metrics compare the policies over them
+        batch["sampled_mask"] = batch["loss_mask"] != 0
         invalid = mask_out_of_vocab(batch, self.vocab_size, s.pad_token_id) if self.vocab_size is not None else []
         if invalid:
             bad = [group_ids[i] for i in invalid]
@@ -477,7 +481,7 @@ class Learner:
         """Whole-batch statistics (identical on every rank, so no reduction).
 
         ``offpolicy``: the reduced sums of :func:`_accumulate_offpolicy` when the proximal pass was skipped."""
-        mask = batch["response_mask"].bool()
+        mask = batch["sampled_mask"]
         adv = batch["advantages"][batch["loss_mask"].bool()]
         lags = lag_histogram(self.version, batch["versions"].tolist())  # weights trained on vs weights that sampled
         # Off-policy gap between the behaviour policy (vLLM) and the proximal policy (learner, current weights).
@@ -500,6 +504,7 @@ class Learner:
             "learner/batch/informative_groups": float(informative),
             "learner/batch/size": float(len(batch)),
             "learner/batch/response_length_mean": float(batch["response_lengths"].float().mean()),
+            "learner/batch/sampled_length_mean": float(mask.sum(-1).float().mean()),
             "learner/batch/reward_mean": float(batch["token_level_scores"].sum(-1).mean()),
             "learner/batch/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
             "learner/batch/advantages_max": float(adv.max()) if adv.numel() else 0.0,

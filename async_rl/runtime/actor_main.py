@@ -45,6 +45,45 @@ def reward_shaping(cfg: Config) -> Any:
     )
 
 
+def episode_runner(cfg: Config, engine: Any, model_path: str) -> Any:
+    """Multi-turn episodes (``actor_rollout_ref.rollout.multi_turn``): the environment in its own child process,
+    the chat renderer from the policy's tokenizer; None for single completions."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return None
+    from async_rl.actor.chat_render import ChatRenderer
+    from async_rl.actor.episodes import EpisodeRunner, EpisodeSettings
+    from async_rl.envs.sandbox import EnvWorker
+
+    assert mt.environment is not None  # validated
+    renderer = ChatRenderer(resources.load_tokenizer(cfg, model_path))
+    envs = EnvWorker(
+        mt.environment,
+        environment_kwargs(cfg),
+        call_timeout_s=mt.call_timeout_s,
+        episode_timeout_s=mt.episode_timeout_s,
+    )
+    return EpisodeRunner(engine, renderer, envs, EpisodeSettings.from_config(cfg))
+
+
+def environment_kwargs(cfg: Config) -> dict[str, Any]:
+    """The environment's constructor arguments: for a tool environment (``async_rl.envs.base.ToolEnvironment``) the
+    tool options of ``multi_turn`` first, then the user's ``environment_kwargs``."""
+    from async_rl.envs.base import ToolEnvironment, load_environment_class
+
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert mt.environment is not None  # validated
+    options: dict[str, Any] = {}
+    if issubclass(load_environment_class(mt.environment), ToolEnvironment):
+        options = {
+            "max_parallel_calls": mt.max_parallel_calls,
+            "max_tool_response_length": mt.max_tool_response_length,
+            "truncate_side": mt.tool_response_truncate_side,
+            "tool_format": mt.format,
+        }
+    return {**options, **mt.environment_kwargs}
+
+
 def engine_settings(cfg: Config, model_path: str) -> Any:
     from async_rl.actor.engine import EngineSettings
     from async_rl.weight_sync import vllm_engine_kwargs
@@ -62,14 +101,17 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
     scorer = reward_worker(cfg)
     client = RolloutClient(coordinator, actor_id, resources.plane_settings(cfg))
     engine = GenerationEngine(engine_settings(cfg, model_path))
+    episodes = None
     try:
         await engine.start()
+        episodes = episode_runner(cfg, engine, model_path)
         loop = ActorLoop(
             actor_id=actor_id,
             client=client,
             engine=engine,
             scorer=scorer,
             reward_shaping=reward_shaping(cfg),
+            episodes=episodes,
             weight_sync=AsyncEngineWeightSync(engine.vllm),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
@@ -79,6 +121,8 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
     finally:
         client.close()
         scorer.close()
+        if episodes is not None:
+            episodes.close()
         await engine.shutdown()
 
 

@@ -56,6 +56,8 @@ def _run_length(cfg: Config) -> dict[str, Any]:
         how = "derived at start-up: len(train set) // data.train_batch_size * trainer.total_epochs"
         return {**report, "how": how, "note": f"the training data is not on this machine: {', '.join(missing)}"}
     tokenizer = _tokenizer(cfg.actor_rollout_ref.model.path)
+    if tokenizer is not None:
+        tokenizer = resources.with_chat_template(cfg, tokenizer)
     note = None
     if tokenizer is not None:
         num_prompts = len(resources.prompt_records(cfg, tokenizer))

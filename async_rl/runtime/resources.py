@@ -5,7 +5,9 @@ so the learner and every actor can build it independently and get identical weig
 is the real SmolLM2-135M-Instruct converted once from a PyPI wheel into a shared cache (see
 ``async_rl.models.pretrained``), and ``builtin:arith`` is the generated arithmetic task (train split for
 ``data.train_files``, eval split for ``data.val_files``); ``builtin:arith-chat`` asks the same problems as chat
-messages ("What is 23 + 48? Answer with just the number.") for instruct models.
+messages ("What is 23 + 48? Answer with just the number.") for instruct models. ``builtin:calculator-tool`` (word
+problems to solve with the calculator tool) and ``builtin:guessing`` (a higher/lower game) are the multi-turn tasks
+of ``async_rl.envs``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ ARITH_CHAT_SOURCE = "arith_chat"
 ARITH_TRAIN_SIZE = 20000
 ARITH_EVAL_SIZE = 200
 ARITH_SOURCE = "arith"  # the data source name of builtin:arith records (validation metrics per source)
+BUILTIN_CALCULATOR_DATA = "builtin:calculator-tool"  # word problems for the calculator tool (multi-turn)
+BUILTIN_GUESSING_DATA = "builtin:guessing"  # the higher/lower guessing game (multi-turn)
 
 
 def run_dir(cfg: Config) -> Path:
@@ -68,9 +72,31 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
         elif f == BUILTIN_CHAT_DATA:
             problems = make_chat_arith_problems(size, seed=seed, digits=2, split=split)
             out.extend({**r, "extra": {"data_source": ARITH_CHAT_SOURCE}} for r in problems)
+        elif f == BUILTIN_CALCULATOR_DATA:
+            from async_rl.envs.calculator import make_calculator_problems
+
+            out.extend(make_calculator_problems(size, seed=seed, split=split))
+        elif f == BUILTIN_GUESSING_DATA:
+            from async_rl.envs.guessing import make_guessing_problems
+
+            out.extend(make_guessing_problems(size, seed=seed, split=split))
         else:
             out.extend(load_prompt_records(f, prompt_key))
     return out
+
+
+def load_tokenizer(cfg: Config, path: str) -> Any:
+    """The policy's tokenizer, with ``actor_rollout_ref.model.custom_chat_template`` when set (learner and actors)."""
+    from transformers import AutoTokenizer
+
+    return with_chat_template(cfg, AutoTokenizer.from_pretrained(path))
+
+
+def with_chat_template(cfg: Config, tokenizer: Any) -> Any:
+    template = cfg.actor_rollout_ref.model.custom_chat_template
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
 
 
 def tokenize_prompt(tokenizer: Any, prompt: Any) -> list[int]:
@@ -95,7 +121,7 @@ def prompt_records(cfg: Config, tokenizer: Any) -> list[Any]:
         if ids is None:
             dropped += 1
             continue
-        records.append(_prompt_record(r, ids, tokenizer))
+        records.append(_prompt_record(r, ids, tokenizer, cfg))
     if dropped:
         logger.warning("dropped %d prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
     if not records:
@@ -123,13 +149,22 @@ def _fit_prompt(ids: list[int], cfg: Config, what: str) -> list[int] | None:
     return ids[: keep // 2] + ids[len(ids) - (keep - keep // 2) :]
 
 
-def _prompt_record(raw: dict[str, Any], ids: list[int], tokenizer: Any) -> Any:
+def _prompt_record(raw: dict[str, Any], ids: list[int], tokenizer: Any, cfg: Config) -> Any:
+    """A coordinator record; multi-turn episodes also get the prompt's messages (the environment and the template
+    check read them), and need chat prompts: their observations go through the chat template."""
     from async_rl.transport import PromptRecord
 
-    text = raw["prompt"] if isinstance(raw["prompt"], str) else tokenizer.decode(ids)
-    return PromptRecord.from_mapping(
-        {"prompt_token_ids": ids, "prompt": text, "ground_truth": raw["ground_truth"], "extra": raw["extra"]}
-    )
+    prompt = raw["prompt"]
+    text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+    record = {"prompt_token_ids": ids, "prompt": text, "ground_truth": raw["ground_truth"], "extra": raw["extra"]}
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        if not isinstance(prompt, list):
+            raise ValueError(
+                "actor_rollout_ref.rollout.multi_turn.enable=true needs chat prompts (a list of role/content "
+                f"messages under data.prompt_key), got a {type(prompt).__name__}: {str(prompt)[:60]!r}"
+            )
+        record["messages"] = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    return PromptRecord.from_mapping(record)
 
 
 def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
@@ -160,7 +195,7 @@ def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
     for i in chosen:
         ids = _fit_prompt(tokenize_prompt(tokenizer, raw[i]["prompt"]), cfg, f"validation prompt {i}")
         if ids is not None:
-            records.append(_prompt_record(raw[i], ids, tokenizer))
+            records.append(_prompt_record(raw[i], ids, tokenizer, cfg))
             kept_sources.append(sources[i])
     if len(records) < len(chosen):
         logger.warning("dropped %d validation prompts longer than data.max_prompt_length", len(chosen) - len(records))

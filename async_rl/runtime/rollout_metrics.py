@@ -64,4 +64,27 @@ def rollout_metrics(
         out[f"rollout/staleness_hist/{lag}"] = count / max(len(groups), 1)
     out["rollout/version_span_max"] = float(max(spans, default=0))
     out["rollout/version_span_mean"] = histogram_mean(spans)
+    out.update(episode_metrics(groups))
+    return out
+
+
+def episode_metrics(groups: Sequence[RolloutGroup]) -> dict[str, float]:
+    """Multi-turn metrics of the step's episodes (completions that carry ``turns``); {} when there are none."""
+    episodes = [c for g in groups for c in g.completions if c.turns is not None]
+    if not episodes:
+        return {}
+    turns = [len(c.turns or ()) for c in episodes]
+    turn_lengths = [t.length for c in episodes for t in c.turns or ()]
+    stats = [c.episode for c in episodes if c.episode is not None]
+    n = len(episodes)
+    out = {
+        "rollout/num_turns_mean": sum(turns) / n,
+        "rollout/num_turns_max": float(max(turns)),
+        "rollout/turn_length_mean": sum(turn_lengths) / max(len(turn_lengths), 1),
+        "rollout/sampled_tokens_mean": sum(turn_lengths) / n,
+    }
+    if stats:
+        out["rollout/tool_calls_mean"] = sum(s.tool_calls for s in stats) / len(stats)
+        out["rollout/tool_errors"] = float(sum(s.tool_errors for s in stats))
+        out["rollout/template_mismatches"] = float(sum(s.template_mismatch for s in stats))
     return out

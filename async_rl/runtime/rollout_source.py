@@ -56,14 +56,17 @@ def collate_wire_groups(
     """The transport's groups -> the learner's padded batch, read from the wire arrays directly.
 
     ``prompt_of(prompt_id)`` gives a group's prompt tokens (the coordinator's records: the wire does not carry them
-    back). Each row's version is its completion's oldest (``version_min``), and it counts as truncated when its
-    finish reason is ``"length"`` (for ``actor.mask_truncated_responses``)."""
+    back). Each row's version is its completion's oldest (``version_min``), it counts as truncated when its
+    finish reason is ``"length"`` (for ``actor.mask_truncated_responses``), and a multi-turn completion's
+    ``loss_mask`` (its sampled tokens) becomes the row's, so observation tokens stay out of the loss."""
     rows = []
     for gi, g in enumerate(groups):
         prompt = np.asarray(prompt_of(g.prompt_id), dtype=np.int64)
         for c in g.completions:
             tokens, logprobs = unpack_array(c.token_ids), unpack_array(c.logprobs)
-            rows.append(Row(gi, prompt, tokens, logprobs, float(c.reward), c.version_min, c.finish_reason == "length"))
+            mask = None if c.loss_mask is None else unpack_array(c.loss_mask)
+            truncated = c.finish_reason == "length"
+            rows.append(Row(gi, prompt, tokens, logprobs, float(c.reward), c.version_min, truncated, mask))
     return collate_rows(
         rows,
         group_ids=[g.prompt_id for g in groups],

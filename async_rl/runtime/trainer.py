@@ -64,8 +64,6 @@ class Trainer:
     """One learner rank's run (see the module docstring); :meth:`train` runs it and returns rank 0's summary."""
 
     def __init__(self, cfg: Config, ctx: Any, stop: GracefulStop) -> None:
-        from transformers import AutoTokenizer
-
         from async_rl.learner.step import Learner
         from async_rl.runtime.validation import build_validator
         from async_rl.weight_sync.publisher import WeightPublisher
@@ -77,7 +75,7 @@ class Trainer:
             resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
         ctx.barrier()
         policy_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(policy_path)
+        self.tokenizer = resources.load_tokenizer(cfg, policy_path)
         records, self.total_steps = load_prompts(cfg, ctx, self.tokenizer)
         self.learner = Learner(self._settings(policy_path), ctx, policy_path)
         self.coordinator = self._coordinator(records) if records is not None else None

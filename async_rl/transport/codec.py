@@ -22,6 +22,7 @@ import numpy as np
 from async_rl.transport.protocol import (
     ALLOWED_DTYPES,
     FLOAT_DTYPES,
+    MASK_DTYPES,
     PROTOCOL_VERSION,
     TOKEN_DTYPES,
     AnyMessage,
@@ -185,6 +186,20 @@ class WireCodec:
             if c.version_min > c.version_max:
                 raise ProtocolError("value", f"completions[{i}]: version_min {c.version_min} > {c.version_max}")
             _check_finite(c.reward, "completions[%d].reward", i)
+            if c.loss_mask is not None:
+                self._check_array(c.loss_mask, MASK_DTYPES, "completions[%d].loss_mask", i)
+                if c.loss_mask.length != c.token_ids.length:
+                    raise ProtocolError(
+                        "array_length",
+                        f"completions[{i}]: {c.loss_mask.length} loss_mask entries for {c.token_ids.length} tokens",
+                    )
+            if c.turns is not None:
+                if len(c.turns) > self.limits.max_array_length:
+                    raise ProtocolError(
+                        "cap", f"completions[{i}]: {len(c.turns)} turns > {self.limits.max_array_length}"
+                    )
+                for j, turn in enumerate(c.turns):
+                    _check_finite(turn.reward, "completions[%d].turns[%d].reward", i, j)
             if c.reward_components:
                 for key, value in c.reward_components.items():
                     _check_finite(value, "completions[%d].reward_components[%r]", i, key)

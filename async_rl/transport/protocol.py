@@ -32,7 +32,8 @@ PROTOCOL_VERSION = 1
 # dtypes accepted on the wire, as numpy little-endian type strings.
 TOKEN_DTYPES: frozenset[str] = frozenset({"<i4", "<i8", "<u4"})
 FLOAT_DTYPES: frozenset[str] = frozenset({"<f2", "<f4", "<f8"})
-ALLOWED_DTYPES: frozenset[str] = TOKEN_DTYPES | FLOAT_DTYPES
+MASK_DTYPES: frozenset[str] = frozenset({"|u1"})  # one byte per token: byte order does not apply
+ALLOWED_DTYPES: frozenset[str] = TOKEN_DTYPES | FLOAT_DTYPES | MASK_DTYPES
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -144,8 +145,35 @@ class PromptGrant(msgspec.Struct, forbid_unknown_fields=True, gc=False):
         return self.eval_round >= 0
 
 
+class TurnSpan(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """One assistant turn of a multi-turn completion: where its sampled tokens sit in ``token_ids``."""
+
+    start: NonNegInt  # offset of the turn's first sampled token in token_ids
+    length: NonNegInt  # number of sampled tokens of this turn (contiguous)
+    version_min: NonNegInt
+    version_max: NonNegInt
+    finish_reason: Annotated[str, msgspec.Meta(max_length=64)]
+    reward: float = 0.0  # per-turn reward (0 when the environment gives only a final one)
+
+
+class EpisodeStats(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """What a multi-turn episode did besides its tokens (the ``rollout/tool_*`` and template metrics)."""
+
+    tool_calls: NonNegInt  # tool calls the environment executed (or tried to)
+    tool_errors: NonNegInt  # calls that failed: unparseable, unknown tool, bad arguments, error, timeout
+    template_mismatch: bool  # the whole conversation, rendered at once, gave other tokens (ChatRenderer.check)
+
+
 class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """One sampled completion: its tokens, the behaviour log-prob of each, and the policy versions it spans."""
+    """One completion: its tokens, the behaviour log-prob of each, and the policy versions it spans.
+
+    Single-turn, every token was sampled by the model. A multi-turn episode is one growing sequence after the
+    prompt: the model's sampled tokens interleaved with observation tokens (tool responses, chat-template glue) it
+    did not sample. ``loss_mask`` (dtype ``|u1``, one entry per token) is 1 on sampled tokens and 0 on observation
+    ones, whose behaviour log-probs are 0 by convention; ``turns`` says where each assistant turn's sampled tokens
+    sit. Both None: every token sampled. The learner trains on sampled tokens only; transport.validation checks the
+    mask, the turns and the versions agree.
+    """
 
     token_ids: WireArray
     logprobs: WireArray
@@ -154,6 +182,9 @@ class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     finish_reason: Annotated[str, msgspec.Meta(max_length=64)]
     reward: float
     reward_components: dict[Annotated[str, msgspec.Meta(max_length=128)], float] | None = None
+    loss_mask: WireArray | None = None  # None: every token sampled (single-turn)
+    turns: list[TurnSpan] | None = None  # None: not told (single-turn)
+    episode: EpisodeStats | None = None  # multi-turn only
 
 
 class WeightSyncPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
@@ -318,12 +349,20 @@ def make_completion(
     reward_components: dict[str, float] | None = None,
     token_dtype: str = "<i4",
     logprob_dtype: str = "<f4",
+    loss_mask: np.ndarray | list[int] | None = None,
+    turns: list[TurnSpan] | None = None,
+    episode: EpisodeStats | None = None,
 ) -> Completion:
-    """Build a Completion from arrays; one behaviour log-prob per sampled token is required."""
+    """Build a Completion from arrays; one behaviour log-prob per token is required, and one ``loss_mask`` entry per
+    token when given (1: sampled, 0: observation). Whether the mask and ``turns`` agree is transport.validation's
+    to judge, as for a completion an actor sent."""
     tokens = pack_array(token_ids, token_dtype)
     lps = pack_array(logprobs, logprob_dtype)
     if tokens.length != lps.length:
         raise ValueError(f"logprobs length {lps.length} != token_ids length {tokens.length}")
+    mask = None if loss_mask is None else pack_array(loss_mask, "|u1")
+    if mask is not None and mask.length != tokens.length:
+        raise ValueError(f"loss_mask length {mask.length} != token_ids length {tokens.length}")
     vmax = version_min if version_max is None else version_max
     if vmax < version_min:
         raise ValueError(f"version_max {vmax} < version_min {version_min}")
@@ -335,4 +374,7 @@ def make_completion(
         finish_reason=finish_reason,
         reward=float(reward),
         reward_components=reward_components,
+        loss_mask=mask,
+        turns=None if turns is None else list(turns),
+        episode=episode,
     )

@@ -9,6 +9,14 @@ grant's ``min_version`` and no newer than the policy the learner has published; 
 component (transport.filtering), every completion carries that component. It returns None or one short reason
 (`INVALID_REASONS`, a metrics key: ``transport/drops/invalid_<reason>``) and never raises on what a peer sent.
 
+A multi-turn completion (it carries ``loss_mask`` or ``turns``, see ``protocol.Completion``) is one episode of
+sampled and observation tokens: its total length is bounded by ``max_response_length`` (the learner's padded
+response width) instead, and each turn by ``max_tokens``. Its ``loss_mask`` has one 0/1 entry per token, at least
+one 1, and a 1 on the last token (the reward sits there: it must be a token the model sampled); else
+``bad_loss_mask``. Its ``turns``, when given, are non-empty, in range, in order without overlap, cover exactly the
+mask's 1s (every token when there is no mask), and the completion's versions are the min/max of theirs; else
+``bad_turns``.
+
 `Quarantine` counts invalid groups per sender; the ``max_invalid``-th one quarantines it for the coordinator's
 lifetime (it gets no more grants and its groups are refused). Pure logic: no sockets, threads or clocks.
 """
@@ -19,7 +27,15 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from async_rl.transport.protocol import FLOAT_DTYPES, TOKEN_DTYPES, GroupSampling, RolloutGroup, WireArray
+from async_rl.transport.protocol import (
+    FLOAT_DTYPES,
+    MASK_DTYPES,
+    TOKEN_DTYPES,
+    Completion,
+    GroupSampling,
+    RolloutGroup,
+    WireArray,
+)
 
 InvalidReason = Literal[
     "malformed",
@@ -29,6 +45,8 @@ InvalidReason = Literal[
     "response_too_long",
     "token_out_of_vocab",
     "bad_logprobs",
+    "bad_loss_mask",
+    "bad_turns",
     "missing_filter_metric",
 ]
 INVALID_REASONS: tuple[InvalidReason, ...] = get_args(InvalidReason)
@@ -43,12 +61,16 @@ def check_group(
     min_version: int | None = None,
     vocab_size: int | None = None,
     required_component: str | None = None,
+    max_response_length: int | None = None,
 ) -> InvalidReason | None:
     """Why ``group`` cannot be trained (None: it can), judged against the grant's ``sampling`` (``n``, ``max_tokens``)
     and ``min_version``, the newest published ``policy_version``, the learner's ``vocab_size`` and the reward
-    component group filtering reads (``required_component``); each of the last four is not checked when None."""
+    component group filtering reads (``required_component``); each of the last four is not checked when None.
+    ``max_response_length`` bounds a multi-turn completion's total length (the learner's
+    ``data.max_response_length``); None: ``sampling.max_tokens``."""
     if len(group.completions) != sampling.n:
         return "wrong_completion_count"
+    episode_limit = sampling.max_tokens if max_response_length is None else max_response_length
     for c in group.completions:
         if c.version_min > c.version_max or (policy_version is not None and c.version_max > policy_version):
             return "bad_version"
@@ -56,16 +78,24 @@ def check_group(
             return "bad_version"
         tokens = _as_array(c.token_ids, TOKEN_DTYPES)
         logprobs = _as_array(c.logprobs, FLOAT_DTYPES)
-        if tokens is None or logprobs is None:
+        mask = None if c.loss_mask is None else _as_array(c.loss_mask, MASK_DTYPES)
+        if tokens is None or logprobs is None or (c.loss_mask is not None and mask is None):
             return "malformed"
         if tokens.shape[0] == 0:
             return "empty_response"
-        if tokens.shape[0] > sampling.max_tokens:
+        multi_turn = c.loss_mask is not None or c.turns is not None
+        if tokens.shape[0] > (episode_limit if multi_turn else sampling.max_tokens):
+            return "response_too_long"
+        if c.turns is not None and any(t.length > sampling.max_tokens for t in c.turns):
             return "response_too_long"
         if int(tokens.min()) < 0 or (vocab_size is not None and int(tokens.max()) >= vocab_size):
             return "token_out_of_vocab"
         if logprobs.shape[0] != tokens.shape[0] or not _logprobs_ok(logprobs):
             return "bad_logprobs"
+        if mask is not None and not _loss_mask_ok(mask, tokens.shape[0]):
+            return "bad_loss_mask"
+        if c.turns is not None and not _turns_ok(c, mask, tokens.shape[0]):
+            return "bad_turns"
     if required_component is not None and any(
         required_component not in (c.reward_components or {}) for c in group.completions
     ):
@@ -89,6 +119,30 @@ def _as_array(wire: WireArray, dtypes: frozenset[str]) -> np.ndarray | None:
 def _logprobs_ok(logprobs: np.ndarray) -> bool:
     # NaN fails both comparisons, +inf the second; -inf (a token sampled with probability 0) the isfinite check.
     return bool(np.isfinite(logprobs).all() and (logprobs <= LOGPROB_EPS).all())
+
+
+def _loss_mask_ok(mask: np.ndarray, num_tokens: int) -> bool:
+    # one 0/1 entry per token, and the last token (which holds the reward) sampled, so at least one 1
+    return mask.shape[0] == num_tokens and bool((mask <= 1).all()) and int(mask[-1]) == 1
+
+
+def _turns_ok(c: Completion, mask: np.ndarray | None, num_tokens: int) -> bool:
+    """The turns are non-empty, in range, ordered without overlap, exactly the mask's 1s (every token without a
+    mask), and span the completion's versions."""
+    turns = c.turns
+    if not turns:
+        return False
+    end = 0
+    for t in turns:
+        if t.length == 0 or t.start < end or t.start + t.length > num_tokens or t.version_min > t.version_max:
+            return False
+        if mask is not None and not bool(mask[t.start : t.start + t.length].all()):
+            return False
+        end = t.start + t.length
+    covered = sum(t.length for t in turns)  # disjoint spans inside the 1s: equal counts mean equal sets
+    if covered != (num_tokens if mask is None else int(np.count_nonzero(mask))):
+        return False
+    return c.version_min == min(t.version_min for t in turns) and c.version_max == max(t.version_max for t in turns)
 
 
 class Quarantine:

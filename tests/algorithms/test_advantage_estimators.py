@@ -20,6 +20,7 @@ from async_rl.algorithms import (
     ADV_ESTIMATORS,
     CRITIC_ESTIMATORS,
     compute_advantages,
+    compute_gae_advantage_return,
     needs_critic,
 )
 
@@ -167,6 +168,32 @@ def test_gae_skips_masked_positions() -> None:
     # first token: delta = 0 + .9 * .7 - .5 = .13; A = .13 + .9 * .8 * .3 = .346; return .346 + .5 = .846
     torch.testing.assert_close(ret[0, [0, 2]], torch.tensor([0.846, 1.0]))
     torch.testing.assert_close(ret[1, [0, 1]], torch.tensor([0.846, 1.0]))
+
+
+def test_gae_over_a_multi_turn_episode_is_gae_over_its_sampled_tokens_alone() -> None:
+    # Observation tokens (0 in the mask) sit between the model's turns; the critic still predicts a value there.
+    # Masked, the episode must give exactly the advantages of the compressed sequence of sampled tokens: each sampled
+    # token bootstraps from the next SAMPLED token's value, and the whitening sees the same set of advantages.
+    mask = torch.tensor([[1, 1, 0, 0, 0, 1, 1, 0], [1, 0, 1, 1, 0, 0, 1, 1], [0, 1, 1, 1, 1, 1, 1, 1]]).double()
+    gen = torch.Generator().manual_seed(5)
+    values = torch.randn(3, 8, generator=gen, dtype=torch.float64) * 3  # garbage at observation and padding
+    rewards = torch.randn(3, 8, generator=gen, dtype=torch.float64) * mask  # e.g. a KL penalty: 0 off the mask
+    rewards[torch.arange(3), torch.tensor([6, 7, 7])] += torch.tensor([1.0, 0.0, 2.0])  # the score, last token
+    width = int(mask.sum(-1).max())
+    c_mask, c_values, c_rewards = (torch.zeros(3, width, dtype=torch.float64) for _ in range(3))
+    for i in range(3):
+        keep = mask[i].bool()
+        n = int(keep.sum())
+        c_mask[i, :n], c_values[i, :n], c_rewards[i, :n] = 1.0, values[i, keep], rewards[i, keep]
+    adv, ret = compute_gae_advantage_return(rewards, values, mask, gamma=0.9, lam=0.8)
+    c_adv, c_ret = compute_gae_advantage_return(c_rewards, c_values, c_mask, gamma=0.9, lam=0.8)
+    for i in range(3):
+        keep, c_keep = mask[i].bool(), c_mask[i].bool()
+        assert torch.equal(ret[i, keep], c_ret[i, c_keep])  # the recursion: bit for bit
+        torch.testing.assert_close(adv[i, keep], c_adv[i, c_keep], rtol=0, atol=1e-12)  # whitened: summation order
+    # the last token of turn 1 (row 0, position 1) bootstraps from position 5 (turn 2), not from the tool output
+    expected = rewards[0, 1] + 0.9 * values[0, 5] - values[0, 1] + 0.9 * 0.8 * (ret[0, 5] - values[0, 5])
+    torch.testing.assert_close(ret[0, 1] - values[0, 1], expected, rtol=0, atol=1e-12)
 
 
 def test_registry_and_critic_helpers() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_out_of_vocab
+from async_rl.learner.batching import Response, Row, SampledGroup, collate_groups, collate_rows, mask_out_of_vocab
 
 
 def two_groups() -> list[SampledGroup]:
@@ -98,3 +98,51 @@ def test_a_batch_within_the_vocabulary_is_left_alone() -> None:
     assert mask_out_of_vocab(batch, vocab_size=14, pad_token_id=0) == [1]  # 14 itself is one past a vocab of 14
     with pytest.raises(ValueError, match="pad_token_id=20"):
         mask_out_of_vocab(batch, vocab_size=20, pad_token_id=20)
+
+
+def test_a_two_turn_row_trains_only_on_its_sampled_tokens() -> None:
+    # [a1 a2 | o1 o2 o3 | a3 a4]: the model sampled a*, the environment wrote o* (behaviour log-prob 0 there)
+    episode = Row(
+        0,
+        [5, 6],
+        [21, 22, 31, 32, 33, 23, 24],
+        [-0.5, -0.25, 0, 0, 0, -1.0, -2.0],
+        1.0,
+        3,
+        False,
+        [1, 1, 0, 0, 0, 1, 1],
+    )
+    single = Row(0, [5, 6], [41, 42], [-1.0, -1.0], 0.0, 3, False)  # built as before: no mask, every token sampled
+    batch = collate_rows([episode, single], pad_token_id=0)
+    assert batch["loss_mask"].tolist() == [[1, 1, 0, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0, 0]]
+    assert batch["response_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0]]  # every token exists
+    assert batch["attention_mask"][0].tolist() == [1] * 9  # the observation tokens are attended to
+    assert batch["loss_mask"].dtype == batch["response_mask"].dtype == torch.int64
+    assert batch["token_level_scores"][0].tolist() == [0.0] * 6 + [1.0]  # the reward on the last (sampled) token
+    assert batch["rollout_log_probs"][0].tolist() == [-0.5, -0.25, 0.0, 0.0, 0.0, -1.0, -2.0]
+    assert batch["response_lengths"].tolist() == [7, 2]
+    assert batch.select([1, 0])["loss_mask"][1].tolist() == [1, 1, 0, 0, 0, 1, 1]
+    # the in-process path carries the same mask
+    same = collate_groups(
+        [
+            SampledGroup(
+                0,
+                [5, 6],
+                [Response(list(episode.token_ids), list(episode.logprobs), 1.0, 3, loss_mask=[1, 1, 0, 0, 0, 1, 1])],
+            )
+        ]
+    )
+    assert same["loss_mask"].tolist() == [[1, 1, 0, 0, 0, 1, 1]]
+    with pytest.raises(ValueError, match="loss_mask has 2 entries for 7 tokens"):
+        collate_rows([episode._replace(loss_mask=[1, 1])])
+
+
+def test_masking_a_multi_turn_batch_keeps_the_observation_tokens_out() -> None:
+    episode = Response([21, 22, 31, 32, 23], [-0.5] * 2 + [0.0] * 2 + [-0.5], 1.0, loss_mask=[1, 1, 0, 0, 1])
+    groups = [
+        SampledGroup("a", [5], [episode, Response([24, 25, 26], [-0.5] * 3, 0.0)]),
+        SampledGroup("b", [5], [Response([99, 31, 23], [-0.5, 0.0, -0.5], 1.0, loss_mask=[1, 0, 1])]),
+    ]
+    batch = collate_groups(groups, pad_token_id=0)
+    assert mask_out_of_vocab(batch, vocab_size=50, pad_token_id=0) == [1]  # id 99: group b is made inert
+    assert batch["loss_mask"].tolist() == [[1, 1, 0, 0, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]

@@ -8,7 +8,15 @@ import msgspec
 import numpy as np
 import pytest
 
-from async_rl.transport.protocol import Completion, GroupSampling, RolloutGroup, WireArray, make_completion
+from async_rl.transport.protocol import (
+    Completion,
+    GroupSampling,
+    RolloutGroup,
+    TurnSpan,
+    WireArray,
+    make_completion,
+    pack_array,
+)
 from async_rl.transport.validation import INVALID_REASONS, Quarantine, check_group
 
 GRANT = GroupSampling.defaults(n=2, max_tokens=4)
@@ -119,6 +127,8 @@ def test_every_reason_is_reachable_and_a_metric_name() -> None:
         check(group(comp(), comp(vmin=0))),
         check(group(comp(), msgspec.structs.replace(comp(), token_ids=WireArray(memoryview(b"x"), "<i4", 1)))),
         check_group(group(), GRANT, policy_version=2, required_component="acc"),
+        check_episode(episode(mask=[1, 1, 0, 0, 0, 1, 0], turns=None)),
+        check_episode(episode(turns=[])),
     }
     assert seen == set(INVALID_REASONS)
     assert all(r.isidentifier() and r == r.lower() for r in INVALID_REASONS)
@@ -158,3 +168,101 @@ def test_quarantine_threshold_must_be_a_positive_int(value: object) -> None:
 
 def test_the_newest_version_is_only_checked_when_given() -> None:
     assert check_group(group(comp(), comp(vmin=1, vmax=9)), GRANT, policy_version=None) is None  # an eval round's
+
+
+# ---- multi-turn: [a1 a2 | o1 o2 o3 | a3 a4], two model turns around 3 observation tokens
+MASK = [1, 1, 0, 0, 0, 1, 1]
+TURNS = [TurnSpan(0, 2, 1, 1, "tool_call"), TurnSpan(5, 2, 1, 2, "stop")]
+
+
+def episode(
+    mask: list[int] | None = MASK,
+    turns: list[TurnSpan] | None = TURNS,
+    vmin: int = 1,
+    vmax: int = 2,
+    tokens: list[int] | None = None,
+) -> Completion:
+    n = len(mask) if mask is not None else 4
+    tokens = [3 + i for i in range(n)] if tokens is None else tokens
+    logprobs = [-0.5 if m else 0.0 for m in mask] if mask is not None else [-0.5] * n
+    return make_completion(tokens, logprobs, version_min=vmin, version_max=vmax, loss_mask=mask, turns=turns)
+
+
+def check_episode(c: Completion, max_response_length: int | None = 8) -> str | None:
+    # an episode of 7 tokens: over the grant's max_tokens 4 per turn, within the total of 8
+    return check_group(
+        group(comp(), c),
+        GRANT,
+        policy_version=2,
+        min_version=1,
+        vocab_size=VOCAB,
+        max_response_length=max_response_length,
+    )
+
+
+def test_a_two_turn_episode_is_valid() -> None:
+    assert check_episode(episode()) is None
+    assert check_episode(episode(turns=None)) is None  # the mask alone
+    assert check_episode(episode(mask=None, turns=[TurnSpan(0, 4, 1, 2, "stop")])) is None  # turns, all sampled
+    assert check_group(group(episode(), episode()), GRANT, policy_version=2, max_response_length=7) is None
+
+
+def test_an_episode_is_bounded_by_the_total_response_length_and_each_turn_by_max_tokens() -> None:
+    assert check_episode(episode(), max_response_length=None) == "response_too_long"  # 7 > max_tokens 4
+    assert check_episode(episode(turns=None), max_response_length=None) == "response_too_long"
+    assert check_episode(episode(), max_response_length=6) == "response_too_long"  # 7 > 6
+    assert check_episode(episode(), max_response_length=7) is None
+    # a single-turn completion keeps the grant's bound whatever the total limit
+    assert check_episode(comp([1, 2, 3, 4, 5]), max_response_length=8) == "response_too_long"
+    long_turn = episode(
+        mask=[1, 1, 1, 1, 1, 0, 1], turns=[TurnSpan(0, 5, 1, 1, "tool_call"), TurnSpan(6, 1, 2, 2, "stop")]
+    )
+    assert check_episode(long_turn) == "response_too_long"  # one turn of 5 sampled tokens > max_tokens 4
+
+
+@pytest.mark.parametrize(
+    ("mask", "why"),
+    [
+        ([1, 1, 0, 1], "4 entries for 7 tokens"),
+        ([1, 1, 2, 0, 0, 1, 1], "a value outside {0, 1}"),
+        ([0, 0, 0, 0, 0, 0, 0], "no sampled token"),
+        ([1, 1, 0, 0, 0, 1, 0], "the last token (it holds the reward) is not sampled"),
+    ],
+)
+def test_a_bad_loss_mask_is_refused(mask: list[int], why: str) -> None:
+    bad = msgspec.structs.replace(episode(turns=None), loss_mask=pack_array(mask, "|u1"))
+    assert check_episode(bad) == "bad_loss_mask", why
+
+
+def test_a_loss_mask_that_is_not_a_byte_array_is_malformed() -> None:
+    bad = msgspec.structs.replace(episode(), loss_mask=pack_array(MASK, "<i4"))
+    assert check_episode(bad) == "malformed"
+    bad = msgspec.structs.replace(episode(), loss_mask=WireArray(data=memoryview(b"\x01" * 6), dtype="|u1", length=7))
+    assert check_episode(bad) == "malformed"
+
+
+def _turn(start: int, length: int, vmin: int = 1, vmax: int = 1) -> TurnSpan:
+    return TurnSpan(start, length, vmin, vmax, "stop")
+
+
+@pytest.mark.parametrize(
+    ("turns", "why"),
+    [
+        ([], "no turn at all"),
+        ([_turn(0, 2), _turn(5, 3, 1, 2)], "past the last token (5 + 3 > 7)"),
+        ([_turn(0, 2), _turn(1, 1), _turn(5, 2, 1, 2)], "overlapping"),
+        ([_turn(5, 2, 1, 2), _turn(0, 2)], "out of order"),
+        ([_turn(0, 2), _turn(3, 0), _turn(5, 2, 1, 2)], "an empty turn"),
+        ([_turn(0, 2), _turn(5, 1, 1, 2)], "token 6 sampled but in no turn"),
+        ([_turn(0, 3), _turn(5, 2, 1, 2)], "a turn over an observation token"),
+        ([_turn(0, 2), _turn(5, 2)], "versions 1..1, the completion says 1..2"),
+        ([_turn(0, 2, 2, 2), _turn(5, 2, 2, 2)], "versions 2..2, the completion says 1..2"),
+        ([_turn(0, 2, 2, 1), _turn(5, 2, 1, 2)], "a turn's version_min > version_max"),
+    ],
+)
+def test_turns_that_disagree_with_the_tokens_or_the_mask_are_refused(turns: list[TurnSpan], why: str) -> None:
+    assert check_episode(episode(turns=turns)) == "bad_turns", why
+
+
+def test_turns_without_a_mask_must_cover_every_token() -> None:
+    assert check_episode(episode(mask=None, turns=[_turn(0, 2, 1, 2), _turn(3, 1, 1, 2)])) == "bad_turns"  # token 2

@@ -23,6 +23,7 @@ from async_rl.transport.protocol import (
     PromptGrant,
     RolloutGroup,
     Shutdown,
+    TurnSpan,
     VersionUpdate,
     WeightSyncPlan,
     Welcome,
@@ -282,3 +283,60 @@ def test_encode_checked_refuses_oversize_messages() -> None:
 def test_wire_array_from_bytes_compares_equal_after_round_trip() -> None:
     arr = WireArray(data=memoryview(b"\x00\x00\x80\x3f"), dtype="<f4", length=1)  # 0x3f800000 == 1.0f
     assert unpack_array(arr).tolist() == [1.0]
+
+
+def _two_turn_group() -> RolloutGroup:
+    # [a1 a2 | o1 o2 o3 | a3 a4]: two model turns around a tool response the model did not sample
+    comp = make_completion(
+        [11, 12, 21, 22, 23, 13, 14],
+        [-0.5, -0.25, 0.0, 0.0, 0.0, -1.0, -0.125],
+        version_min=3,
+        version_max=4,
+        reward=1.0,
+        loss_mask=[1, 1, 0, 0, 0, 1, 1],
+        turns=[TurnSpan(0, 2, 3, 3, "tool_call"), TurnSpan(5, 2, 3, 4, "stop", reward=0.5)],
+    )
+    return RolloutGroup(prompt_id=7, lease_id=3, actor_id="a0", completions=[comp])
+
+
+def test_a_multi_turn_completion_round_trips_with_its_mask_and_turns() -> None:
+    group = _two_turn_group()
+    decoded = CODEC.decode(CODEC.encode(group))
+    assert isinstance(decoded, RolloutGroup)
+    assert decoded == group
+    c = decoded.completions[0]
+    assert c.loss_mask is not None and c.loss_mask.dtype == "|u1" and c.loss_mask.length == 7
+    assert bytes(c.loss_mask.data) == b"\x01\x01\x00\x00\x00\x01\x01"  # one raw byte per token
+    assert unpack_array(c.loss_mask).tolist() == [1, 1, 0, 0, 0, 1, 1]
+    assert c.turns == [TurnSpan(0, 2, 3, 3, "tool_call", 0.0), TurnSpan(5, 2, 3, 4, "stop", 0.5)]
+    assert unpack_array(c.logprobs).tolist() == [-0.5, -0.25, 0.0, 0.0, 0.0, -1.0, -0.125]
+    # a turn travels as a compact array, not a map
+    raw = msgspec.msgpack.decode(CODEC.encode(group))
+    assert raw["completions"][0]["turns"] == [[0, 2, 3, 3, "tool_call", 0.0], [5, 2, 3, 4, "stop", 0.5]]
+
+
+def test_a_completion_without_mask_or_turns_still_decodes() -> None:
+    raw = msgspec.msgpack.decode(_raw_group())
+    assert "loss_mask" not in raw["completions"][0] and "turns" not in raw["completions"][0]
+    decoded = CODEC.decode(_raw_group())
+    assert isinstance(decoded, RolloutGroup)
+    assert decoded.completions[0].loss_mask is None and decoded.completions[0].turns is None
+    assert make_completion([1, 2], [-1.0, -1.0], version_min=0).loss_mask is None
+
+
+def test_a_bad_mask_or_turn_is_a_decode_error() -> None:
+    mask = [b"\x01", "|u1", 1]
+    assert isinstance(CODEC.decode(_raw_group(completion={"loss_mask": mask})), RolloutGroup)
+    assert _reason(_raw_group(completion={"loss_mask": [b"\x01\x00\x00\x00", "<i4", 1]})) == "dtype"
+    assert _reason(_raw_group(completion={"loss_mask": [b"\x01\x01", "|u1", 2]})) == "array_length"  # 2 for 1 token
+    assert _reason(_raw_group(completion={"loss_mask": [b"\x01\x01", "|u1", 1]})) == "array_length"  # bytes lie
+    turn = [0, 1, 0, 0, "stop", 0.0]
+    assert isinstance(CODEC.decode(_raw_group(completion={"turns": [turn]})), RolloutGroup)
+    assert _reason(_raw_group(completion={"turns": [[0, 1, 0, 0, "stop", float("nan")]]})) == "value"
+    assert _reason(_raw_group(completion={"turns": [[-1, 1, 0, 0, "stop", 0.0]]})) == "schema"  # negative start
+    assert _reason(_raw_group(completion={"turns": [[*turn, 1]]})) == "schema"  # an unknown trailing field
+    assert _reason(_raw_group(completion={"turns": [[0, 1, 0, 0, "x" * 65, 0.0]]})) == "schema"  # finish reason cap
+    small = WireCodec(WireLimits(max_array_length=1))
+    assert _reason(_raw_group(completion={"turns": [turn, turn]}), small) == "cap"
+    with pytest.raises(ValueError, match="loss_mask length 1 != token_ids length 2"):
+        make_completion([1, 2], [-1.0, -1.0], version_min=0, loss_mask=[1])

@@ -1,0 +1,121 @@
+"""The guessing environment: find a secret integer in [1, hi] from "higher" / "lower" replies.
+
+No tools: each assistant turn's last integer is its guess, and the environment answers with a role ``"user"`` message.
+Its texts use only lowercase letters, digits and basic punctuation, so the tiny char-level test model (alphabet
+``0123456789+-*/=()., ?:!\\nabcdefghijklmnopqrstuvwxyz``) can read and write a whole episode.
+
+Reward: a correct guess on turn ``t`` (1-based, counting every assistant turn, invalid ones included) ends the
+episode with ``max(min_reward, 1.0 - decay * (t - 1))``, by default ``1.0, 0.9, ..., 0.1, 0.1, ...``, so fewer turns
+(binary search takes at most 7 for hi=100) earn more. An episode the driver ends at its turn limit gets
+:meth:`GuessingEnv.final_reward`, 0.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from typing import Any
+
+from async_rl.envs.base import Message, StepResult
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer written in ``text``, or None (also for one too long to convert)."""
+    matches = _INTEGER.findall(text)
+    if not matches:
+        return None
+    try:
+        return int(matches[-1])
+    except ValueError:  # longer than Python's int-string limit
+        return None
+
+
+class GuessingEnv:
+    """A secret integer (the record's ground truth) in [1, hi]; replies "higher" or "lower" until it is guessed.
+
+    ``hi`` defaults to the record's ``extra["hi"]``, else the constructor's. A turn with no integer gets a reply
+    saying so and counts in ``info["tool_errors"]`` (the only error this env has).
+    """
+
+    tools: list[dict[str, Any]] = []
+
+    def __init__(
+        self,
+        *,
+        hi: int = 100,
+        decay: float = 0.1,
+        min_reward: float = 0.1,
+    ) -> None:
+        if hi < 1:
+            raise ValueError(f"hi must be >= 1, got {hi}")
+        if not 0.0 <= min_reward <= 1.0 or decay < 0.0:
+            raise ValueError(f"need decay >= 0 and 0 <= min_reward <= 1, got decay={decay}, min_reward={min_reward}")
+        self.hi = hi
+        self.decay = decay
+        self.min_reward = min_reward
+        self.secret = 0
+        self.turns = 0
+
+    def reset(self, prompt: list[Message] | str, ground_truth: str, extra: dict[str, Any]) -> None:
+        hi = int(extra.get("hi", self.hi))
+        secret = int(ground_truth)
+        if not 1 <= secret <= hi:
+            raise ValueError(f"secret {secret} is outside [1, {hi}]")
+        self.hi, self.secret, self.turns = hi, secret, 0
+
+    def reward_for_turn(self, turn: int) -> float:
+        """The reward of a correct guess on (1-based) ``turn``."""
+        return max(self.min_reward, 1.0 - self.decay * (turn - 1))
+
+    def step(self, assistant_text: str) -> StepResult:
+        self.turns += 1
+        guess = last_integer(assistant_text)
+        if guess is None:
+            reply = f"no number found. reply with one number from 1 to {self.hi}."
+            return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False, info={"tool_errors": 1.0})
+        if guess == self.secret:
+            return StepResult([], reward=self.reward_for_turn(self.turns), done=True)
+        reply = "higher" if guess < self.secret else "lower"
+        return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False)
+
+    def final_reward(self, assistant_text: str) -> float:
+        """0: the driver ended the episode before a correct guess (a correct guess ends it in :meth:`step`)."""
+        return 0.0
+
+
+SYSTEM = "you are playing a number guessing game."
+QUESTION = (
+    "i am thinking of a number from 1 to {hi}. guess it. after each guess i will say higher or lower. "
+    "reply with one number."
+)
+
+
+def make_guessing_problems(n: int, *, seed: int = 0, split: str = "train", hi: int = 100) -> list[dict[str, Any]]:
+    """``n`` games for :class:`GuessingEnv`: secrets drawn (seeded) from [1, hi]; ``split`` "train" or "eval".
+
+    The split is a hash of the secret (about 10% of secrets are "eval"), so held-out games never share a secret with
+    training ones; with a small ``hi`` there are few eval secrets (10 or so for hi=100). Each record is
+    ``{"prompt": [system, user], "ground_truth": "37", "extra": {"data_source": "guessing", "hi": hi}}``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if hi < 1:
+        raise ValueError(f"hi must be >= 1, got {hi}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    secrets = [s for s in range(1, hi + 1) if (zlib.crc32(f"guess:{hi}:{s}".encode()) % 10 == 0) == (split == "eval")]
+    if not secrets and n:
+        raise ValueError(f"no secret in [1, {hi}] falls in split {split!r}; use a larger hi")
+    rng = random.Random(seed)
+    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION.format(hi=hi)}]
+    return [
+        {
+            "prompt": [dict(m) for m in prompt],
+            "ground_truth": str(rng.choice(secrets)),
+            "extra": {"data_source": "guessing", "hi": hi},
+        }
+        for _ in range(n)
+    ]

@@ -1,0 +1,76 @@
+"""The guessing game: replies, reward decay per turn, invalid turns, and the problem maker."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_rl.envs.guessing import GuessingEnv, last_integer, make_guessing_problems
+
+ALPHABET = set("0123456789+-*/=()., ?:!\nabcdefghijklmnopqrstuvwxyz")
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_higher_lower_then_correct_with_decayed_reward() -> None:
+    env = GuessingEnv()
+    env.reset("guess", "37", {"hi": 100})
+    first = env.step("i guess 50")
+    assert (first.observations, first.reward, first.done) == (user("lower"), 0.0, False)
+    assert first.info == {"tool_calls": 0.0, "tool_errors": 0.0}
+    assert env.step("25").observations == user("higher")
+    assert env.step("maybe 12 or 40?").observations == user("lower")  # the last integer is the guess
+    final = env.step("37")
+    assert final.done is True and final.observations == []
+    assert final.reward == pytest.approx(0.7)  # turn 4: 1.0 - 0.1 * 3
+
+
+def test_first_turn_correct_earns_one_and_the_reward_is_floored() -> None:
+    env = GuessingEnv()
+    env.reset("guess", "5", {})
+    assert env.step("5").reward == 1.0
+    assert [env.reward_for_turn(t) for t in (1, 2, 10, 11, 50)] == pytest.approx([1.0, 0.9, 0.1, 0.1, 0.1])
+    steep = GuessingEnv(decay=0.5, min_reward=0.0)
+    assert [steep.reward_for_turn(t) for t in (1, 2, 3, 4)] == [1.0, 0.5, 0.0, 0.0]
+
+
+def test_a_turn_without_a_number_is_an_error_and_still_a_turn() -> None:
+    env = GuessingEnv()
+    env.reset("guess", "8", {"hi": 10})
+    result = env.step("hmm, let me think")
+    assert result.observations == user("no number found. reply with one number from 1 to 10.")
+    assert (result.reward, result.done, result.info["tool_errors"]) == (0.0, False, 1.0)
+    assert env.step("8").reward == pytest.approx(0.9)  # the invalid turn counted
+    assert env.final_reward("anything") == 0.0  # what the driver gets at its turn limit
+
+
+def test_reset_validates_the_secret_and_reads_hi_from_extra() -> None:
+    env = GuessingEnv(hi=10)
+    with pytest.raises(ValueError, match=r"outside \[1, 10\]"):
+        env.reset("guess", "11", {})
+    env.reset("guess", "150", {"hi": 200})
+    assert env.hi == 200 and env.step("200").observations == user("lower")
+    assert last_integer("-3 then 12") == 12 and last_integer("none") is None and last_integer("9" * 5000) is None
+
+
+def test_problems_are_deterministic_disjoint_and_in_the_small_alphabet() -> None:
+    train = make_guessing_problems(300, seed=1, hi=100)
+    assert train == make_guessing_problems(300, seed=1, hi=100)
+    held_out = make_guessing_problems(50, seed=1, split="eval", hi=100)
+    train_secrets = {int(r["ground_truth"]) for r in train}
+    eval_secrets = {int(r["ground_truth"]) for r in held_out}
+    assert train_secrets.isdisjoint(eval_secrets) and len(train_secrets) > 50 and eval_secrets
+    for record in train + held_out:
+        assert 1 <= int(record["ground_truth"]) <= 100
+        assert record["extra"] == {"data_source": "guessing", "hi": 100}
+        assert [m["role"] for m in record["prompt"]] == ["system", "user"]
+        assert "from 1 to 100" in record["prompt"][1]["content"]
+        for message in record["prompt"]:
+            assert set(message["content"]) <= ALPHABET, message
+    env = GuessingEnv()
+    env.reset(train[0]["prompt"], train[0]["ground_truth"], train[0]["extra"])
+    replies = [env.step(str(g)).observations for g in (0, 101, "")]
+    assert all(set(m["content"]) <= ALPHABET for obs in replies for m in obs)
+    with pytest.raises(ValueError, match="split"):
+        make_guessing_problems(1, split="test")

@@ -122,8 +122,11 @@ METRICS: tuple[Metric, ...] = (
     _m(
         "rollout/tool_errors", "batch", "multi-turn: tool calls that failed (unparseable, unknown tool, error, timeout)"
     ),
+    _m("rollout/template_mismatches", "batch", "multi-turn: episodes whose text differs from the whole-chat rendering"),
     _m(
-        "rollout/template_mismatches", "batch", "multi-turn: episodes whose tokens differ from the whole-chat rendering"
+        "rollout/retokenization_drift",
+        "batch",
+        "multi-turn: episodes whose sampled tokens differ from re-encoding their text (trained as sampled)",
     ),
     # ---- the learner's update (learner/step.py, update.py, critic.py)
     _m("learner/actor/pg_loss", "update_mean", "policy-gradient loss of a mini-batch"),
@@ -327,6 +330,12 @@ METRICS: tuple[Metric, ...] = (
     _m("actor/policy_version", "last", "policy version loaded at exit", "actor"),
     _m("actor/episodes", "cumulative", "multi-turn episodes played", "actor"),
     _m("actor/template_mismatches", "cumulative", "episodes that failed the multi-turn template check", "actor"),
+    _m(
+        "actor/retokenization_drift",
+        "cumulative",
+        "episodes whose sampled tokens differ from re-encoding their text (kept as sampled)",
+        "actor",
+    ),
     _m(
         "actor/env_{counter}",
         "cumulative",

@@ -13,7 +13,10 @@ after it (ChatML, Llama 3, Qwen2.5 and SmolLM2 do).
 
 :meth:`ChatRenderer.check` is the template check: it renders the whole conversation at once (the assistant turns as
 the text of their tokens) and compares it with the episode's tokens. Templates that rewrite earlier turns (some drop
-reasoning from past assistant turns) fail it; the actor counts every mismatch (``rollout/template_mismatches``).
+reasoning from past assistant turns) fail it with other text, and the actor counts every such mismatch
+(``rollout/template_mismatches``). Same text with other tokens is counted apart (``rollout/retokenization_drift``):
+the model sampled a tokenization that re-encoding its text does not reproduce, which is harmless here, since nothing
+is re-encoded, and exactly what a re-tokenizing rollout would get wrong.
 """
 
 from __future__ import annotations
@@ -93,20 +96,31 @@ class ChatRenderer:
         token_ids: Sequence[int],
         *,
         ignore_strippable: bool = False,
-    ) -> bool:
-        """True when rendering the whole conversation gives ``token_ids`` (prompt + response) as a prefix, followed by
-        at most the final turn's closer. ``turns``: each model turn's sampled tokens and the messages after it."""
+    ) -> str:
+        """Render the whole conversation at once (``turns``: each model turn's sampled tokens and the messages after
+        it) and compare it with ``token_ids`` (prompt + response), which it must give as a prefix followed by at
+        most the final turn's closer. Returns
+
+        * ``"ok"``: the same tokens;
+        * ``"retokenized"``: the same text, other tokens: re-encoding the model's text would not give back what it
+          sampled (this runner never re-encodes, so nothing is wrong; a system that re-tokenizes would train on
+          tokens the policy did not sample);
+        * ``"mismatch"``: other text: the template renders the conversation differently from turn by turn."""
         conversation = [dict(m) for m in prompt_messages]
         for sampled, observations in turns:
             conversation.append({"role": "assistant", "content": self.decode(sampled)})
             conversation.extend(dict(m) for m in observations)
-        expected = self.encode(self.render(conversation, add_generation_prompt=False))
+        text = self.render(conversation, add_generation_prompt=False)
+        expected = self.encode(text)
         ours = list(token_ids)
         if ignore_strippable:
             expected, ours = self._strip(expected), self._strip(ours)
-        if expected[: len(ours)] != ours:
-            return False
-        return len(expected) - len(ours) <= len(self.closer_ids)
+        if expected[: len(ours)] == ours and len(expected) - len(ours) <= len(self.closer_ids):
+            return "ok"
+        ours_text = str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+        if text.startswith(ours_text) and len(text) - len(ours_text) <= len(self.closer_text):
+            return "retokenized"
+        return "mismatch"
 
     def _strip(self, ids: list[int]) -> list[int]:
         return [t for t in ids if self.tokenizer.decode([t]).strip()]

@@ -105,6 +105,7 @@ class EpisodeRunner:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="env")
         self._ids = itertools.count()
         self.template_mismatches = 0
+        self.retokenized = 0
         self.episodes = 0
 
     def close(self) -> None:
@@ -185,8 +186,9 @@ class EpisodeRunner:
             mask.extend([0] * len(obs))
             logprobs.extend([0.0] * len(obs))
         self.episodes += 1
-        mismatch = self._mismatch(messages, turns, prompt_ids + tokens)
-        self.template_mismatches += mismatch
+        verdict = self._check(messages, turns, prompt_ids + tokens)
+        self.template_mismatches += verdict == "mismatch"
+        self.retokenized += verdict == "retokenized"
         return make_completion(
             token_ids=np.asarray(tokens, dtype=np.int32),
             logprobs=np.asarray(logprobs, dtype=np.float32),
@@ -196,25 +198,36 @@ class EpisodeRunner:
             reward=reward,
             loss_mask=np.asarray(mask, dtype=np.uint8),
             turns=spans,
-            episode=EpisodeStats(tool_calls=tool_calls, tool_errors=tool_errors, template_mismatch=bool(mismatch)),
+            episode=EpisodeStats(
+                tool_calls=tool_calls,
+                tool_errors=tool_errors,
+                template_mismatch=verdict == "mismatch",
+                retokenization_drift=verdict == "retokenized",
+            ),
         )
 
-    def _mismatch(self, messages: Any, turns: list[_Turn], token_ids: list[int]) -> int:
+    def _check(self, messages: Any, turns: list[_Turn], token_ids: list[int]) -> str:
+        """The template check's verdict (ChatRenderer.check); "unchecked" when disabled or the prompt has no
+        messages."""
         mode = self.settings.sanity_check
         if mode == "disable" or not isinstance(messages, list):
-            return 0
-        ok = self.renderer.check(
+            return "unchecked"
+        verdict = self.renderer.check(
             _messages(messages),
             [(t.sampled.tolist(), t.observations) for t in turns],
             token_ids,
             ignore_strippable=mode == "ignore_strippable",
         )
-        if not ok and self.template_mismatches == 0:
-            logger.warning("multi-turn template check: the whole conversation renders to different tokens (counted)")
-        return int(not ok)
+        if verdict == "mismatch" and self.template_mismatches == 0:
+            logger.warning("multi-turn template check: the whole conversation renders to other text (counted)")
+        return verdict
 
     def metrics(self) -> dict[str, float]:
-        out = {"actor/episodes": float(self.episodes), "actor/template_mismatches": float(self.template_mismatches)}
+        out = {
+            "actor/episodes": float(self.episodes),
+            "actor/template_mismatches": float(self.template_mismatches),
+            "actor/retokenization_drift": float(self.retokenized),
+        }
         out.update({f"actor/env_{k}": float(v) for k, v in self.envs.metrics().items()})
         return out
 

@@ -5,7 +5,8 @@ An environment answers each assistant turn of an episode with new messages and, 
 Hermes ``<tool_call>`` blocks (:mod:`async_rl.envs.tool_format`), runs them and ends the episode on a turn without a
 call. Built in: :class:`CalculatorEnv` (word problems with a safe calculator tool) and :class:`GuessingEnv` (find a
 number from "higher"/"lower"), each with a seeded problem maker. The actor runs environments inside
-:class:`EnvWorker`, a child process with per-call and per-episode time limits, spoken to with msgpack frames.
+:class:`async_rl.envs.sandbox.EnvWorker` (not imported here: it is the child's ``__main__`` too), a child process
+with per-call and per-episode time limits, spoken to with msgpack frames.
 
 Environments are named in config as ``"package.module:Class"``, e.g. ``"async_rl.envs.calculator:CalculatorEnv"``.
 """
@@ -22,7 +23,6 @@ from async_rl.envs.base import (
 )
 from async_rl.envs.calculator import CalcError, CalculatorEnv, calculator, make_calculator_problems, safe_eval
 from async_rl.envs.guessing import GuessingEnv, make_guessing_problems
-from async_rl.envs.sandbox import EnvWorker, EpisodeId
 from async_rl.envs.tool_format import (
     ToolCall,
     ToolCallError,
@@ -37,9 +37,7 @@ from async_rl.envs.tool_format import (
 __all__ = [
     "CalcError",
     "CalculatorEnv",
-    "EnvWorker",
     "Environment",
-    "EpisodeId",
     "GuessingEnv",
     "Message",
     "StepResult",

@@ -21,8 +21,14 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from async_rl.envs.base import Tool, ToolEnvironment
-from async_rl.envs.tool_format import ToolCall, strip_tool_calls, tools_system_prompt
+from async_rl.envs.base import Message, Tool, ToolEnvironment
+from async_rl.envs.tool_format import (
+    ToolCall,
+    render_tool_call,
+    render_tool_response,
+    strip_tool_calls,
+    tools_system_prompt,
+)
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -211,11 +217,24 @@ def _in_split(key: str, split: str) -> bool:
     return (zlib.crc32(key.encode()) % 10 == 0) == (split == "eval")
 
 
-def make_calculator_problems(n: int, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+# One solved exchange shown before each problem (one-shot prompting): untrained, SmolLM2-135M-Instruct never calls
+# the tool from the instructions alone (0 of 128 samples at temperature 1), and sometimes does after one example.
+DEMONSTRATION: list[Message] = [
+    {"role": "user", "content": "A farm has 12 rows with 31 trees in each row. How many trees are there?"},
+    {"role": "assistant", "content": render_tool_call(ToolCall("calculator", {"expression": "12*31"}))},
+    {"role": "tool", "content": render_tool_response("calculator", "372")},
+    {"role": "assistant", "content": "There are 372 trees."},
+]
+
+
+def make_calculator_problems(
+    n: int, *, seed: int = 0, split: str = "train", demonstration: bool = True
+) -> list[dict[str, Any]]:
     """``n`` word problems for :class:`CalculatorEnv`; ``split`` is "train" or "eval" (about 10%, never overlapping:
     a hash of the template and operands decides, as in :mod:`async_rl.data.arith`). The same seed gives the same list.
 
-    Each record is ``{"prompt": [system, user], "ground_truth": "391", "extra": {"data_source": "calculator_tool"}}``.
+    Each record is ``{"prompt": [system, *DEMONSTRATION, user], "ground_truth": "391", "extra": {"data_source":
+    "calculator_tool"}}`` (``demonstration=False``: ``[system, user]``).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -234,6 +253,7 @@ def make_calculator_problems(n: int, *, seed: int = 0, split: str = "train") -> 
             {
                 "prompt": [
                     {"role": "system", "content": system},
+                    *(DEMONSTRATION if demonstration else []),
                     {"role": "user", "content": question.format(a=a, b=b, c=c)},
                 ],
                 "ground_truth": str(formula(a, b, c)),

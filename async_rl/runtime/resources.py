@@ -34,6 +34,7 @@ ARITH_EVAL_SIZE = 200
 ARITH_SOURCE = "arith"  # the data source name of builtin:arith records (validation metrics per source)
 BUILTIN_CALCULATOR_DATA = "builtin:calculator-tool"  # word problems for the calculator tool (multi-turn)
 BUILTIN_GUESSING_DATA = "builtin:guessing"  # the higher/lower guessing game (multi-turn)
+GUESSING_HI = 20  # builtin:guessing's secrets are in [1, 20]: at most 5 guesses with binary search
 
 
 def run_dir(cfg: Config) -> Path:
@@ -79,7 +80,7 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
         elif f == BUILTIN_GUESSING_DATA:
             from async_rl.envs.guessing import make_guessing_problems
 
-            out.extend(make_guessing_problems(size, seed=seed, split=split))
+            out.extend(make_guessing_problems(size, seed=seed, split=split, hi=GUESSING_HI))
         else:
             out.extend(load_prompt_records(f, prompt_key))
     return out

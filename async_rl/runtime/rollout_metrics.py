@@ -87,4 +87,5 @@ def episode_metrics(groups: Sequence[RolloutGroup]) -> dict[str, float]:
         out["rollout/tool_calls_mean"] = sum(s.tool_calls for s in stats) / len(stats)
         out["rollout/tool_errors"] = float(sum(s.tool_errors for s in stats))
         out["rollout/template_mismatches"] = float(sum(s.template_mismatch for s in stats))
+        out["rollout/retokenization_drift"] = float(sum(s.retokenization_drift for s in stats))
     return out

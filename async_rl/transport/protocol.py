@@ -161,7 +161,8 @@ class EpisodeStats(msgspec.Struct, array_like=True, forbid_unknown_fields=True, 
 
     tool_calls: NonNegInt  # tool calls the environment executed (or tried to)
     tool_errors: NonNegInt  # calls that failed: unparseable, unknown tool, bad arguments, error, timeout
-    template_mismatch: bool  # the whole conversation, rendered at once, gave other tokens (ChatRenderer.check)
+    template_mismatch: bool  # the whole conversation, rendered at once, gave other text (ChatRenderer.check)
+    retokenization_drift: bool = False  # same text, other tokens: re-encoding would not give what was sampled
 
 
 class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):

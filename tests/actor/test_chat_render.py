@@ -64,7 +64,7 @@ def test_two_turn_chatml_ids_and_mask(smol):
         return_dict=False,
     )
     assert list(whole) == list(prompt_ids) + response + nl
-    assert r.check(prompt, [(turn1, tool), (turn2, [])], list(prompt_ids) + response)
+    assert r.check(prompt, [(turn1, tool), (turn2, [])], list(prompt_ids) + response) == "ok"
     # The loss mask marks exactly the model's tokens: both turns' text and their <|im_end|>.
     sampled = [t for t, m in zip(response, mask, strict=True) if m]
     assert sampled == turn1 + turn2
@@ -85,11 +85,20 @@ def test_template_check_counts_a_changed_token(smol):
     prompt = [{"role": "user", "content": "hi"}]
     prompt_ids = smol.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
     turn = [*_ids(smol, "hello"), im_end]
-    assert r.check(prompt, [(turn, [])], list(prompt_ids) + turn)
-    # A token the template would not produce (a re-tokenization drift) fails the check.
-    bad = [*_ids(smol, "hel"), *_ids(smol, "lo"), im_end]
-    assert bad != turn and smol.decode(bad) == smol.decode(turn)
-    assert not r.check(prompt, [(bad, [])], list(prompt_ids) + bad)
+    assert r.check(prompt, [(turn, [])], list(prompt_ids) + turn) == "ok"
+    # The model sampled a tokenization that re-encoding its text does not give: same text, other tokens.
+    drift = [*_ids(smol, "hel"), *_ids(smol, "lo"), im_end]
+    assert drift != turn and smol.decode(drift) == smol.decode(turn)
+    assert r.check(prompt, [(drift, [])], list(prompt_ids) + drift) == "retokenized"
+    # Glue the template would not write (a missing newline after <|im_end|>) is a real mismatch.
+    obs = [{"role": "user", "content": "again"}]
+    glue = r.observation_ids(turn, obs)
+    assert glue[0] == _ids(smol, "\n")[0]
+    second = [*_ids(smol, "ok"), im_end]
+    good = list(prompt_ids) + turn + glue + second
+    assert r.check(prompt, [(turn, obs), (second, [])], good) == "ok"
+    bad = list(prompt_ids) + turn + glue[1:] + second
+    assert r.check(prompt, [(turn, obs), (second, [])], bad) == "mismatch"
 
 
 def test_tiny_template_round_trip(tiny):
@@ -102,7 +111,7 @@ def test_tiny_template_round_trip(tiny):
     obs = r.observation_ids(turn1, obs_msgs)
     assert tiny.decode(obs) == "\nuser: higher<eos>\nassistant: "
     turn2 = [*_ids(tiny, "8"), eos]
-    assert r.check(prompt, [(turn1, obs_msgs), (turn2, [])], prompt_ids + turn1 + obs + turn2)
+    assert r.check(prompt, [(turn1, obs_msgs), (turn2, [])], prompt_ids + turn1 + obs + turn2) == "ok"
 
 
 def test_no_chat_template_names_the_key():

@@ -158,14 +158,14 @@ def test_problems_are_deterministic_disjoint_and_correct() -> None:
     assert train == make_calculator_problems(400, seed=3)
     assert train != make_calculator_problems(400, seed=4)
     held_out = make_calculator_problems(100, seed=3, split="eval")
-    questions = {r["prompt"][1]["content"] for r in train}
-    assert questions.isdisjoint(r["prompt"][1]["content"] for r in held_out)
+    questions = {r["prompt"][-1]["content"] for r in train}
+    assert questions.isdisjoint(r["prompt"][-1]["content"] for r in held_out)
     system = train[0]["prompt"][0]
     assert system["role"] == "system" and '"name": "calculator"' in system["content"]
     for record in train + held_out:
-        assert record["prompt"][0] == system and record["prompt"][1]["role"] == "user"
+        assert record["prompt"][0] == system and record["prompt"][-1]["role"] == "user"
         assert record["extra"] == {"data_source": "calculator_tool"}
-        question = record["prompt"][1]["content"]
+        question = record["prompt"][-1]["content"]
         numbers = [int(x) for x in re.findall(r"\d+", question)]
         if len(numbers) == 3:  # "a rows of b trees and then c more"
             expected = {numbers[0] * numbers[1] + numbers[2]}
@@ -177,14 +177,16 @@ def test_problems_are_deterministic_disjoint_and_correct() -> None:
             expected = {numbers[0] * numbers[1]}
         assert int(record["ground_truth"]) in expected, record
         assert max(numbers) >= 11  # no single-digit problems a model could do in its head
-    kinds = {tuple(r["prompt"][1]["content"].split()[:2]) for r in train}
+    kinds = {tuple(r["prompt"][-1]["content"].split()[:2]) for r in train}
     assert len(kinds) == 6  # every template appears
 
 
 def test_problem_maker_worked_example_and_bad_arguments() -> None:
     # seed 0's first draw, computed by hand: 876 + 530 = 1406.
     first = make_calculator_problems(1, seed=0)[0]
-    assert first["prompt"][1]["content"] == "Sam had 876 stamps and bought 530 more. How many stamps does Sam have now?"
+    assert (
+        first["prompt"][-1]["content"] == "Sam had 876 stamps and bought 530 more. How many stamps does Sam have now?"
+    )
     assert first["ground_truth"] == "1406"
     assert make_calculator_problems(0) == []
     with pytest.raises(ValueError, match="split"):

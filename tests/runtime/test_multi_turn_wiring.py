@@ -60,7 +60,7 @@ def test_builtin_multi_turn_tasks_load_and_keep_messages():
     assert len(records) == resources.ARITH_TRAIN_SIZE
     first = records[0].extras
     assert first["messages"][-1]["role"] == "user" and "higher or lower" in first["messages"][-1]["content"]
-    assert 1 <= int(first["ground_truth"]) <= 100 and first["extra"]["data_source"] == "guessing"
+    assert 1 <= int(first["ground_truth"]) <= 20 and first["extra"]["data_source"] == "guessing"
     calc = resources.load_raw_records("builtin:calculator-tool", "prompt", "eval", 0)
     assert len(calc) == resources.ARITH_EVAL_SIZE and calc[0]["extra"]["data_source"] == "calculator_tool"
     # A string prompt cannot be a multi-turn episode: its observations go through the chat template.

@@ -67,6 +67,12 @@ class ChatRenderer:
         """The content of a model turn: its text without special tokens (the closer it sampled)."""
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
+    def content_text(self, sampled: Sequence[int]) -> str:
+        """The exact text of a model turn as the template's assistant content: every token (special ones too, as
+        their text) except the closer tokens it ended with."""
+        end = len(sampled) - (len(self.closer_ids) - len(self.closer_rest(sampled)))
+        return str(self.tokenizer.decode(list(sampled[:end]), skip_special_tokens=False))
+
     # ------------------------------------------------------------------ the delta
     def closer_rest(self, sampled: Sequence[int]) -> list[int]:
         """What is left of the assistant closer after a turn that ended with ``sampled``: the closer minus its longest
@@ -108,7 +114,7 @@ class ChatRenderer:
         * ``"mismatch"``: other text: the template renders the conversation differently from turn by turn."""
         conversation = [dict(m) for m in prompt_messages]
         for sampled, observations in turns:
-            conversation.append({"role": "assistant", "content": self.decode(sampled)})
+            conversation.append({"role": "assistant", "content": self.content_text(sampled)})
             conversation.extend(dict(m) for m in observations)
         text = self.render(conversation, add_generation_prompt=False)
         expected = self.encode(text)

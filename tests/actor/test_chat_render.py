@@ -119,3 +119,13 @@ def test_no_chat_template_names_the_key():
 
     with pytest.raises(TemplateError, match="custom_chat_template"):
         ChatRenderer(build_char_tokenizer())
+
+
+def test_special_tokens_inside_a_turn_are_content_not_a_mismatch(tiny):
+    r = ChatRenderer(tiny)
+    eos, pad = tiny.eos_token_id, tiny.pad_token_id
+    prompt = [{"role": "user", "content": "guess"}]
+    prompt_ids = _ids(tiny, r.render(prompt, add_generation_prompt=True))
+    turn = [*_ids(tiny, "1"), pad, *_ids(tiny, "2"), eos]  # a sampled <pad> mid-turn (an untrained model does this)
+    assert r.content_text(turn) == "1<pad>2"
+    assert r.check(prompt, [(turn, [])], prompt_ids + turn) == "ok"

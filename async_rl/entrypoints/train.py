@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     if flags.dry_run:
         from async_rl.runtime.dry_run import dry_run_report
 
-        print(json.dumps(dry_run_report(cfg), indent=2))
+        try:
+            report = dry_run_report(cfg)
+        except ValueError as exc:
+            print(f"dry-run: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(report, indent=2))
         return 0
     if flags.print_config:
         return 0

@@ -93,6 +93,17 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     else:
         load_reward_fn(cfg.reward.function)
         reward = cfg.reward.function
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.enable:  # the environment scores episodes; check it imports and takes its arguments
+        from async_rl.envs.base import load_environment_class
+        from async_rl.runtime.actor_main import environment_kwargs
+
+        env_cls = load_environment_class(str(mt.environment))
+        try:
+            env_cls(**environment_kwargs(cfg))
+        except TypeError as exc:
+            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.environment_kwargs: {exc}") from None
+        reward = f"the environment {mt.environment} (multi-turn episodes)"
     ws = cfg.async_training.weight_sync
     # On a machine without CUDA an explicit nccl backend cannot be resolved; report what the GPU machine will use.
     backend = ws.backend if ws.backend != "auto" else resolve_backend("auto")

@@ -3,10 +3,11 @@
 ``plot_run`` draws one PNG: reward vs step and vs wall-clock time (mean plus any per-component reward keys),
 generation and learner throughput, staleness and effective sample size of the off-policy weights, weight-sync time,
 the rollout queue, idle fractions, response length, and validation reward (overall and per data source) vs step and
-vs wall-clock time. Validation rounds are records of their own (they carry ``val/version``, at the step of the version
-they evaluated); ``by_step`` leaves them out and ``validation_records`` returns them. Keys a run did not log are
-skipped; a panel with nothing to show says "no data". ``summarize_run`` gives the numbers the demo prints (first-10%
-vs last-10% mean reward, steps, wall time, mean throughput). Each curve reads one key of the metric catalog
+vs wall-clock time; for multi-turn runs also turns, tool calls, tool errors and the template check per step.
+Validation rounds are records of their own (they carry ``val/version``, at the step of the version they evaluated);
+``by_step`` leaves them out and ``validation_records`` returns them. Keys a run did not log are skipped; a panel with
+nothing to show says "no data". ``summarize_run`` gives the numbers the demo prints (first-10% vs last-10% mean
+reward, steps, wall time, mean throughput). Each curve reads one key of the metric catalog
 (runtime/metric_catalog.py), taken through ``metric_key`` so that a renamed key fails on import.
 
 Drawing uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot, so importing or calling this
@@ -46,6 +47,7 @@ STALENESS_MAX_KEY = metric_key("learner/staleness/max")
 ESS_KEY = metric_key("learner/offpolicy/ess")
 SYNC_KEY = metric_key("sync/seconds")
 VAL_REWARD_KEY = metric_key("val/reward_mean")
+TURNS_KEY = metric_key("rollout/num_turns_mean")
 MAX_COMPONENTS = 8
 
 Series = tuple[list[float], list[float]]
@@ -209,6 +211,29 @@ def _wall_scale(records: Sequence[dict[str, Any]]) -> tuple[float, str]:
     return 1.0, "seconds"
 
 
+def _episode_panels(axes: Any, records: Sequence[dict[str, Any]]) -> None:
+    """Multi-turn runs: turns and tool calls per episode; errors and template checks per step."""
+    _lines_panel(
+        axes[0],
+        "episodes: turns and tool calls",
+        "per episode",
+        [
+            ("model turns", _series(records, TURNS_KEY)),
+            ("tool calls", _series(records, metric_key("rollout/tool_calls_mean"))),
+        ],
+    )
+    _lines_panel(
+        axes[1],
+        "episodes: errors and template checks",
+        "episodes (tool calls) per step",
+        [
+            ("failed tool calls", _series(records, metric_key("rollout/tool_errors"))),
+            ("template mismatches", _series(records, metric_key("rollout/template_mismatches"))),
+            ("re-tokenization drift", _series(records, metric_key("rollout/retokenization_drift"))),
+        ],
+    )
+
+
 def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     """Draw the run's curves from ``metrics_jsonl`` into ``out_png`` (parents created) and return ``out_png``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -217,9 +242,10 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     raw = read_metrics(metrics_jsonl)
     records = by_step(raw)
     val = validation_records(raw)
-    fig = Figure(figsize=(14, 19), dpi=100)
+    episodes = any(TURNS_KEY in r for r in records)  # a multi-turn run: one more row
+    fig = Figure(figsize=(14, 23 if episodes else 19), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(5, 2)
+    axes = fig.subplots(6 if episodes else 5, 2)
 
     _reward_panel(axes[0][0], records, "step", "reward vs step", "step")
     scale, unit = _wall_scale(records)
@@ -256,13 +282,18 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         axes[3][1],
         "response length",
         "tokens",
-        [("mean response length", _series(records, metric_key("learner/batch/response_length_mean")))],
+        [
+            ("mean response length", _series(records, metric_key("learner/batch/response_length_mean"))),
+            ("of which sampled (trained)", _series(records, metric_key("learner/batch/sampled_length_mean"))),
+        ],
     )
     _validation_panel(axes[4][0], val, "step", "validation reward vs step (policy version)", "step")
     val_scale, val_unit = _wall_scale(val)
     _validation_panel(
         axes[4][1], val, WALL_KEY, "validation reward vs wall-clock time", f"wall-clock time ({val_unit})", val_scale
     )
+    if episodes:
+        _episode_panels(axes[5], records)
     last = records[-1]["step"] if records else 0
     fig.suptitle(f"{Path(metrics_jsonl).parent.name or 'run'}: {len(records)} steps logged (last step {last})")
     fig.tight_layout(rect=(0, 0, 1, 0.97))

@@ -179,3 +179,25 @@ def test_format_summary_shows_the_numbers() -> None:
     text = format_summary(summary)
     assert "0.7500 -> last 2 steps 9.7500 (delta +9.0000)" in text
     assert "learner 150.0 tok/s" in text and "generation n/a" in text
+
+
+def test_multi_turn_runs_get_the_episode_panels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    episode = {
+        "rollout/num_turns_mean": 2.5,
+        "rollout/tool_calls_mean": 1.2,
+        "rollout/tool_errors": 3.0,
+        "rollout/template_mismatches": 0.0,
+        "rollout/retokenization_drift": 2.0,
+        "learner/batch/sampled_length_mean": 4.0,
+    }
+    records = [{**_full_record(s), **episode} for s in range(1, 21)]
+    src = _write(tmp_path / "metrics.jsonl", records)
+    titles: list[str] = []
+    real_lines = plot_mod._lines_panel
+    monkeypatch.setattr(
+        plot_mod, "_lines_panel", lambda ax, title, *a: (titles.append(title), real_lines(ax, title, *a))
+    )
+    out = plot_run(src, tmp_path / "run.png")
+    assert _png_size(out) == (1400, 2300)  # one more row
+    assert "episodes: turns and tool calls" in titles and "episodes: errors and template checks" in titles
+    assert not unknown_keys(records[0], record_kind(records[0]))

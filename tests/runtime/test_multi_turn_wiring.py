@@ -80,7 +80,11 @@ def test_custom_chat_template_is_applied():
 def test_dry_run_builds_the_environment_and_names_a_bad_argument():
     from async_rl.runtime.dry_run import dry_run_report
 
-    on = [f"{MT}.enable=true", f"{MT}.environment=async_rl.envs.guessing:GuessingEnv"]
+    on = [
+        "data.train_files=builtin:guessing",
+        f"{MT}.enable=true",
+        f"{MT}.environment=async_rl.envs.guessing:GuessingEnv",
+    ]
     assert dry_run_report(_cfg(*on))["reward"].startswith("the environment async_rl.envs.guessing:GuessingEnv")
     with pytest.raises(ValueError, match=f"{MT}.environment_kwargs: .*bogus"):
         dry_run_report(_cfg(*on, f"{MT}.environment_kwargs={{bogus: 1}}"))

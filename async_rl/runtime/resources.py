@@ -103,6 +103,11 @@ def with_chat_template(cfg: Config, tokenizer: Any) -> Any:
 def tokenize_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     """A plain string is encoded as is; a chat message list goes through the tokenizer's chat template."""
     if isinstance(prompt, list):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "chat prompts need a chat template, and the tokenizer has none: "
+                "set actor_rollout_ref.model.custom_chat_template"
+            )
         # transformers 5 returns a BatchEncoding (a dict: list() of it gives its keys) unless asked for a plain list.
         ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
         if isinstance(ids, Mapping):

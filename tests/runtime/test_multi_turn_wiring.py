@@ -85,6 +85,9 @@ def test_dry_run_builds_the_environment_and_names_a_bad_argument():
         f"{MT}.enable=true",
         f"{MT}.environment=async_rl.envs.guessing:GuessingEnv",
     ]
+    with pytest.raises(ValueError, match="custom_chat_template"):  # the tiny model's tokenizer has no template
+        dry_run_report(_cfg(*on))
+    on.append("actor_rollout_ref.model.custom_chat_template={% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert dry_run_report(_cfg(*on))["reward"].startswith("the environment async_rl.envs.guessing:GuessingEnv")
     with pytest.raises(ValueError, match=f"{MT}.environment_kwargs: .*bogus"):
         dry_run_report(_cfg(*on, f"{MT}.environment_kwargs={{bogus: 1}}"))

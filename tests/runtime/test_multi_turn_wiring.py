@@ -82,6 +82,7 @@ def test_dry_run_builds_the_environment_and_names_a_bad_argument():
 
     on = [
         "data.train_files=builtin:guessing",
+        "data.max_prompt_length=256",
         f"{MT}.enable=true",
         f"{MT}.environment=async_rl.envs.guessing:GuessingEnv",
     ]

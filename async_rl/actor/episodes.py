@@ -163,6 +163,7 @@ class EpisodeRunner:
             logprobs.extend(float(x) for x in out.logprobs)
             turns.append(_Turn(out.token_ids, []))
             step = await self._call(self.envs.step, episode_id, out.text)
+            spans[-1].reward = float(step.reward)  # the wire's per-turn reward (the learner trains on the final one)
             tool_calls += int(step.info.get("tool_calls", 0))
             tool_errors += int(step.info.get("tool_errors", 0))
             if step.done:

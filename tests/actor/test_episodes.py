@@ -117,6 +117,7 @@ def test_two_turn_episode_layout(tok):
         (len(turn1) + len(obs), len(turn2), "stop"),
     ]
     assert (c.reward, c.finish_reason, c.version_min, c.version_max) == (1.0, "stop", 3, 3)
+    assert [t.reward for t in c.turns] == [0.0, 1.0]
     assert c.episode.tool_calls == 2 and not c.episode.template_mismatch and not c.episode.retokenization_drift
     # The second turn was generated from the prompt plus everything so far (the prefix cache's input).
     assert engine.prompts[1] == prompt_ids + turn1 + obs

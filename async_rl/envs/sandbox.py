@@ -3,7 +3,7 @@
 Why a process: environment code (user tools, a code runner) can hang, crash the interpreter or print; none of that may
 take the actor down. :class:`EnvWorker` starts one child (``python -m async_rl.envs.sandbox``) holding a dict
 ``episode_id -> env instance`` and speaks to it over its stdin and a private copy of its stdout with length-prefixed
-msgpack frames (:mod:`async_rl.envs.frames`, never pickle). The child points ``sys.stdout`` and fd 1 at stderr and
+msgpack frames (:mod:`async_rl.frames`, never pickle). The child points ``sys.stdout`` and fd 1 at stderr and
 fd 0 at ``/dev/null``, so prints and ``input()`` in env code cannot touch the frames.
 
 Order of one call: parent writes ``{"id", "op", "episode", ...}`` -> child runs the env method under
@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from async_rl.envs.base import Message, StepResult, check_step_result, load_environment_class
-from async_rl.envs.frames import ENCODE_ERRORS, encode_frame, read_frame, write_frame
+from async_rl.frames import ENCODE_ERRORS, encode_frame, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 

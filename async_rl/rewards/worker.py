@@ -14,51 +14,17 @@ from __future__ import annotations
 
 import logging
 import os
-import select
-import struct
 import subprocess
 import sys
 import time
-from typing import IO, Any
+from typing import Any
 
 import msgspec
 
+from async_rl.frames import read_frame, write_frame
 from async_rl.rewards.base import RewardResult, load_reward_fn, normalize_reward
 
 logger = logging.getLogger(__name__)
-
-_HEADER = struct.Struct("<I")
-_MAX_FRAME = 64 * 1024 * 1024
-
-
-def _write_frame(stream: IO[bytes], payload: dict[str, Any]) -> None:
-    body = msgspec.msgpack.encode(payload)
-    stream.write(_HEADER.pack(len(body)) + body)
-    stream.flush()
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < n:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                raise TimeoutError
-        chunk = os.read(fd, n - len(chunks))
-        if not chunk:
-            raise EOFError("reward worker closed its pipe")
-        chunks += chunk
-    return bytes(chunks)
-
-
-def _read_frame(fd: int, deadline: float | None) -> Any:
-    (length,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-    if length > _MAX_FRAME:
-        raise ValueError(f"reward frame of {length} bytes exceeds {_MAX_FRAME}")
-    return msgspec.msgpack.decode(_read_exact(fd, length, deadline))
 
 
 class RewardWorker:
@@ -119,8 +85,8 @@ class RewardWorker:
             "extra": extra or {},
         }
         try:
-            _write_frame(proc.stdin, request)
-            reply = _read_frame(proc.stdout.fileno(), time.monotonic() + self.timeout_s)
+            write_frame(proc.stdin, request)
+            reply = read_frame(proc.stdout.fileno(), time.monotonic() + self.timeout_s)
         except TimeoutError:
             self.timeouts += 1
             self.restarts += 1
@@ -176,7 +142,7 @@ def _child_main(spec: str, verl_style: bool) -> None:
     fn = load_reward_fn(spec, verl_style=verl_style)
     while True:
         try:
-            request = _read_frame(0, None)
+            request = read_frame(0, None)
         except EOFError:
             return
         reply: dict[str, Any] = {"id": request.get("id")}
@@ -187,7 +153,7 @@ def _child_main(spec: str, verl_style: bool) -> None:
             reply.update(score=result.score, components=result.components, error=None)
         except Exception as exc:  # a user function may raise anything; it is scored 0 and counted by the parent
             reply.update(score=0.0, components={}, error=f"{type(exc).__name__}: {exc}")
-        _write_frame(replies, reply)
+        write_frame(replies, reply)
 
 
 if __name__ == "__main__":

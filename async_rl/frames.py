@@ -2,8 +2,8 @@
 
 A frame is a 4-byte little-endian length followed by that many bytes of msgpack. The reader takes a raw file
 descriptor and an optional absolute ``time.monotonic()`` deadline, so the parent can bound how long it waits for a
-child that hangs. This is the framing of :mod:`async_rl.rewards.worker`, with errors that do not name the reward
-worker (its helpers are private to that module).
+child that hangs. The reward worker (:mod:`async_rl.rewards.worker`) and the environment worker
+(:mod:`async_rl.envs.sandbox`) both speak it.
 """
 
 from __future__ import annotations

@@ -13,11 +13,7 @@ process.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
-import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +28,7 @@ from async_rl.envs.tool_format import (
     render_tool_response,
     truncate_text,
 )
+from async_rl.imports import import_attr
 
 Message = dict[str, str]
 """One chat message: ``{"role": ..., "content": ...}``."""
@@ -96,36 +93,12 @@ class Environment(Protocol):
         ...
 
 
-def _import_attr(spec: str) -> Any:
-    """Import ``module:attr`` where module is a dotted module name or a path to a ``.py`` file."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"environment must be given as 'module:Class', got {spec!r}")
-    if module_name.endswith(".py") or os.sep in module_name:
-        if not os.path.isfile(module_name):
-            raise ValueError(f"environment file not found: {module_name!r} (from {spec!r})")
-        name = f"_async_rl_env_{zlib.crc32(os.path.abspath(module_name).encode()):08x}"
-        mod_spec = importlib.util.spec_from_file_location(name, module_name)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ValueError(f"cannot import environment file {module_name!r} (from {spec!r})")
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"cannot import environment module {module_name!r} (from {spec!r}): {exc}") from exc
-    if not hasattr(module, attr):
-        raise ValueError(f"environment module {module_name!r} has no attribute {attr!r} (from {spec!r})")
-    return getattr(module, attr)
-
-
 def load_environment_class(spec: str) -> type[Environment]:
     """The environment class named by ``spec`` (``"module:Class"`` or ``"file.py:Class"``).
 
     Raises ``ValueError`` naming ``spec`` when it cannot be imported, is not a class, or lacks ``reset``/``step``.
     """
-    target = _import_attr(spec)
+    target = import_attr(spec, what="environment", form="module:Class")
     if not isinstance(target, type):
         raise ValueError(f"environment {spec!r} is not a class (got {type(target).__name__})")
     missing = [m for m in ("reset", "step") if not callable(getattr(target, m, None))]

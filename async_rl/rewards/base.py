@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from async_rl.imports import import_attr
 
 RewardFn = Callable[..., Any]
 
@@ -50,28 +49,7 @@ def normalize_reward(value: Any) -> RewardResult:
 
 
 def _import_target(spec: str) -> Any:
-    """Import ``module:attr`` where module is a dotted module name or a path to a ``.py`` file."""
-    if ":" not in spec:
-        raise ValueError(f"reward function must be given as 'module:function', got {spec!r}")
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ValueError(f"reward function must be given as 'module:function', got {spec!r}")
-    if module_name.endswith(".py") or os.sep in module_name:
-        if not os.path.isfile(module_name):
-            raise ValueError(f"reward function file not found: {module_name!r}")
-        mod_spec = importlib.util.spec_from_file_location(f"_async_rl_reward_{abs(hash(module_name))}", module_name)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ValueError(f"cannot import reward file {module_name!r}")
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"cannot import reward module {module_name!r}: {exc}") from exc
-    if not hasattr(module, attr):
-        raise ValueError(f"reward module {module_name!r} has no attribute {attr!r}")
-    target = getattr(module, attr)
+    target = import_attr(spec, what="reward function", form="module:function")
     if not callable(target):
         raise ValueError(f"reward target {spec!r} is not callable")
     return target

@@ -43,15 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     known, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     cfg, flags = parse_cli(rest)
     if flags.dry_run:
-        from async_rl.runtime.dry_run import dry_run_report
+        from async_rl.runtime.dry_run import print_dry_run
 
-        try:
-            report = dry_run_report(cfg)
-        except ValueError as exc:
-            print(f"dry-run: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps(report, indent=2))
-        return 0
+        return print_dry_run(cfg)
     if flags.print_config:
         return 0
     t = cfg.async_training.transport

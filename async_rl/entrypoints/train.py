@@ -30,15 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, flags = parse_cli(argv)
     if flags.dry_run:
-        from async_rl.runtime.dry_run import dry_run_report
+        from async_rl.runtime.dry_run import print_dry_run
 
-        try:
-            report = dry_run_report(cfg)
-        except ValueError as exc:
-            print(f"dry-run: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps(report, indent=2))
-        return 0
+        return print_dry_run(cfg)
     if flags.print_config:
         return 0
     from async_rl.runtime.parent_watch import watch_parent

@@ -138,3 +138,17 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},
         "reward": reward,
     }
+
+
+def print_dry_run(cfg: Config) -> int:
+    """The entry points' ``--dry-run``: print the report as JSON (exit code 0), or what is wrong (exit code 2)."""
+    import json
+    import sys
+
+    try:
+        report = dry_run_report(cfg)
+    except ValueError as exc:
+        print(f"dry-run: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2))
+    return 0

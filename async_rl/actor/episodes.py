@@ -14,7 +14,7 @@ One episode, in order::
 The episode's response (everything after the prompt) is at most ``sampling.max_tokens`` tokens (the configured
 response length): each turn generates at most what is left, and observations that leave no room for a model turn
 end the episode as truncated (finish reason ``length``). It always ends on a token the model sampled, where the
-learner puts the reward: the environment's final reward when it said done, else 0.
+learner puts the reward: the environment's reward when it said done, else its ``final_reward`` of the last turn.
 
 Finish reasons: ``stop`` (the environment ended it), ``length`` (out of room), ``turn_limit`` (``max_assistant_turns``
 or ``max_user_turns``). A failed environment (error, timeout, crash) is an observation or a done from the environment
@@ -60,6 +60,8 @@ class EnvClient(Protocol):
     def reset(self, episode_id: str, prompt: Any, ground_truth: str, extra: dict[str, Any]) -> None: ...
 
     def step(self, episode_id: str, assistant_text: str) -> StepLike: ...
+
+    def final_reward(self, episode_id: str, assistant_text: str) -> float: ...
 
     def close(self, episode_id: str) -> None: ...
 
@@ -151,7 +153,7 @@ class EpisodeRunner:
         spans: list[TurnSpan] = []
         turns: list[_Turn] = []
         tool_calls = tool_errors = 0
-        reward, finish = 0.0, "length"
+        reward, finish, last_text = 0.0, "length", ""
         for turn in itertools.count():
             sampling = self._turn_sampling(grant.sampling, index, turn, budget - len(tokens))
             out = (await self.engine.generate(prompt_ids + tokens, sampling))[0]
@@ -162,6 +164,7 @@ class EpisodeRunner:
             mask.extend([1] * len(out.token_ids))
             logprobs.extend(float(x) for x in out.logprobs)
             turns.append(_Turn(out.token_ids, []))
+            last_text = out.text
             step = await self._call(self.envs.step, episode_id, out.text)
             spans[-1].reward = float(step.reward)  # the wire's per-turn reward (the learner trains on the final one)
             tool_calls += int(step.info.get("tool_calls", 0))
@@ -186,6 +189,8 @@ class EpisodeRunner:
             tokens.extend(obs)
             mask.extend([0] * len(obs))
             logprobs.extend([0.0] * len(obs))
+        if finish != "stop":  # ended by a limit, not by the environment: its final_reward scores the last turn
+            reward = float(await self._call(self.envs.final_reward, episode_id, last_text))
         self.episodes += 1
         verdict = self._check(messages, turns, prompt_ids + tokens)
         self.template_mismatches += verdict == "mismatch"

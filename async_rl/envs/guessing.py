@@ -7,7 +7,8 @@ Its texts use only lowercase letters, digits and basic punctuation, so the tiny 
 Reward: a correct guess on turn ``t`` (1-based, counting every assistant turn, invalid ones included) ends the
 episode with ``max(min_reward, 1.0 - decay * (t - 1))``, by default ``1.0, 0.9, ..., 0.1, 0.1, ...``, so fewer turns
 (binary search takes at most 7 for hi=100) earn more. An episode the driver ends at its turn limit gets
-:meth:`GuessingEnv.final_reward`, 0.
+:meth:`GuessingEnv.final_reward`, 0. ``format_reward`` (default 0) adds ``format_reward * (turns that were just a
+number) / turns`` to either: a dense signal for a small model that answers with sentences.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from async_rl.envs.base import Message, StepResult
 
 _INTEGER = re.compile(r"-?\d+")
+_BARE_NUMBER = re.compile(r"\s*-?\d+\s*\.?\s*")
 
 
 def last_integer(text: str) -> int | None:
@@ -48,7 +50,10 @@ class GuessingEnv:
         hi: int = 100,
         decay: float = 0.1,
         min_reward: float = 0.1,
+        format_reward: float = 0.0,
     ) -> None:
+        if format_reward < 0.0:
+            raise ValueError(f"format_reward must be >= 0, got {format_reward}")
         if hi < 1:
             raise ValueError(f"hi must be >= 1, got {hi}")
         if not 0.0 <= min_reward <= 1.0 or decay < 0.0:
@@ -56,34 +61,41 @@ class GuessingEnv:
         self.hi = hi
         self.decay = decay
         self.min_reward = min_reward
+        self.format_reward = format_reward
         self.secret = 0
         self.turns = 0
+        self.bare = 0  # turns that were just a number, as asked
 
     def reset(self, prompt: list[Message] | str, ground_truth: str, extra: dict[str, Any]) -> None:
         hi = int(extra.get("hi", self.hi))
         secret = int(ground_truth)
         if not 1 <= secret <= hi:
             raise ValueError(f"secret {secret} is outside [1, {hi}]")
-        self.hi, self.secret, self.turns = hi, secret, 0
+        self.hi, self.secret, self.turns, self.bare = hi, secret, 0, 0
 
     def reward_for_turn(self, turn: int) -> float:
         """The reward of a correct guess on (1-based) ``turn``."""
         return max(self.min_reward, 1.0 - self.decay * (turn - 1))
 
+    def _format_part(self) -> float:
+        return self.format_reward * self.bare / max(self.turns, 1)
+
     def step(self, assistant_text: str) -> StepResult:
         self.turns += 1
+        self.bare += _BARE_NUMBER.fullmatch(assistant_text) is not None
         guess = last_integer(assistant_text)
         if guess is None:
             reply = f"no number found. reply with one number from 1 to {self.hi}."
             return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False, info={"tool_errors": 1.0})
         if guess == self.secret:
-            return StepResult([], reward=self.reward_for_turn(self.turns), done=True)
+            return StepResult([], reward=self.reward_for_turn(self.turns) + self._format_part(), done=True)
         reply = "higher" if guess < self.secret else "lower"
         return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False)
 
     def final_reward(self, assistant_text: str) -> float:
-        """0: the driver ended the episode before a correct guess (a correct guess ends it in :meth:`step`)."""
-        return 0.0
+        """The driver ended the episode before a correct guess (a correct guess ends it in :meth:`step`): only the
+        format part, 0 unless ``format_reward``."""
+        return self._format_part()
 
 
 SYSTEM = "you are playing a number guessing game."

@@ -66,6 +66,7 @@ class GuessEnv:
     def __init__(self):
         self.steps: dict[str, int] = {}
         self.closed: list[str] = []
+        self.finals: list[str] = []
 
     def reset(self, episode_id, prompt, ground_truth, extra):
         self.steps[episode_id] = 0
@@ -75,6 +76,10 @@ class GuessEnv:
         if text.strip() == "8":
             return Step([], 1.0, True, {"tool_calls": 1})
         return Step([{"role": "user", "content": "higher"}], 0.0, False, {"tool_calls": 1, "tool_errors": 0})
+
+    def final_reward(self, episode_id, text):
+        self.finals.append(text)
+        return 0.25
 
     def close(self, episode_id):
         self.closed.append(episode_id)
@@ -137,7 +142,8 @@ def test_turn_limit_and_length(tok):
     )
     grant, prompt_ids = _grant(tok)
     (c,) = _run(runner, grant, prompt_ids)
-    assert (len(c.turns), c.finish_reason, c.reward) == (2, "turn_limit", 0.0)
+    # Ended by the driver: the environment's final_reward scores the last turn.
+    assert (len(c.turns), c.finish_reason, c.reward, env.finals) == (2, "turn_limit", 0.25, ["2"])
     assert unpack_array(c.loss_mask)[-1] == 1  # ends on a sampled token
     # Observations that leave no room for another model token end the episode, on the last sampled token.
     runner = EpisodeRunner(

@@ -74,3 +74,16 @@ def test_problems_are_deterministic_disjoint_and_in_the_small_alphabet() -> None
     assert all(set(m["content"]) <= ALPHABET for obs in replies for m in obs)
     with pytest.raises(ValueError, match="split"):
         make_guessing_problems(1, split="test")
+
+
+def test_format_reward_is_the_share_of_bare_number_turns() -> None:
+    env = GuessingEnv(hi=20, format_reward=0.2)
+    env.reset("p", "7", {})
+    assert env.step("i guess 10").observations == [{"role": "user", "content": "lower"}]
+    assert env.step(" 5.").observations == [{"role": "user", "content": "higher"}]
+    # solved on turn 3, two of three turns just a number: 0.8 + 0.2 * 2/3
+    assert env.step("7").reward == pytest.approx(0.8 + 0.2 * 2 / 3)
+    env.reset("p", "7", {})
+    env.step("3")
+    assert env.final_reward("3") == pytest.approx(0.2)  # ended by the driver: only the format part
+    assert GuessingEnv(hi=20).final_reward("3") == 0.0

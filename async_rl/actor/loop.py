@@ -121,6 +121,7 @@ class ActorLoopStats:
     eval_groups_sent: int = 0
     eval_grants_dropped: int = 0  # eval grants pinned to a version older than the engine's (never started)
     grants_received: int = 0
+    groups_started: int = 0
     update_failures: int = 0
     joins_left_out: int = 0  # invited to a weight-sync epoch but not in its roster (too late, or the join failed)
     idle_seconds: float = 0.0
@@ -318,6 +319,9 @@ class ActorLoop:
         await self._finished.put(group)
 
     def _launch(self, grant: PromptGrant) -> None:
+        if self.stats.groups_started == 0:
+            logger.info("actor %s started its first group (prompt %d)", self.actor_id, grant.prompt_id)
+        self.stats.groups_started += 1
         task = asyncio.ensure_future(self._run_group(grant))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from _e2e_helpers import ROOT, launcher_command, read_jsonl
 
-STEPS = 8
+MAX_STEPS = 60  # an upper bound: the test stops the run
 KILL_AT_STEP = 2
 TINY_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<eos>' + '\n' }}{% endfor %}"
@@ -61,11 +61,13 @@ def test_guessing_game_trains_masked_episodes_and_survives_an_actor_killed_mid_e
         # holds some when it is killed
         "async_training.actor.max_concurrent_groups=2",
     ]
-    cmd = launcher_command("smoke_grpo.yaml", run_dir, steps=STEPS, actors=2, overrides=overrides)
+    cmd = launcher_command("smoke_grpo.yaml", run_dir, steps=MAX_STEPS, actors=2, overrides=overrides)
     log = tmp_path / "launcher.log"
     with log.open("wb") as out:
         job = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    killed_at = None
+    # actor-1's vLLM may come up many steps after actor-0's (a loaded machine): the test, not a step count, ends the
+    # run, with SIGTERM (a graceful stop at a step boundary) once the kill has been noticed and handled.
+    killed_at = stop_after = None
     try:
         deadline = time.monotonic() + 900
         while job.poll() is None:
@@ -79,17 +81,23 @@ def test_guessing_game_trains_masked_episodes_and_survives_an_actor_killed_mid_e
                 assert pid, log.read_text()[-3000:]
                 os.killpg(int(pid.group(1)), signal.SIGKILL)  # vLLM, the env worker and all: mid-episode
                 killed_at = len(steps)
+            handled = steps and steps[-1]["transport/lease_expiries"] >= 1
+            if killed_at is not None and handled and stop_after is None:
+                stop_after = len(steps) + 2  # a few steps trained on the re-granted prompts
+            if stop_after is not None and len(steps) >= stop_after:
+                os.killpg(job.pid, signal.SIGTERM)
+                job.wait(timeout=120)
             time.sleep(0.5)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=60)
     text = log.read_text()
-    assert job.returncode == 0, text[-4000:]
-    assert killed_at is not None and killed_at < STEPS, "actor-1 was not killed while the run went on"
+    assert job.returncode in (0, 128 + signal.SIGTERM), text[-4000:]
+    assert killed_at is not None and stop_after is not None, "actor-1 was not killed, or its leases never expired"
 
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "val/version" not in m]
-    assert [m["step"] for m in steps] == list(range(1, STEPS + 1))
+    assert [m["step"] for m in steps] == list(range(1, len(steps) + 1)) and len(steps) >= stop_after
     # Episodes: several turns, and the learner trains exactly the sampled tokens of them.
     assert max(m["rollout/num_turns_max"] for m in steps) >= 2
     for m in steps:
@@ -107,5 +115,5 @@ def test_guessing_game_trains_masked_episodes_and_survives_an_actor_killed_mid_e
     assert last["transport/duplicates"] == 0
     audit = read_jsonl(run_dir / "trained_groups.jsonl")
     ids = [i for rec in audit for i in rec["prompt_ids"]]
-    assert len(ids) == len(set(ids)) == STEPS * 4
+    assert len(ids) == len(set(ids)) and len(ids) in (len(steps) * 4, (len(steps) + 1) * 4)  # + a step cut by the stop
     assert_nothing_lost(steps)

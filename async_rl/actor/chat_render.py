@@ -63,10 +63,6 @@ class ChatRenderer:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return [int(t) for t in ids]
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """The content of a model turn: its text without special tokens (the closer it sampled)."""
-        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
-
     def content_text(self, sampled: Sequence[int]) -> str:
         """The exact text of a model turn as the template's assistant content: every token (special ones too, as
         their text) except the closer tokens it ended with."""

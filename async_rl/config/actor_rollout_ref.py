@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import msgspec
 
 from async_rl.config.common import ActorFsdpConfig, FsdpConfig, OptimConfig
-from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, UnitInterval, doc, noop
+from async_rl.config.fields import NonNegFloat, NonNegInt, PosFloat, PosInt, UnitInterval, doc, noop
 from async_rl.config.names import (
     KLKind,
     LossAggMode,
@@ -42,9 +42,21 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     override_config: Annotated[dict[str, Any], noop("HF config overrides.")] = msgspec.field(default_factory=dict)
     enable_activation_offload: Annotated[bool, noop("Activation offload.")] = False
     use_shm: Annotated[bool, noop("Copy the model to shared memory first.")] = False
-    lora_rank: Annotated[int, noop("LoRA rank (0 = full fine-tuning; LoRA is not supported).")] = 0
-    lora_alpha: Annotated[int, noop("LoRA alpha.")] = 16
-    target_modules: Annotated[str | list[str], noop("LoRA target modules.")] = "all-linear"
+    lora_rank: Annotated[
+        NonNegInt,
+        doc(
+            "LoRA rank: > 0 trains low-rank adapters on the frozen model and syncs only them, as versioned vLLM"
+            " adapters; 0 = full fine-tuning."
+        ),
+    ] = 0
+    lora_alpha: Annotated[PosFloat, doc("LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank.")] = 16
+    target_modules: Annotated[
+        str | list[str],
+        doc("Linear layers that get adapters: 'all-linear' (every one but the output layer) or module names."),
+    ] = "all-linear"
+    exclude_modules: Annotated[
+        list[str] | None, doc("Module names left without adapters (matched like target_modules); null = none.")
+    ] = None
     use_liger: Annotated[bool, noop("Liger kernels.")] = False
     use_fused_kernels: Annotated[bool, noop("verl fused kernels.")] = False
     custom_chat_template: Annotated[

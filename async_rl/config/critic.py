@@ -45,7 +45,7 @@ class CriticModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     external_lib: Annotated[str | None, noop("Custom model module.")] = None
     enable_activation_offload: Annotated[bool, noop("Activation offload.")] = False
     use_shm: Annotated[bool, noop("Shared-memory model copy.")] = False
-    lora_rank: Annotated[int, noop("LoRA rank (not supported).")] = 0
+    lora_rank: Annotated[int, noop("LoRA for the critic is not supported: the critic trains all its weights.")] = 0
     lora_alpha: Annotated[int, noop("LoRA alpha.")] = 16
     target_modules: Annotated[str | list[str], noop("LoRA targets.")] = "all-linear"
 

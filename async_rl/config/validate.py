@@ -233,6 +233,24 @@ def _check_actor(cfg: Config, errors: list[str]) -> None:
             errors.append(f"{prefix}.betas must each be in [0, 1), got {list(optim.betas)}")
 
 
+VLLM_MAX_LORA_RANK = 512  # vLLM 0.32's largest max_lora_rank
+
+
+def _check_lora(cfg: Config, errors: list[str]) -> None:
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank == 0:
+        return
+    if model.lora_rank > VLLM_MAX_LORA_RANK:
+        errors.append(
+            f"{ARR}.model.lora_rank ({model.lora_rank}) must be <= {VLLM_MAX_LORA_RANK} (vLLM's largest rank)"
+        )
+    targets = model.target_modules
+    if isinstance(targets, str) and targets != "all-linear":
+        errors.append(f"{ARR}.model.target_modules must be 'all-linear' or a list of module names, got {targets!r}")
+    if isinstance(targets, list) and not targets:
+        errors.append(f"{ARR}.model.target_modules must not be empty when lora_rank > 0")
+
+
 def _check_algorithm(cfg: Config, errors: list[str]) -> None:
     alg, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     est = alg.adv_estimator
@@ -496,6 +514,7 @@ def validate_config(cfg: Config) -> list[str]:
     _check_sampling(cfg, errors)
     _check_validation(cfg, errors)
     _check_actor(cfg, errors)
+    _check_lora(cfg, errors)
     _check_algorithm(cfg, errors)
     _check_filter_groups(cfg, errors)
     _check_model_paths(cfg, errors)

@@ -18,8 +18,9 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -27,9 +28,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from async_rl.learner.dist import DistContext
+from async_rl.learner.lora import is_adapter_name, lora_modules, peft_name, save_adapter
 from async_rl.weight_sync.protocol import TensorSpec, dtype_name
 
-__all__ = ["clean_name", "export_hf", "full_state_manifest", "iter_full_state"]
+__all__ = ["clean_name", "export_adapter", "export_hf", "full_state_manifest", "iter_full_state"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +45,22 @@ def clean_name(name: str) -> str:
     return name
 
 
-def _unique_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """State-dict entries in order, each underlying tensor once (tied weights keep their first name)."""
+Rename = Callable[[str], str | None]
+"""Maps a clean state-dict name to the name to yield, or to None to leave the tensor out."""
+
+
+def _unique_entries(model: nn.Module, rename: Rename | None = None) -> list[tuple[str, torch.Tensor]]:
+    """State-dict entries in order, each underlying tensor once (tied weights keep their first name); ``rename``
+    selects and renames them."""
     seen: set[int] = set()
     entries: list[tuple[str, torch.Tensor]] = []
     for name, value in model.state_dict(keep_vars=True).items():
         if id(value) in seen:
             continue
         seen.add(id(value))
-        entries.append((clean_name(name), value))
+        out = clean_name(name) if rename is None else rename(clean_name(name))
+        if out is not None:
+            entries.append((out, value))
     return entries
 
 
@@ -67,13 +76,15 @@ def iter_full_state(
     dtype: torch.dtype | None = None,
     to_cpu: bool = False,
     all_ranks: bool = False,
+    rename: Rename | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, full tensor)`` for every parameter/buffer, gathering one at a time (see module docstring).
 
     ``dtype`` casts floating tensors (e.g. ``torch.bfloat16`` for a bf16 vLLM); ``to_cpu`` moves them to host
-    memory; ``all_ranks`` yields on every rank instead of rank 0 only. All ranks must exhaust the iterator.
+    memory; ``all_ranks`` yields on every rank instead of rank 0 only; ``rename`` selects and renames the tensors
+    (LoRA: the adapter only, under PEFT's names). All ranks must exhaust the iterator.
     """
-    for name, value in _unique_entries(model):
+    for name, value in _unique_entries(model, rename):
         full = _full(value)
         if not (all_ranks or ctx.is_rank0):
             del full
@@ -85,12 +96,14 @@ def iter_full_state(
         yield name, full
 
 
-def full_state_manifest(model: nn.Module, *, dtype: torch.dtype | None = None) -> list[TensorSpec]:
+def full_state_manifest(
+    model: nn.Module, *, dtype: torch.dtype | None = None, rename: Rename | None = None
+) -> list[TensorSpec]:
     """What :func:`iter_full_state` will yield (name, dtype, global shape, in order), from metadata alone: no gather.
 
     The weight sync plans its buckets from it before the first tensor is gathered."""
     specs = []
-    for name, value in _unique_entries(model):
+    for name, value in _unique_entries(model, rename):
         out = dtype if dtype is not None and value.is_floating_point() else value.dtype
         specs.append(TensorSpec(name, dtype_name(out), tuple(value.shape)))
     return specs
@@ -130,7 +143,10 @@ def export_hf(
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
-    entries = _unique_entries(model)
+    # LoRA: each adapted weight is written merged (W + scaling * B @ A) and the adapter tensors are left out, so the
+    # directory is the plain base architecture
+    merges = {f"{clean_name(name)}.weight": module for name, module in lora_modules(model)}
+    entries = _unique_entries(model, lambda n: None if is_adapter_name(n) else n)
     shards = _plan_shards(entries, dtype, max_shard_bytes)
     if ctx.is_rank0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -144,6 +160,10 @@ def export_hf(
         for i in shard:
             name, value = entries[i]
             full = _full(value)
+            lora = merges.get(name)
+            if lora is not None:  # every rank gathers the adapter (collectives), rank 0 merges
+                a, b = _full(lora.lora_A), _full(lora.lora_B)
+                full = (full.float() + lora.scaling * (b.float() @ a.float())).to(full.dtype)
             if ctx.is_rank0:
                 if dtype is not None and full.is_floating_point():
                     full = full.to(dtype)
@@ -170,5 +190,19 @@ def export_hf(
             shutil.rmtree(out)
         os.replace(tmp, out)
         logger.info("exported %d tensors (%.1f MB, %d shard(s)) to %s", len(weight_map), total / 1e6, n, out)
+    ctx.barrier()
+    return out
+
+
+def export_adapter(model: nn.Module, ctx: DistContext, out_dir: str | Path, config: dict[str, Any]) -> Path:
+    """Write the LoRA adapter of ``model`` as a PEFT directory (``adapter_config.json`` = ``config``, safetensors
+    under PEFT's names), loadable by ``peft.PeftModel.from_pretrained`` and by vLLM. Call on every rank."""
+    tensors = dict(iter_full_state(model, ctx, to_cpu=True, rename=peft_name))
+    out = Path(out_dir)
+    if ctx.is_rank0:
+        if not tensors:
+            raise ValueError("export_adapter: the model has no LoRA adapter")
+        save_adapter(out, tensors, config)
+        logger.info("exported the LoRA adapter (%d tensors) to %s", len(tensors), out)
     ctx.barrier()
     return out

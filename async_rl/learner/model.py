@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from async_rl.learner.dist import DistContext, log_rank0
+from async_rl.learner.lora import LoRASpec, apply_lora
 
 __all__ = ["COMPUTE_DTYPES", "ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
 
@@ -98,12 +99,16 @@ def build_model(
     compute_dtype: torch.dtype = torch.float32,
     gradient_checkpointing: bool = False,
     value_head: bool = False,
+    lora: LoRASpec | None = None,
+    seed: int = 0,
 ) -> nn.Module:
     """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).
 
     ``role`` is only used in log lines. ``trainable=False`` freezes the parameters (reference model).
     ``compute_dtype`` (fp32 or bf16) is the forward/backward dtype, see the module docstring.
     ``value_head`` loads a directory as a critic (``load_value_model``); a factory is called as is.
+    ``lora`` adds trainable adapters and freezes the rest (:func:`~async_rl.learner.lora.apply_lora`, initialised
+    from ``seed``, the same on every rank) before sharding.
     """
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{role}: compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype}")
@@ -118,6 +123,9 @@ def build_model(
         raise ValueError(f"model source for {role!r} did not produce an nn.Module (got {type(model).__name__})")
     model = model.float()
     disable_dropout(model)
+    if lora is not None and trainable:
+        adapted = apply_lora(model, lora, seed=seed)
+        log_rank0(ctx, logger, "%s: LoRA rank %d on %d linear layers", role, lora.rank, len(adapted))
     enable_ckpt = getattr(model, "gradient_checkpointing_enable", None)
     if gradient_checkpointing and trainable:
         if enable_ckpt is None:
@@ -144,13 +152,14 @@ def build_model(
         if bf16:  # frozen models too: the reference then computes exactly as the actor did at its weights
             _autocast_forward(model, ctx.device.type, torch.bfloat16)
     n_params = sum(p.numel() for p in model.parameters())
+    n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log_rank0(
         ctx,
         logger,
-        "%s: %.3fM parameters (trainable=%s, compute %s)",
+        "%s: %.3fM parameters, %.3fM trained (compute %s)",
         role,
         n_params / 1e6,
-        trainable,
+        n_trained / 1e6,
         str(compute_dtype).removeprefix("torch."),
     )
     return model

@@ -27,6 +27,7 @@ from async_rl.config.common import OptimConfig
 from async_rl.config.correction import parse_is_threshold, parse_rs_spec
 from async_rl.config.critic import CriticConfig
 from async_rl.config.names import LOSS_AGG_MODES, BypassLossType, ISLevel, LRSchedule, ParamDtype, needs_critic
+from async_rl.learner.lora import LoRASpec
 
 __all__ = [
     "ADAMW_EPS",
@@ -34,6 +35,7 @@ __all__ = [
     "LearnerSettings",
     "OptimSettings",
     "cpu_native_bf16",
+    "lora_spec",
     "resolve_compute_dtype",
 ]
 
@@ -257,6 +259,7 @@ class LearnerSettings:
     param_dtype: str  # actor.fsdp_config.mixed_precision.param_dtype: 'auto' | 'bf16' | 'fp32', see compute_dtype
     seed: int  # trainer.seed
     critic: CriticSettings | None  # None unless the estimator needs a critic
+    lora: LoRASpec | None  # actor_rollout_ref.model.lora_*: adapters on the frozen policy; None = full fine-tuning
 
     def __post_init__(self) -> None:
         for name in (
@@ -394,7 +397,22 @@ class LearnerSettings:
             param_dtype=actor.fsdp_config.mixed_precision.param_dtype,
             seed=cfg.trainer.seed,
             critic=critic,
+            lora=lora_spec(cfg),
         )
+
+
+def lora_spec(cfg: Config) -> LoRASpec | None:
+    """The policy's LoRA adapter from ``actor_rollout_ref.model``; None when ``lora_rank`` is 0."""
+    model = cfg.actor_rollout_ref.model
+    if model.lora_rank == 0:
+        return None
+    targets = model.target_modules
+    return LoRASpec(
+        rank=model.lora_rank,
+        alpha=float(model.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else tuple(targets),
+        exclude_modules=tuple(model.exclude_modules or ()),
+    )
 
 
 @functools.cache

@@ -60,7 +60,8 @@ from async_rl.learner.batching import (
 from async_rl.learner.checkpoint import load_learner, save_learner
 from async_rl.learner.critic import Critic
 from async_rl.learner.dist import DistContext, log_rank0
-from async_rl.learner.export import full_state_manifest, iter_full_state
+from async_rl.learner.export import clean_name, full_state_manifest, iter_full_state
+from async_rl.learner.lora import adapter_config, adapters_disabled, lora_modules, peft_name
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
@@ -115,6 +116,8 @@ class Learner:
             role="actor",
             compute_dtype=self.compute_dtype,
             gradient_checkpointing=s.enable_gradient_checkpointing,
+            lora=s.lora,
+            seed=s.seed,
         )
         optimizer, scheduler = build_optimizer(actor, s.optim)
         self.actor = TrainedModel(
@@ -122,7 +125,8 @@ class Learner:
         )
         self.vocab_size = embedding_rows(actor)
         self.ref = None
-        if s.needs_ref:
+        # with LoRA the reference policy is the actor's frozen base (adapters off): no second copy of the model
+        if s.needs_ref and s.lora is None:
             self.ref = build_model(
                 ref if ref is not None else policy, ctx, role="ref", trainable=False, compute_dtype=self.compute_dtype
             )
@@ -157,12 +161,24 @@ class Learner:
         return self.actor.model
 
     def iter_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full actor weights one tensor at a time, on rank 0 (every rank must exhaust it): weight-sync input."""
-        return iter_full_state(self.model, self.ctx, dtype=dtype)
+        """Full actor weights one tensor at a time, on rank 0 (every rank must exhaust it): weight-sync input.
+        With LoRA only the adapter, under PEFT's names (what vLLM loads as an adapter)."""
+        return iter_full_state(self.model, self.ctx, dtype=dtype, rename=self._sync_name)
 
     def weight_manifest(self, *, dtype: torch.dtype | None = None) -> list[TensorSpec]:
         """What :meth:`iter_weights` yields, from metadata alone (the weight sync plans its buckets from it)."""
-        return full_state_manifest(self.model, dtype=dtype)
+        return full_state_manifest(self.model, dtype=dtype, rename=self._sync_name)
+
+    @property
+    def _sync_name(self) -> Callable[[str], str | None] | None:
+        return peft_name if self.settings.lora is not None else None
+
+    def adapter_config(self, base_model: str = "") -> dict[str, Any] | None:
+        """The PEFT ``adapter_config.json`` of the trained adapter; None without LoRA."""
+        spec = self.settings.lora
+        if spec is None:
+            return None
+        return adapter_config(spec, [clean_name(n) for n, _ in lora_modules(self.model)], base_model=base_model)
 
     def save_checkpoint(
         self, root: str | Path, *, extra: bytes | dict[str, Any] | None = None, keep_last: int = 3
@@ -417,6 +433,9 @@ class Learner:
             self._rollout_correction(batch, out)
         if self.ref is not None:
             batch["ref_log_probs"] = self._log_probs(self.ref, batch)
+        elif s.needs_ref:
+            with adapters_disabled(self.model):
+                batch["ref_log_probs"] = self._log_probs(self.model, batch)
         if self.critic is not None:
             batch["values"] = self.critic.values(batch)
         self.model.train()

@@ -236,7 +236,7 @@ class Trainer:
 
     def _finish(self, summary: dict[str, float]) -> dict[str, Any]:
         """The final validation round (its version published first if sync skipped it), close, export the model."""
-        from async_rl.learner.export import export_hf
+        from async_rl.learner.export import export_adapter, export_hf
 
         version = self.learner.version
         if self.validator.schedule.at_end() and self.validator.last_version != version:
@@ -246,11 +246,18 @@ class Trainer:
         self.validator.wait()
         self._close()
         final_dir = self.out_dir / "final_hf"
-        export_hf(self.learner.model, self.ctx, final_dir)  # collective; rank 0 writes
+        export_hf(self.learner.model, self.ctx, final_dir)  # collective; rank 0 writes (LoRA: merged)
+        adapter = self.learner.adapter_config(self.cfg.actor_rollout_ref.model.path)
+        adapter_dir = self.out_dir / "final_adapter"
+        if adapter is not None:
+            export_adapter(self.learner.model, self.ctx, adapter_dir, adapter)
         if self.ctx.rank != 0:
             return {}
         self.tokenizer.save_pretrained(final_dir)
-        return {"steps": version, "last": summary, "run_dir": str(self.out_dir), "final_model": str(final_dir)}
+        result = {"steps": version, "last": summary, "run_dir": str(self.out_dir), "final_model": str(final_dir)}
+        if adapter is not None:
+            result["final_adapter"] = str(adapter_dir)
+        return result
 
     def _close(self) -> None:
         """The run is over (finished or stopped): tell the actors to shut down, close the weight sync and the sinks."""

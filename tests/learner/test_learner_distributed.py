@@ -123,3 +123,15 @@ def test_gpu_mixed_precision_training(tmp_path: Path) -> None:
     res = run_worker("gpu", tmp_path, nproc=min(2, torch.cuda.device_count()))
     assert (res["device"], res["backend"]) == ("cuda", "nccl")
     assert res["finite"] and res["master_fp32"] and res["export_bf16"]
+
+
+def test_lora_under_fsdp2_matches_one_process_keeps_the_base_and_resumes(tmp_path: Path) -> None:
+    res = run_worker("lora", tmp_path)
+    # only the adapter has gradients, and they equal one process's (2 steps, KL loss against the adapter-off base)
+    assert len(res["grad_names"]) == 28 and all(n.endswith(("lora_A", "lora_B")) for n in res["grad_names"])
+    assert res["grad_max_diff"] < 1e-6 and res["grad_scale"] > 1e-4
+    for rank in (0, 1):
+        assert res[f"base_identical_rank{rank}"] is True
+        assert res[f"adapter_vs_local_rank{rank}"] < 1e-5
+        assert res[f"resumed_digest_equal_rank{rank}"] is True
+        assert res[f"resumed_step_equal_rank{rank}"] is True

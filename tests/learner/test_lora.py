@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import peft
 import pytest
 import torch
 from _learner_testlib import VOCAB, scripted_groups, settings, tiny_policy
@@ -19,8 +20,6 @@ from async_rl.learner.lora import (
     merge_adapters,
     peft_name,
 )
-
-peft = pytest.importorskip("peft")
 
 SPEC = LoRASpec(rank=4, alpha=8.0, target_modules="all-linear")
 IDS = torch.randint(1, VOCAB, (3, 11), generator=torch.Generator().manual_seed(7))

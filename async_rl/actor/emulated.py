@@ -135,6 +135,8 @@ class EmulatedEngine:
         self.version = version
         self.stats = EngineStats()
         self.dead = False  # the emulated engine never dies on its own (tests' subclasses may set it)
+        self.lora = False  # full weights only
+        self.halted = False  # a failed update left it paused (until one succeeds)
         # One future per running group, resolved by one timer at its finish time (re-armed when a pause moves it):
         # a timer per group costs far less CPU than a polling or wait_for loop per group.
         self._waiters: dict[int, asyncio.Future[bool]] = {}  # ticket -> future(aborted?)
@@ -228,10 +230,15 @@ class EmulatedEngine:
             await load()
         except BaseException:
             self._pause(abort=True)
+            self.halted = True
             raise
+        self.halted = False
         self.version = new_version
         self._resume()
         self.stats.updates += 1
+
+    def adapter_dir(self, version: int) -> str:
+        raise RuntimeError("the emulated engine serves no LoRA adapters")
 
     def _pause(self, *, abort: bool) -> None:
         """Stop the server; ``abort`` also ends every running group (finish reason ``abort``)."""
@@ -305,6 +312,10 @@ class ReceiveOnlyWeightSync:
         self.updates += 1
         self.last_report = report.as_dict()
         return self.last_report
+
+    async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
+        """A LoRA update is received and verified the same way (and discarded)."""
+        return await self.update(version)
 
     def close(self) -> None:
         if self.group is not None:

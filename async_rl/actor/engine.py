@@ -12,6 +12,11 @@ Why a wrapper: the rest of the actor needs four things vLLM does not track for i
 3. No reuse of prefix-cache entries computed under old weights: each request carries ``cache_salt = "v<version>"``, so
    blocks cached under another version never match.
 4. Weight updates without restarting the engine, in two modes (see :meth:`GenerationEngine.update_weights`).
+5. LoRA runs (``lora_rank`` > 0): each policy version is its own vLLM adapter ``v<version>`` (id version + 1), written
+   by the weight-sync worker to a directory of this engine's and added with ``add_lora``. A request runs under the
+   adapter current when it was submitted, start to end (its version span is that one version), so an update needs no
+   pause; an adapter is removed once it is not current and no running request uses it. Before the first update the
+   base model serves (a fresh adapter is the base model exactly).
 
 The engine runs inside the actor's asyncio loop; all methods are coroutines except the constructor.
 """
@@ -19,8 +24,11 @@ The engine runs inside the actor's asyncio loop; all methods are coroutines exce
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -79,6 +87,8 @@ class EngineSettings:
     max_num_batched_tokens: int | None  # None: vLLM's own default
     logprobs_mode: LogprobsMode
     seed: int
+    lora_rank: int  # actor_rollout_ref.model.lora_rank; 0 = full weights, no LoRA in vLLM
+    max_loras: int  # adapters vLLM keeps at once in a LoRA run: async_training.max_staleness + 2
     # vLLM engine arguments that install the weight-sync worker extension (see async_rl.weight_sync.vllm_engine_kwargs)
     extra_engine_kwargs: dict[str, Any]
 
@@ -101,6 +111,8 @@ class EngineSettings:
             max_num_batched_tokens=r.max_num_batched_tokens,
             logprobs_mode=cfg.async_training.actor.logprobs_mode,
             seed=cfg.trainer.seed,
+            lora_rank=cfg.actor_rollout_ref.model.lora_rank,
+            max_loras=cfg.async_training.max_staleness + 2,
             extra_engine_kwargs=extra_engine_kwargs,
         )
 
@@ -125,6 +137,26 @@ class GenerationEngine:
         self._inflight = 0
         self._next_request = 0
         self._halted = False  # a failed update aborted everything and left generation paused
+        self._adapter: Any = None  # LoRA: the current version's LoRARequest (None: the base model)
+        self._adapters: dict[int, Any] = {}  # LoRA: version -> LoRARequest of every adapter vLLM holds
+        self._adapter_users: dict[int, int] = {}  # LoRA: version -> running requests under it
+        self._adapter_root: Path | None = None
+
+    @property
+    def lora(self) -> bool:
+        """Whether versions are served as LoRA adapters (``lora_rank`` > 0)."""
+        return self.settings.lora_rank > 0
+
+    @property
+    def halted(self) -> bool:
+        """True after a failed full-weight update until one succeeds: generation is paused, the weights unusable."""
+        return self._halted
+
+    def adapter_dir(self, version: int) -> str:
+        """LoRA: the directory the adapter of ``version`` is written to (by the weight-sync worker)."""
+        if self._adapter_root is None:
+            raise RuntimeError("adapter_dir: this engine serves no LoRA adapters (lora_rank is 0) or was not started")
+        return str(self._adapter_root / f"v{version}")
 
     async def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -145,8 +177,12 @@ class GenerationEngine:
             enable_prefix_caching=s.enable_prefix_caching,
             logprobs_mode="processed_logprobs" if s.logprobs_mode == "processed" else "raw_logprobs",
             seed=s.seed,
+            **lora_engine_kwargs(s.lora_rank, s.max_loras),
             **s.extra_engine_kwargs,
         )
+        if s.lora_rank:
+            shm = Path("/dev/shm")
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="async_rl_lora_", dir=shm if shm.is_dir() else None))
         self._engine = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._engine.tokenizer if hasattr(self._engine, "tokenizer") else None
         logger.info("vLLM engine up: %s (tp=%d)", s.model_path, s.tensor_parallel_size)
@@ -192,6 +228,9 @@ class GenerationEngine:
         self._next_request += 1
         request_id = f"g{self._next_request}-v{self.version}"
         start_version = self.version
+        adapter = self._adapter  # LoRA: the request runs under this adapter from start to end
+        if adapter is not None:
+            self._adapter_users[start_version] = self._adapter_users.get(start_version, 0) + 1
         finished_at: dict[int, int] = {}
         # Streamed as deltas (no quadratic re-copying of long outputs); a delta may carry only some completions.
         tokens: dict[int, list[int]] = {i: [] for i in range(sampling.n)}
@@ -201,13 +240,20 @@ class GenerationEngine:
         self._inflight += 1
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids), cache_salt=f"v{start_version}")
-            async for output in engine.generate(prompt, self._vllm_sampling(sampling), request_id=request_id):
+            stream = engine.generate(prompt, self._vllm_sampling(sampling), request_id=request_id, lora_request=adapter)
+            async for output in stream:
+                served = getattr(output, "lora_request", None)
+                if _adapter_name(served) != _adapter_name(adapter):
+                    raise RuntimeError(
+                        f"vLLM served request {request_id} with adapter {_adapter_name(served)}, submitted under "
+                        f"{_adapter_name(adapter)}"
+                    )
                 for comp in output.outputs:
                     tokens[comp.index].extend(comp.token_ids)
                     logprobs[comp.index].extend(_sampled_logprobs(comp.token_ids, comp.logprobs))
                     texts[comp.index].append(comp.text)
                     if comp.finish_reason is not None and comp.index not in finished_at:
-                        finished_at[comp.index] = self.version
+                        finished_at[comp.index] = start_version if self.lora else self.version
                         reasons[comp.index] = str(comp.finish_reason)
         except Exception as exc:
             if self.dead:
@@ -215,6 +261,10 @@ class GenerationEngine:
             raise
         finally:
             self._inflight -= 1
+            if adapter is not None:
+                self._adapter_users[start_version] -= 1
+        if adapter is not None:
+            await self._prune_adapters()
         if sorted(reasons) != list(range(sampling.n)):
             raise RuntimeError(
                 f"vLLM finished completions {sorted(reasons)} of request {request_id}, expected n={sampling.n}"
@@ -256,6 +306,9 @@ class GenerationEngine:
             raise ValueError(f"update mode must be 'inflight' or 'drain', got {mode!r}")
         if new_version < self.version:
             raise ValueError(f"new_version {new_version} is older than the loaded version {self.version}")
+        if self.lora:
+            await self._update_adapter(new_version, load)
+            return
         engine = self.vllm
         drain = mode == "drain" and not self._halted  # halted: everything was aborted, nothing is left to drain
         await engine.pause_generation(mode="wait" if drain else "keep", clear_cache=False)
@@ -273,10 +326,65 @@ class GenerationEngine:
         await engine.resume_generation()
         self.stats.updates += 1
 
+    async def _update_adapter(self, new_version: int, load: Callable[[], Awaitable[None]]) -> None:
+        """LoRA: ``load()`` writes the adapter of ``new_version`` to :meth:`adapter_dir`; add it to vLLM and make it
+        current. Nothing pauses: running requests keep their adapters. If ``load`` or the add fails, the current
+        adapter stays (it is intact) and the error propagates."""
+        from vllm.lora.request import LoRARequest
+
+        await load()
+        request = LoRARequest(
+            lora_name=f"v{new_version}", lora_int_id=new_version + 1, lora_path=self.adapter_dir(new_version)
+        )
+        if not await self.vllm.add_lora(request):
+            raise RuntimeError(f"vLLM did not add the adapter of version {new_version}")
+        self._adapters[new_version] = request
+        self._adapter = request
+        self.version = new_version
+        self.stats.updates += 1
+        await self._prune_adapters()
+
+    async def _prune_adapters(self) -> None:
+        """Remove every adapter that is not current and that no running request uses (its directory too)."""
+        for version in [v for v in self._adapters if v != self.version and not self._adapter_users.get(v)]:
+            request = self._adapters.pop(version)
+            self._adapter_users.pop(version, None)
+            try:
+                await self.vllm.remove_lora(request.lora_int_id)
+            except Exception as exc:  # noqa: BLE001 - vLLM evicts on its own when full; the directory still goes
+                logger.warning("removing adapter %s from vLLM failed: %r", request.lora_name, exc)
+            shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    @property
+    def adapters_loaded(self) -> list[int]:
+        """LoRA: the versions whose adapters vLLM holds now, oldest first."""
+        return sorted(self._adapters)
+
     async def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
+            self._adapter_root = None
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed max_lora_rank values
+
+
+def lora_engine_kwargs(lora_rank: int, max_loras: int) -> dict[str, Any]:
+    """vLLM engine arguments of a LoRA run: adapters up to ``lora_rank`` (vLLM's next allowed max rank), ``max_loras``
+    of them in one batch and in its CPU cache. Empty when ``lora_rank`` is 0."""
+    if lora_rank <= 0:
+        return {}
+    fits = [r for r in VLLM_LORA_RANKS if r >= lora_rank]
+    if not fits:
+        raise ValueError(f"lora_rank {lora_rank} exceeds vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": max_loras, "max_cpu_loras": max_loras}
+
+
+def _adapter_name(request: Any) -> str:
+    return "none (the base model)" if request is None else repr(request.lora_name)
 
 
 def has_cuda() -> bool:

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateMode
 from async_rl.actor.episodes import EpisodeRunner
+from async_rl.learner.lora import LoRASpec, adapter_config
 from async_rl.rewards import OverlongShaping, RewardResult
 from async_rl.transport.protocol import (
     Completion,
@@ -88,6 +89,18 @@ class Engine(Protocol):
     stats: EngineStats
 
     @property
+    def lora(self) -> bool:
+        """Whether versions are served as LoRA adapters (each update writes one to :meth:`adapter_dir`)."""
+        ...
+
+    @property
+    def halted(self) -> bool:
+        """True after a failed update left generation paused and the weights unusable (until one succeeds)."""
+        ...
+
+    def adapter_dir(self, version: int) -> str: ...
+
+    @property
     def dead(self) -> bool:
         """True once the engine can never generate again (vLLM's engine core died)."""
         ...
@@ -108,6 +121,10 @@ class WeightSync(Protocol):
     async def join(self, info: JoinInfo) -> None: ...
 
     async def update(self, version: int) -> dict[str, Any]: ...  # receive and load (the engine pauses around it)
+
+    async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
+        """LoRA: receive the adapter of ``version`` and write it to ``adapter_dir`` (the engine adds it)."""
+        ...
 
 
 class ActorFailed(RuntimeError):
@@ -198,9 +215,24 @@ class ActorLoop:
                 return
             self._epoch = plan.epoch
         version = plan.version
+        adapter = plan.adapter
+        if (adapter is not None) != self.engine.lora:
+            self._fatal = ActorFailed(
+                f"actor {self.actor_id}: the learner sends {'LoRA adapters' if adapter else 'full weights'} but this"
+                f" actor's engine {'serves adapters' if self.engine.lora else 'has no LoRA'}: both must run with the"
+                " same actor_rollout_ref.model.lora_rank"
+            )
+            return
 
         async def load() -> None:
-            await sync.update(version)
+            if adapter is None:
+                await sync.update(version)
+                return
+            config = adapter_config(
+                LoRASpec(rank=adapter.rank, alpha=adapter.alpha, target_modules=adapter.target_modules),
+                adapter.target_modules,
+            )
+            await sync.update_adapter(version, self.engine.adapter_dir(version), config)
 
         try:
             async with self._keepalive():
@@ -216,7 +248,9 @@ class ActorLoop:
             self.stats.update_failures += 1
             self._epoch = None
             self._failed_epoch = plan.epoch
-            self._weights_valid = False  # the engine aborted its requests and stays paused until an update succeeds
+            # full weights: the engine aborted its requests and stays paused until an update succeeds; a failed LoRA
+            # update leaves the current adapter serving
+            self._weights_valid = not self.engine.halted
             logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
 
     @contextlib.asynccontextmanager

@@ -70,6 +70,7 @@ from async_rl.learner.policy import build_micro_inputs, forward_full_batch, resp
 from async_rl.learner.settings import LearnerSettings
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
+from async_rl.transport.protocol import AdapterPlan
 from async_rl.weight_sync.protocol import TensorSpec
 
 __all__ = ["Learner", "share_batch"]
@@ -172,6 +173,15 @@ class Learner:
     @property
     def _sync_name(self) -> Callable[[str], str | None] | None:
         return peft_name if self.settings.lora is not None else None
+
+    def adapter_plan(self) -> AdapterPlan | None:
+        """What a weight update carries in a LoRA run (None: the full weights), for the weight-sync plan."""
+        config = self.adapter_config()
+        if config is None:
+            return None
+        return AdapterPlan(
+            rank=int(config["r"]), alpha=float(config["lora_alpha"]), target_modules=tuple(config["target_modules"])
+        )
 
     def adapter_config(self, base_model: str = "") -> dict[str, Any] | None:
         """The PEFT ``adapter_config.json`` of the trained adapter; None without LoRA."""

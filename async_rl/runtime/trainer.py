@@ -80,7 +80,7 @@ class Trainer:
         self.learner = Learner(self._settings(policy_path), ctx, policy_path)
         self.coordinator = self._coordinator(records) if records is not None else None
         ws = cfg.async_training.weight_sync
-        self.publisher = WeightPublisher.from_config(ws, ctx, self.coordinator)
+        self.publisher = WeightPublisher.from_config(ws, ctx, self.coordinator, adapter=self.learner.adapter_plan())
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.start_step = maybe_resume(cfg, self.learner, self.coordinator, self.ckpt_dir)
         self.saved_step = self.start_step  # the newest step a checkpoint holds (or the run started from)

@@ -188,13 +188,24 @@ class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     episode: EpisodeStats | None = None  # multi-turn only
 
 
+class AdapterPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
+    """A LoRA run's adapter, as the learner built it: each version's update carries only its tensors (under PEFT's
+    names), and an actor loads each version into vLLM as its own adapter ``v<version>``."""
+
+    rank: Annotated[int, msgspec.Meta(ge=1, le=512)]
+    alpha: PositiveFloat
+    target_modules: Annotated[
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], ...], msgspec.Meta(min_length=1)
+    ]
+
+
 class WeightSyncPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
     """The learner's weight-sync plan for one version: where rank 0's TCPStore is, and who is invited to the epoch.
 
-    Every field is required: the publisher fills each one from its settings, and nothing downstream applies a
-    default. An actor not in ``candidates`` announces itself at ``host:port`` (``weight_sync.membership``); one in
-    ``candidates`` joins epoch ``epoch`` and receives ``version``. Before the first epoch the plan has ``version`` and
-    ``epoch`` -1 and no candidates: it only tells actors where to announce themselves.
+    Every field but ``adapter`` is required: the publisher fills each one from its settings, and nothing downstream
+    applies a default. An actor not in ``candidates`` announces itself at ``host:port`` (``weight_sync.membership``);
+    one in ``candidates`` joins epoch ``epoch`` and receives ``version``. Before the first epoch the plan has
+    ``version`` and ``epoch`` -1 and no candidates: it only tells actors where to announce themselves.
     """
 
     host: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -205,6 +216,7 @@ class WeightSyncPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     version: Annotated[int, msgspec.Meta(ge=-1)]  # the policy version this plan announces; -1: none yet
     epoch: Annotated[int, msgspec.Meta(ge=-1)]  # the group's epoch (a new one each time membership changes)
     candidates: tuple[ActorId, ...]  # the actors invited to ``epoch``
+    adapter: AdapterPlan | None = None  # LoRA: what each update carries; None: the full weights
 
 
 class Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, kw_only=True, gc=False):

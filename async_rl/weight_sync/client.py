@@ -47,11 +47,28 @@ def init_info(info: JoinInfo) -> dict[str, Any]:
     return msgspec.to_builtins(info)
 
 
-def update_info(version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
-    """The ``update_info`` payload of ``update_weights``."""
+def update_info(
+    version: int,
+    *,
+    verify_load: bool = True,
+    require_complete: bool = True,
+    adapter_dir: str = "",
+    adapter_config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``update_info`` payload of ``update_weights``; a LoRA update names the directory its adapter is written
+    to and the adapter's ``adapter_config.json``."""
     if version < -1:
         raise ValueError(f"version must be >= 0 (or -1 for any), got {version}")
-    return {"version": int(version), "verify_load": bool(verify_load), "require_complete": bool(require_complete)}
+    if bool(adapter_dir) != (adapter_config is not None):
+        raise ValueError("a LoRA update needs both adapter_dir and adapter_config")
+    payload: dict[str, Any] = {
+        "version": int(version),
+        "verify_load": bool(verify_load),
+        "require_complete": bool(require_complete),
+    }
+    if adapter_dir:
+        payload.update(adapter_dir=str(adapter_dir), adapter_config=adapter_config)
+    return payload
 
 
 def _structured_error(state: dict[str, Any], fallback: BaseException) -> WeightSyncError:
@@ -122,11 +139,26 @@ class AsyncEngineWeightSync:
         """Tell learner rank 0 that this actor can receive weights (a store write, off the event loop)."""
         await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
 
-    async def update(self, version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
-        """Receive, load and verify one complete update (generation must be paused by the caller)."""
+    async def update(
+        self,
+        version: int,
+        *,
+        verify_load: bool = True,
+        require_complete: bool = True,
+        adapter_dir: str = "",
+        adapter_config: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Receive, load and verify one complete update (generation must be paused by the caller); a LoRA update
+        (``adapter_dir``) is only written there, for the engine to add, and needs no pause."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        payload = update_info(version, verify_load=verify_load, require_complete=require_complete)
+        payload = update_info(
+            version,
+            verify_load=verify_load,
+            require_complete=require_complete,
+            adapter_dir=adapter_dir,
+            adapter_config=adapter_config,
+        )
         try:
             await self.engine.start_weight_update()
             await self.engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
@@ -136,6 +168,11 @@ class AsyncEngineWeightSync:
         report = (await self.state())["last_report"]
         assert report is not None, "a successful update always leaves a report"
         return report
+
+    async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
+        """LoRA: receive the adapter of ``version`` (digest-checked) and write it to ``adapter_dir`` as a PEFT
+        adapter; the caller adds it to vLLM. No pause is needed: the served weights are not touched."""
+        return await self.update(version, adapter_dir=adapter_dir, adapter_config=adapter_config)
 
     async def state(self) -> dict[str, Any]:
         return (await self.engine.collective_rpc("weight_sync_state"))[0]

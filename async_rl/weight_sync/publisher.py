@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from async_rl.transport.protocol import WeightSyncPlan, checked
+from async_rl.transport.protocol import AdapterPlan, WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
 from async_rl.weight_sync.protocol import TensorSpec
@@ -81,7 +81,9 @@ class WeightPublisher:
         bucket_size_mb: float,
         timeout_s: float,
         join_timeout_s: float,
+        adapter: AdapterPlan | None = None,
     ) -> None:
+        """``adapter``: a LoRA run's adapter (each update then carries only its tensors); None: full weights."""
         if ctx.rank == 0 and coordinator is None:
             raise ValueError("learner rank 0 needs the coordinator to announce weight updates")
         self.ctx = ctx
@@ -91,6 +93,7 @@ class WeightPublisher:
         self.bucket_size_mb = bucket_size_mb
         self.timeout_s = timeout_s
         self.join_timeout_s = join_timeout_s
+        self.adapter = adapter
         self.store = create_store(host, port, is_master=True, timeout_s=timeout_s) if ctx.rank == 0 else None
         self.port = int(self.store.port) if self.store is not None else 0
         self.epoch = -1
@@ -106,7 +109,9 @@ class WeightPublisher:
             self.coordinator.set_policy_version(self.coordinator.policy_version, weight_sync=plan)
 
     @classmethod
-    def from_config(cls, ws: WeightSyncConfig, ctx: _Ctx, coordinator: _Coordinator | None) -> WeightPublisher:
+    def from_config(
+        cls, ws: WeightSyncConfig, ctx: _Ctx, coordinator: _Coordinator | None, *, adapter: AdapterPlan | None = None
+    ) -> WeightPublisher:
         """From the ``async_training.weight_sync`` section: rank 0's store at ``master_addr:master_port`` (port 0:
         a free one), ``backend`` ("auto": nccl on CUDA, else gloo), ``bucket_size_mb``, ``timeout_s`` and
         ``join_timeout_s``."""
@@ -119,6 +124,7 @@ class WeightPublisher:
             bucket_size_mb=ws.bucket_size_mb,
             timeout_s=ws.timeout_s,
             join_timeout_s=ws.join_timeout_s,
+            adapter=adapter,
         )
 
     def _plan(self, *, version: int, candidates: list[str]) -> WeightSyncPlan:
@@ -132,6 +138,7 @@ class WeightPublisher:
             version=version,
             epoch=self.epoch,
             candidates=tuple(candidates),
+            adapter=self.adapter,
         )
         return checked(plan)
 

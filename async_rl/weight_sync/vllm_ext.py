@@ -87,6 +87,10 @@ class BroadcastUpdateInfo(WeightTransferUpdateInfo):
     version: int = -1
     verify_load: bool = True
     require_complete: bool = True
+    # LoRA: the update is an adapter; it is written to this directory as a PEFT adapter (with this
+    # adapter_config.json), for the actor to load with vLLM's add_lora. The base weights are not touched.
+    adapter_dir: str = ""
+    adapter_config: dict[str, Any] | None = None
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
@@ -152,6 +156,9 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
     def receive_weights(self, update_info: BroadcastUpdateInfo) -> None:
         """Receive, load, finalise and verify one complete update (see the module docstring for why all here)."""
         group = self._require_group()
+        if update_info.adapter_dir:
+            self._receive_adapter(group, update_info)
+            return
         verifier = self._verifier if update_info.verify_load else None
         self.weights_valid = False
         self.last_error = None
@@ -198,6 +205,40 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             "verified_bitwise": checked.bitwise if checked else 0,
             "verified_probe": checked.probed if checked else 0,
             "unverified": list(checked.unverified) if checked else [],
+        }
+
+    def _receive_adapter(self, group: WeightSyncGroup, update_info: BroadcastUpdateInfo) -> None:
+        """A LoRA update: receive the adapter's tensors (digest-checked like any update) and write them as a PEFT
+        adapter directory. The served model is untouched, so a failure leaves the weights valid."""
+        from async_rl.learner.lora import save_adapter
+
+        if update_info.adapter_config is None:
+            raise WeightSyncError("a LoRA update needs its adapter_config")
+        self.last_error = None
+        t0 = time.perf_counter()
+        try:
+            if self._pool is None or self._pool.device != group.device:
+                self._pool = BufferPool(group.device)
+            receiver = WeightReceiver(group, pool=self._pool)
+            expect = update_info.version if update_info.version >= 0 else None
+            tensors: dict[str, torch.Tensor] = {}
+            for batch in receiver.batches(expect_version=expect):
+                for name, tensor in batch:
+                    tensors[name] = tensor.detach().to("cpu", copy=True)  # the pool's buffers are reused
+            assert receiver.report is not None
+            save_adapter(update_info.adapter_dir, tensors, update_info.adapter_config)
+        except BaseException as exc:
+            self.last_error = _error_record(exc)
+            logger.error("adapter update failed: %s", exc)
+            raise
+        self.updates += 1
+        self.last_report = {
+            **receiver.report.as_dict(),
+            "total_seconds": time.perf_counter() - t0,
+            "adapter_dir": update_info.adapter_dir,
+            "verified_bitwise": 0,
+            "verified_probe": 0,
+            "unverified": [],
         }
 
     def _load(self, stream: Iterator[list[tuple[str, torch.Tensor]]], verifier: LoadVerifier | None) -> None:

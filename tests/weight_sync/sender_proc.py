@@ -4,7 +4,8 @@ Run as a script: it hosts the TCPStore on a free port, prints ``PORT <n>`` on st
 rank 0 and performs one update in the requested mode, then prints ``REPORT <json>`` (or ``ERROR <text>``). Imported as
 a module (by file path), it provides :func:`perturbed_weights`, so the test can rebuild exactly the weights sent.
 
-Modes: ``good`` sends every tensor; ``corrupt_digest`` sends every tensor but digests different bytes for one;
+Modes: ``lora`` sends a LoRA adapter of rank ``--lora-rank`` (:func:`lora_model` builds it) under PEFT's names;
+``good`` sends every tensor; ``corrupt_digest`` sends every tensor but digests different bytes for one;
 ``skip`` leaves one tensor out of the update; ``hang`` joins the group and sends nothing for ``--hang-s`` seconds, then
 (with ``--then-good``) rejoins under epoch + 1 and sends a good update.
 """
@@ -28,6 +29,29 @@ def perturbed_weights(model_dir: str, seed: int, scale: float) -> dict[str, torc
     return {name: state[name] + torch.randn(state[name].shape, generator=gen) * scale for name in sorted(state)}
 
 
+def lora_model(model_dir: str, seed: int, rank: int) -> torch.nn.Module:
+    """The checkpoint with an all-linear LoRA adapter (alpha = 2 x rank) whose A and B are drawn from ``seed``."""
+    from transformers import AutoModelForCausalLM
+
+    from async_rl.learner.lora import LoRASpec, apply_lora, lora_modules
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    apply_lora(model, LoRASpec(rank=rank, alpha=2.0 * rank, target_modules="all-linear"), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, module in lora_modules(model):
+            module.lora_B.copy_(torch.randn(module.lora_B.shape, generator=gen) * 0.05)
+    return model.eval()
+
+
+def lora_weights(model_dir: str, seed: int, rank: int) -> dict[str, torch.Tensor]:
+    """What mode ``lora`` sends: the adapter of :func:`lora_model` under PEFT's names."""
+    from async_rl.learner.lora import peft_name
+
+    state = lora_model(model_dir, seed, rank).state_dict()
+    return {str(peft_name(k)): v for k, v in state.items() if peft_name(k) is not None}
+
+
 def main() -> None:
     from async_rl.weight_sync.digest import ByteDigest
     from async_rl.weight_sync.group import create_store, open_group
@@ -36,7 +60,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
-    parser.add_argument("--mode", choices=["good", "corrupt_digest", "skip", "hang"], required=True)
+    parser.add_argument("--mode", choices=["good", "corrupt_digest", "skip", "hang", "lora"], required=True)
     parser.add_argument("--target", default="model.layers.1.self_attn.k_proj.weight")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scale", type=float, default=0.05)
@@ -47,9 +71,13 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=0.25)
     parser.add_argument("--hang-s", type=float, default=30.0)
     parser.add_argument("--then-good", action="store_true")
+    parser.add_argument("--lora-rank", type=int, default=8)
     args = parser.parse_args()
 
-    weights = perturbed_weights(args.model, args.seed, args.scale)
+    if args.mode == "lora":
+        weights = lora_weights(args.model, args.seed, args.lora_rank)
+    else:
+        weights = perturbed_weights(args.model, args.seed, args.scale)
     store = create_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout)
     print(f"PORT {store.port}", flush=True)
     group = open_group(

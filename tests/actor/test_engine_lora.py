@@ -1,0 +1,177 @@
+"""LoRA on the real vLLM CPU engine: adapters arrive over the weight sync, each version is its own adapter, a request
+keeps the adapter it started under, old adapters go, and vLLM's log-probs match the learner's LoRA model."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from async_rl.actor.engine import EngineSettings, GenerationEngine, lora_engine_kwargs
+from async_rl.learner.lora import LoRASpec, adapter_config
+from async_rl.models.tiny import build_tiny_model
+from async_rl.transport.protocol import GroupSampling, WeightSyncPlan
+from async_rl.weight_sync import vllm_engine_kwargs
+from async_rl.weight_sync.client import AsyncEngineWeightSync
+from async_rl.weight_sync.group import resolve_backend
+from async_rl.weight_sync.membership import JoinInfo
+
+pytestmark = pytest.mark.slow
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+SENDER = Path(__file__).resolve().parents[1] / "weight_sync" / "sender_proc.py"
+REPO = Path(__file__).resolve().parents[2]
+RANK = 8
+PROMPT = [5, 6, 14, 11, 18]
+TARGETS = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
+CONFIG = adapter_config(LoRASpec(rank=RANK, alpha=2.0 * RANK, target_modules=TARGETS), TARGETS)
+
+
+def _sender_module() -> Any:
+    spec = importlib.util.spec_from_file_location("lora_sender_proc", SENDER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, loop):
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3)
+    settings = EngineSettings.defaults(
+        model_path=str(path),
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=32,
+        enforce_eager=True,
+        seed=0,
+        lora_rank=RANK,
+        max_loras=3,
+        extra_engine_kwargs=vllm_engine_kwargs(),
+    )
+    eng = GenerationEngine(settings)
+    loop.run_until_complete(eng.start())
+    yield eng, path
+    loop.run_until_complete(eng.shutdown())
+
+
+def _start_sender(model_dir: Path, version: int) -> tuple[subprocess.Popen[str], int]:
+    cmd = [sys.executable, str(SENDER), "--model", str(model_dir), "--mode", "lora", "--lora-rank", str(RANK)]
+    cmd += ["--version", str(version), "--seed", str(version), "--timeout", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("PORT "), f"sender did not start: {line!r}"
+    return proc, int(line.split()[1])
+
+
+async def _update(eng: GenerationEngine, model_dir: Path, version: int) -> None:
+    proc, sync = await _joined_sender(eng, model_dir, version)
+    await _apply(eng, proc, sync, version)
+
+
+async def _joined_sender(
+    eng: GenerationEngine, model_dir: Path, version: int
+) -> tuple[subprocess.Popen[str], AsyncEngineWeightSync]:
+    """A sender of ``version``'s adapter, in the weight-sync group with the engine (it sends once the update runs)."""
+    proc, port = _start_sender(model_dir, version)
+    plan = WeightSyncPlan(
+        host="127.0.0.1", port=port, backend=resolve_backend("auto"), timeout_s=60.0, join_timeout_s=10.0,
+        version=-1, epoch=0, candidates=(),
+    )  # fmt: skip
+    sync = AsyncEngineWeightSync(eng.vllm)
+    await sync.join(JoinInfo(plan=plan, world_size=2, rank_offset=1))
+    return proc, sync
+
+
+async def _apply(eng: GenerationEngine, proc: subprocess.Popen[str], sync: AsyncEngineWeightSync, version: int) -> None:
+    async def load() -> None:
+        report = await sync.update_adapter(version, eng.adapter_dir(version), CONFIG)
+        assert report["tensors"] == 28  # A and B of 7 projections x 2 layers, nothing else travels
+
+    await eng.update_weights(version, load, "inflight")
+    out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 0 and "REPORT" in out, out
+
+
+def _reference_logprobs(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    ids = torch.tensor([PROMPT + tokens])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+    positions = torch.arange(len(PROMPT) - 1, len(PROMPT) + len(tokens) - 1)
+    return logp[positions, torch.tensor(tokens)]
+
+
+def test_versions_are_served_as_adapters_that_match_the_learners_model(engine, loop) -> None:
+    eng, model_dir = engine
+    sender = _sender_module()
+    sampling = GroupSampling.defaults(n=4, temperature=1.0, max_tokens=16, seed=11)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    base_out = loop.run_until_complete(eng.generate(PROMPT, sampling))
+    assert eng.version == 0 and eng.adapters_loaded == []  # before any update the base model serves
+    for version in (1, 2):
+        loop.run_until_complete(_update(eng, model_dir, version))
+        outs = loop.run_until_complete(eng.generate(PROMPT, sampling))
+        reference = sender.lora_model(str(model_dir), version, RANK)
+        for comp, base_comp in zip(outs, base_out, strict=True):
+            assert comp.min_version == comp.max_version == version
+            tokens = comp.token_ids.tolist()
+            want = _reference_logprobs(reference, tokens)
+            got = torch.tensor(comp.logprobs, dtype=torch.float64)
+            assert torch.allclose(got, want, atol=2e-4, rtol=0), (got - want).abs().max()
+            # the same tokens are far less likely under the base: the adapter is what served them
+            assert float((_reference_logprobs(base, tokens) - want).abs().max()) > 1e-2
+        # the previous version's adapter and its directory are gone once nothing runs under it
+        assert eng.adapters_loaded == [version]
+        assert not Path(eng.adapter_dir(version - 1)).exists() and Path(eng.adapter_dir(version)).is_dir()
+
+
+def test_a_running_request_keeps_its_adapter_across_an_update(engine, loop) -> None:
+    eng, model_dir = engine
+    if eng.version == 0:  # run alone: serve an adapter first
+        loop.run_until_complete(_update(eng, model_dir, 1))
+    old = eng.version
+    long = GroupSampling.defaults(n=16, temperature=1.0, max_tokens=110, seed=5)
+
+    async def run() -> tuple[list[Any], list[int], int]:
+        proc, sync = await _joined_sender(eng, model_dir, old + 1)
+        task = asyncio.ensure_future(eng.generate(PROMPT, long))
+        while not eng.inflight:
+            await asyncio.sleep(0)
+        # hold the request (the tiny model is done in a blink) so that the update surely lands while it runs; the
+        # LoRA update itself neither pauses nor resumes
+        await eng.vllm.pause_generation(mode="keep", clear_cache=False)
+        await _apply(eng, proc, sync, old + 1)
+        during, inflight = eng.adapters_loaded, eng.inflight
+        await eng.vllm.resume_generation()
+        return await task, during, inflight
+
+    outs, during, inflight = loop.run_until_complete(run())
+    assert inflight == 1
+    assert all(c.min_version == c.max_version == old for c in outs)
+    assert during == [old, old + 1]  # the old adapter stayed while its request ran
+    assert eng.adapters_loaded == [old + 1] and eng.version == old + 1
+
+
+def test_engine_arguments_round_the_rank_up_to_vllms() -> None:
+    assert lora_engine_kwargs(0, 3) == {}
+    assert lora_engine_kwargs(4, 3) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 3, "max_cpu_loras": 3}
+    assert lora_engine_kwargs(33, 2)["max_lora_rank"] == 64
+    with pytest.raises(ValueError, match="largest max_lora_rank"):
+        lora_engine_kwargs(600, 2)

@@ -213,6 +213,11 @@ METRICS: tuple[Metric, ...] = (
     _m("learner/perf/update_tokens_per_s", "step", "tokens computed by the updates per second of the updates"),
     _m("learner/version", "step", "policy version after the step"),
     _m("learner/idle_fraction", "step", "share of the step spent waiting for rollouts"),
+    _m(
+        "learner/peak_memory_mib",
+        "gauge",
+        "learner rank 0's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
+    ),
     # ---- the actor fleet, from the counters actors report about once a second (runtime/metrics.py ActorActivity)
     _m(
         "actor/gen_tokens_per_s",

@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import resource
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from async_rl.config import Config
 from async_rl.runtime import resources
@@ -196,6 +199,7 @@ class Trainer:
             metrics.update(self.actor_activity(metrics))
             metrics["learner/idle_fraction"] = rollouts.wait_s / max(time.monotonic() - step_started, 1e-9)
             metrics["time/wall_s"] = time.monotonic() - self.started
+            metrics["learner/peak_memory_mib"] = peak_memory_mib(self.ctx.device)
             self.sink.log(step + 1, metrics)
         return metrics
 
@@ -266,3 +270,11 @@ class Trainer:
         self.publisher.close()
         if self.sink is not None:
             self.sink.close()
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """This learner rank's peak memory so far, in MiB: CUDA's peak allocation on a GPU, the process's peak resident
+    set (``ru_maxrss``) on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -237,6 +237,9 @@ class EmulatedEngine:
         self._resume()
         self.stats.updates += 1
 
+    async def probe(self, token_ids: list[int]) -> list[float]:
+        raise RuntimeError("the emulated engine computes no log-probs")
+
     def adapter_dir(self, version: int) -> str:
         raise RuntimeError("the emulated engine serves no LoRA adapters")
 

@@ -288,6 +288,23 @@ class GenerationEngine:
         self.stats.completions += len(completions)
         return completions
 
+    async def probe(self, token_ids: Sequence[int]) -> list[float]:
+        """log p(token_ids[i + 1] | token_ids[: i + 1]) with what this engine serves now (the current adapter in a
+        LoRA run), at temperature 1: the served side of a served-weights check."""
+        import vllm
+        from vllm.inputs import TokensPrompt
+
+        self._next_request += 1
+        request_id = f"probe{self._next_request}-v{self.version}"
+        params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        prompt = TokensPrompt(prompt_token_ids=list(token_ids), cache_salt=f"v{self.version}")
+        final = None
+        async for output in self.vllm.generate(prompt, params, request_id=request_id, lora_request=self._adapter):
+            final = output
+        if final is None or final.prompt_logprobs is None:
+            raise RuntimeError("vLLM returned no prompt log-probs for the served-weights probe")
+        return [float(pos[tok].logprob) for tok, pos in zip(token_ids[1:], final.prompt_logprobs[1:], strict=True)]
+
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Swap in the weights of ``new_version`` without restarting the engine.
 

@@ -50,6 +50,7 @@ from async_rl.transport.protocol import (
     GroupSampling,
     PromptGrant,
     RolloutGroup,
+    ServedCheck,
     WeightSyncPlan,
     make_completion,
     unpack_array,
@@ -100,6 +101,10 @@ class Engine(Protocol):
 
     def adapter_dir(self, version: int) -> str: ...
 
+    async def probe(self, token_ids: list[int]) -> list[float]:
+        """Log-probs of each next token of ``token_ids`` with what the engine serves now (temperature 1)."""
+        ...
+
     @property
     def dead(self) -> bool:
         """True once the engine can never generate again (vLLM's engine core died)."""
@@ -140,6 +145,9 @@ class ActorLoopStats:
     grants_received: int = 0
     groups_started: int = 0
     update_failures: int = 0
+    served_checks: int = 0  # updates whose served weights were checked against the learner's probe
+    served_check_failures: int = 0  # ... and did not compute what the learner's weights do
+    served_check_diff: float = 0.0  # the last check's mean |difference| of log-probs
     joins_left_out: int = 0  # invited to a weight-sync epoch but not in its roster (too late, or the join failed)
     idle_seconds: float = 0.0
 
@@ -239,6 +247,8 @@ class ActorLoop:
                 await self.engine.update_weights(version, load, self.update_mode)
             self._weights_valid = True
             logger.info("actor %s now on policy version %d", self.actor_id, version)
+            if plan.served_check is not None:
+                await self._check_served(version, plan.served_check)
         except WeightMismatchError as exc:
             self.stats.update_failures += 1
             self._fatal = ActorFailed(
@@ -252,6 +262,29 @@ class ActorLoop:
             # update leaves the current adapter serving
             self._weights_valid = not self.engine.halted
             logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
+
+    async def _check_served(self, version: int, check: ServedCheck) -> None:
+        """Compare what the engine now serves with the learner's log-probs of ``version`` on the probe. A mismatch
+        means the update did not take effect (say, vLLM kept serving an older adapter): the actor then stops
+        generating, loudly, until a later update passes, so no sample is ever labelled with a version it was not
+        drawn from."""
+        served = await self.engine.probe(list(check.token_ids))
+        diff = sum(abs(a - b) for a, b in zip(served, check.logprobs, strict=True)) / len(served)
+        self.stats.served_checks += 1
+        self.stats.served_check_diff = diff
+        if diff <= check.tolerance:
+            return
+        self.stats.served_check_failures += 1
+        self._weights_valid = False
+        logger.error(
+            "actor %s: what it serves after loading version %d does not compute what the learner's weights do: mean"
+            " |log-prob difference| %.3g on the probe > tolerance %.3g (async_training.weight_sync."
+            "served_check_tolerance). The update did not take effect; no generation until an update passes",
+            self.actor_id,
+            version,
+            diff,
+            check.tolerance,
+        )
 
     @contextlib.asynccontextmanager
     async def _keepalive(self) -> AsyncIterator[None]:
@@ -444,6 +477,9 @@ class ActorLoop:
             "actor/eval_groups_sent": float(s.eval_groups_sent),
             "actor/eval_grants_dropped": float(s.eval_grants_dropped),
             "actor/update_failures": float(s.update_failures),
+            "actor/served_checks": float(s.served_checks),
+            "actor/served_check_failures": float(s.served_check_failures),
+            "actor/served_check_diff": s.served_check_diff,
             "actor/idle_seconds": s.idle_seconds,
             "actor/generated_tokens": float(self.engine.stats.generated_tokens),
             "actor/policy_version": float(self.engine.version),

@@ -84,6 +84,14 @@ class WeightSyncConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         "127.0.0.1"
     )
     master_port: Annotated[Port, doc("Rendezvous port of the weight-sync group (0 = pick a free port).")] = 0
+    served_check_tolerance: Annotated[
+        PosFloat | None,
+        doc(
+            "LoRA runs: after each update every actor computes log-probs of a fixed probe sequence with the adapter it"
+            " now serves and compares them with the learner's for that version; a mean |difference| above this stops"
+            " it generating (loudly) until an update passes. null = 1e-3 for a float32 rollout, 3e-2 otherwise."
+        ),
+    ] = None
 
 
 class CheckpointConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -174,6 +174,20 @@ class Learner:
     def _sync_name(self) -> Callable[[str], str | None] | None:
         return peft_name if self.settings.lora is not None else None
 
+    def probe_log_probs(self, token_ids: Sequence[int]) -> list[float]:
+        """log p(token_ids[i + 1] | token_ids[: i + 1]) under the current weights, at temperature 1 (every rank calls
+        it: the forward is collective under FSDP2). What a served-weights check compares an actor with."""
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.ctx.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        finally:
+            self.model.train(was_training)
+        logp = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+        return [float(v) for v in logp.cpu()]
+
     def adapter_plan(self) -> AdapterPlan | None:
         """What a weight update carries in a LoRA run (None: the full weights), for the weight-sync plan."""
         config = self.adapter_config()

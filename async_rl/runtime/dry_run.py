@@ -74,6 +74,7 @@ def _run_length(cfg: Config) -> dict[str, Any]:
 
 def dry_run_report(cfg: Config) -> dict[str, Any]:
     """Everything a run would be wired from; raises ValueError naming what is wrong."""
+    from async_rl.actor.engine import lora_engine_kwargs
     from async_rl.learner.settings import LearnerSettings
     from async_rl.rewards import load_reward_fn
     from async_rl.runtime.actor_main import engine_settings
@@ -115,7 +116,20 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
             if learner.needs_critic
             else None
         ),
-        "reference_model": learner.needs_ref,
+        "reference_model": (
+            ("the frozen base (adapters off)" if learner.lora is not None else True) if learner.needs_ref else False
+        ),
+        "lora": (
+            None
+            if learner.lora is None
+            else {
+                "rank": learner.lora.rank,
+                "alpha": learner.lora.alpha,
+                "target_modules": learner.lora.target_modules,
+                "exclude_modules": list(learner.lora.exclude_modules),
+                "vllm": lora_engine_kwargs(engine.lora_rank, engine.max_loras),
+            }
+        ),
         "train_files": {str(f): _path_status(f) for f in ([files] if isinstance(files, str) else files)},
         "adv_estimator": learner.adv_estimator,
         "loss": {

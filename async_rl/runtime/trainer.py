@@ -83,7 +83,13 @@ class Trainer:
         self.learner = Learner(self._settings(policy_path), ctx, policy_path)
         self.coordinator = self._coordinator(records) if records is not None else None
         ws = cfg.async_training.weight_sync
-        self.publisher = WeightPublisher.from_config(ws, ctx, self.coordinator, adapter=self.learner.adapter_plan())
+        self.publisher = WeightPublisher.from_config(
+            ws,
+            ctx,
+            self.coordinator,
+            adapter=self.learner.adapter_plan(),
+            served_check_tolerance=served_check_tolerance(cfg),
+        )
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.start_step = maybe_resume(cfg, self.learner, self.coordinator, self.ckpt_dir)
         self.saved_step = self.start_step  # the newest step a checkpoint holds (or the run started from)
@@ -218,7 +224,11 @@ class Trainer:
 
     def _publish(self, version: int) -> dict[str, float]:
         self.validator.before_publish(version)
-        report = self.publisher.publish(version, self.learner.iter_weights, self.learner.weight_manifest())
+        probe = None
+        if self.learner.settings.lora is not None:  # the actors check that they serve this version's adapter
+            ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer))
+            probe = (ids, self.learner.probe_log_probs(ids))
+        report = self.publisher.publish(version, self.learner.iter_weights, self.learner.weight_manifest(), probe=probe)
         self.published = version
         return report
 
@@ -278,3 +288,20 @@ def peak_memory_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+PROBE_LENGTH = 32
+
+
+def probe_token_ids(vocab_size: int) -> list[int]:
+    """The served-weights probe: a fixed sequence of token ids spread over the vocabulary (any model, no tokenizer)."""
+    return [(i * 7919 + 13) % vocab_size for i in range(PROBE_LENGTH)]
+
+
+def served_check_tolerance(cfg: Config) -> float:
+    """``async_training.weight_sync.served_check_tolerance``, or its default by rollout dtype (float32: 1e-3, else
+    3e-2: a bf16/fp16 engine computes the probe less exactly than the fp32 learner)."""
+    given = cfg.async_training.weight_sync.served_check_tolerance
+    if given is not None:
+        return given
+    return 1e-3 if cfg.actor_rollout_ref.rollout.dtype == "float32" else 3e-2

@@ -199,6 +199,16 @@ class AdapterPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     ]
 
 
+class ServedCheck(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
+    """What the learner's weights of a version compute on a fixed probe sequence: ``logprobs[i]`` is
+    log p(``token_ids[i + 1]`` | ``token_ids[: i + 1]``) at temperature 1. An actor that loaded the version computes
+    the same with what it serves; a mean |difference| above ``tolerance`` means the update did not take effect."""
+
+    token_ids: Annotated[tuple[NonNegInt, ...], msgspec.Meta(min_length=2, max_length=256)]
+    logprobs: Annotated[tuple[float, ...], msgspec.Meta(min_length=1, max_length=255)]
+    tolerance: PositiveFloat
+
+
 class WeightSyncPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
     """The learner's weight-sync plan for one version: where rank 0's TCPStore is, and who is invited to the epoch.
 
@@ -217,6 +227,7 @@ class WeightSyncPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     epoch: Annotated[int, msgspec.Meta(ge=-1)]  # the group's epoch (a new one each time membership changes)
     candidates: tuple[ActorId, ...]  # the actors invited to ``epoch``
     adapter: AdapterPlan | None = None  # LoRA: what each update carries; None: the full weights
+    served_check: ServedCheck | None = None  # LoRA: what ``version`` computes on the probe (actors check it)
 
 
 class Message(msgspec.Struct, tag_field="kind", forbid_unknown_fields=True, kw_only=True, gc=False):

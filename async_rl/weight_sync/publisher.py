@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from async_rl.transport.protocol import AdapterPlan, WeightSyncPlan, checked
+from async_rl.transport.protocol import AdapterPlan, ServedCheck, WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
 from async_rl.weight_sync.protocol import TensorSpec
@@ -82,6 +82,7 @@ class WeightPublisher:
         timeout_s: float,
         join_timeout_s: float,
         adapter: AdapterPlan | None = None,
+        served_check_tolerance: float = 1e-3,
     ) -> None:
         """``adapter``: a LoRA run's adapter (each update then carries only its tensors); None: full weights."""
         if ctx.rank == 0 and coordinator is None:
@@ -94,6 +95,8 @@ class WeightPublisher:
         self.timeout_s = timeout_s
         self.join_timeout_s = join_timeout_s
         self.adapter = adapter
+        self.served_check_tolerance = served_check_tolerance
+        self._check: ServedCheck | None = None  # the version being published's (see publish)
         self.store = create_store(host, port, is_master=True, timeout_s=timeout_s) if ctx.rank == 0 else None
         self.port = int(self.store.port) if self.store is not None else 0
         self.epoch = -1
@@ -110,7 +113,13 @@ class WeightPublisher:
 
     @classmethod
     def from_config(
-        cls, ws: WeightSyncConfig, ctx: _Ctx, coordinator: _Coordinator | None, *, adapter: AdapterPlan | None = None
+        cls,
+        ws: WeightSyncConfig,
+        ctx: _Ctx,
+        coordinator: _Coordinator | None,
+        *,
+        adapter: AdapterPlan | None = None,
+        served_check_tolerance: float = 1e-3,
     ) -> WeightPublisher:
         """From the ``async_training.weight_sync`` section: rank 0's store at ``master_addr:master_port`` (port 0:
         a free one), ``backend`` ("auto": nccl on CUDA, else gloo), ``bucket_size_mb``, ``timeout_s`` and
@@ -125,6 +134,7 @@ class WeightPublisher:
             timeout_s=ws.timeout_s,
             join_timeout_s=ws.join_timeout_s,
             adapter=adapter,
+            served_check_tolerance=served_check_tolerance,
         )
 
     def _plan(self, *, version: int, candidates: list[str]) -> WeightSyncPlan:
@@ -139,6 +149,7 @@ class WeightPublisher:
             epoch=self.epoch,
             candidates=tuple(candidates),
             adapter=self.adapter,
+            served_check=self._check if version >= 0 else None,
         )
         return checked(plan)
 
@@ -198,12 +209,19 @@ class WeightPublisher:
         version: int,
         weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
         manifest: Sequence[TensorSpec] | None = None,
+        probe: tuple[list[int], list[float]] | None = None,
     ) -> dict[str, float]:
         """Announce ``version`` and stream ``weights()`` to the actors. Returns ``sync/...`` metrics (rank 0).
 
         ``manifest`` (what ``weights()`` yields, from metadata) keeps the gather lazy; without it rank 0 takes every
-        tensor before sending (see :meth:`WeightSender.send`)."""
+        tensor before sending (see :meth:`WeightSender.send`). ``probe`` (token ids, the learner's log-probs of them
+        at ``version``) rides on the plan as a :class:`ServedCheck` the actors verify after loading."""
         started = time.monotonic()
+        self._check = None
+        if probe is not None:
+            self._check = ServedCheck(
+                token_ids=tuple(probe[0]), logprobs=tuple(probe[1]), tolerance=self.served_check_tolerance
+            )
         metrics: dict[str, float] = {}
         if self.ctx.rank == 0:
             assert self.coordinator is not None

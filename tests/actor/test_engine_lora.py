@@ -69,43 +69,36 @@ def engine(tmp_path_factory, loop):
     loop.run_until_complete(eng.shutdown())
 
 
-def _start_sender(model_dir: Path, version: int) -> tuple[subprocess.Popen[str], int]:
+VERSIONS = (1, 2, 3)  # one learner stand-in sends the adapters of these versions, one update each, in order
+
+
+@pytest.fixture(scope="module")
+def sync(engine, loop):
+    """The engine in a weight-sync group with one sender process that sends the adapter of each of VERSIONS."""
+    eng, model_dir = engine
     cmd = [sys.executable, str(SENDER), "--model", str(model_dir), "--mode", "lora", "--lora-rank", str(RANK)]
-    cmd += ["--version", str(version), "--seed", str(version), "--timeout", "60"]
+    cmd += ["--versions", ",".join(map(str, VERSIONS)), "--timeout", "120"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("PORT "), f"sender did not start: {line!r}"
-    return proc, int(line.split()[1])
-
-
-async def _update(eng: GenerationEngine, model_dir: Path, version: int) -> None:
-    proc, sync = await _joined_sender(eng, model_dir, version)
-    await _apply(eng, proc, sync, version)
-
-
-async def _joined_sender(
-    eng: GenerationEngine, model_dir: Path, version: int
-) -> tuple[subprocess.Popen[str], AsyncEngineWeightSync]:
-    """A sender of ``version``'s adapter, in the weight-sync group with the engine (it sends once the update runs)."""
-    proc, port = _start_sender(model_dir, version)
     plan = WeightSyncPlan(
-        host="127.0.0.1", port=port, backend=resolve_backend("auto"), timeout_s=60.0, join_timeout_s=10.0,
-        version=-1, epoch=0, candidates=(),
+        host="127.0.0.1", port=int(line.split()[1]), backend=resolve_backend("auto"), timeout_s=120.0,
+        join_timeout_s=10.0, version=-1, epoch=0, candidates=(),
     )  # fmt: skip
-    sync = AsyncEngineWeightSync(eng.vllm)
-    await sync.join(JoinInfo(plan=plan, world_size=2, rank_offset=1))
-    return proc, sync
+    client = AsyncEngineWeightSync(eng.vllm)
+    loop.run_until_complete(client.join(JoinInfo(plan=plan, world_size=2, rank_offset=1)))
+    yield client
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.count("REPORT") == len(VERSIONS), out
 
 
-async def _apply(eng: GenerationEngine, proc: subprocess.Popen[str], sync: AsyncEngineWeightSync, version: int) -> None:
+async def _update(eng: GenerationEngine, sync: AsyncEngineWeightSync, version: int) -> None:
     async def load() -> None:
         report = await sync.update_adapter(version, eng.adapter_dir(version), CONFIG)
         assert report["tensors"] == 28  # A and B of 7 projections x 2 layers, nothing else travels
 
     await eng.update_weights(version, load, "inflight")
-    out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
-    assert proc.returncode == 0 and "REPORT" in out, out
 
 
 def _reference_logprobs(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
@@ -116,7 +109,7 @@ def _reference_logprobs(model: torch.nn.Module, tokens: list[int]) -> torch.Tens
     return logp[positions, torch.tensor(tokens)]
 
 
-def test_versions_are_served_as_adapters_that_match_the_learners_model(engine, loop) -> None:
+def test_versions_are_served_as_adapters_that_match_the_learners_model(engine, sync, loop) -> None:
     eng, model_dir = engine
     sender = _sender_module()
     sampling = GroupSampling.defaults(n=4, temperature=1.0, max_tokens=16, seed=11)
@@ -129,7 +122,7 @@ def test_versions_are_served_as_adapters_that_match_the_learners_model(engine, l
         want = _reference_logprobs(base, comp.token_ids.tolist())
         assert torch.allclose(torch.tensor(comp.logprobs, dtype=torch.float64), want, atol=2e-4, rtol=0)
     for version in (1, 2):
-        loop.run_until_complete(_update(eng, model_dir, version))
+        loop.run_until_complete(_update(eng, sync, version))
         outs = loop.run_until_complete(eng.generate(PROMPT, sampling))
         reference = sender.lora_model(str(model_dir), version, RANK)
         for comp in outs:
@@ -140,27 +133,33 @@ def test_versions_are_served_as_adapters_that_match_the_learners_model(engine, l
             assert torch.allclose(got, want, atol=2e-4, rtol=0), (got - want).abs().max()
             # the same tokens are far less likely under the base: the adapter is what served them
             assert float((_reference_logprobs(base, tokens) - want).abs().max()) > 1e-2
+        # the served-weights probe computes what the learner's model does (what ServedCheck compares)
+        probe_ids = PROMPT + outs[0].token_ids.tolist()
+        served = torch.tensor(loop.run_until_complete(eng.probe(probe_ids)), dtype=torch.float64)
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([probe_ids])).logits[0, :-1].double()
+        expect = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(probe_ids[1:])[:, None])[:, 0]
+        assert torch.allclose(served, expect, atol=2e-4, rtol=0), (served - expect).abs().max()
         # the previous version's adapter and its directory are gone once nothing runs under it
         assert eng.adapters_loaded == [version]
         assert not Path(eng.adapter_dir(version - 1)).exists() and Path(eng.adapter_dir(version)).is_dir()
 
 
-def test_a_running_request_keeps_its_adapter_across_an_update(engine, loop) -> None:
-    eng, model_dir = engine
-    if eng.version == 0:  # run alone: serve an adapter first
-        loop.run_until_complete(_update(eng, model_dir, 1))
+def test_a_running_request_keeps_its_adapter_across_an_update(engine, sync, loop) -> None:
+    eng, _ = engine
+    while eng.version < 2:  # run alone: serve an adapter first
+        loop.run_until_complete(_update(eng, sync, eng.version + 1))
     old = eng.version
     long = GroupSampling.defaults(n=16, temperature=1.0, max_tokens=110, seed=5)
 
     async def run() -> tuple[list[Any], list[int], int]:
-        proc, sync = await _joined_sender(eng, model_dir, old + 1)
         task = asyncio.ensure_future(eng.generate(PROMPT, long))
         while not eng.inflight:
             await asyncio.sleep(0)
         # hold the request (the tiny model is done in a blink) so that the update surely lands while it runs; the
         # LoRA update itself neither pauses nor resumes
         await eng.vllm.pause_generation(mode="keep", clear_cache=False)
-        await _apply(eng, proc, sync, old + 1)
+        await _update(eng, sync, old + 1)
         during, inflight = eng.adapters_loaded, eng.inflight
         await eng.vllm.resume_generation()
         return await task, during, inflight

@@ -164,3 +164,59 @@ def test_a_broken_transfer_aborts_running_groups_until_a_later_update_succeeds()
     assert sync.updates == [2] and engine.version == 2 and not engine.pacer.paused
     assert [(g.prompt_id, g.version) for g in client.sent] == [(1, 2)]  # generated on the new weights only
     assert loop.stats.update_failures == 1 and [j.plan.epoch for j in sync.joins] == [0, 1]
+
+
+class _LoRAEngine(EmulatedEngine):
+    """Serves 'adapters': after an update its probe log-probs are ``served`` (a stuck adapter: not the learner's)."""
+
+    def __init__(self, served: list[float]) -> None:
+        super().__init__(2000.0, response_len=4)
+        self.lora = True
+        self.served = served
+
+    def adapter_dir(self, version: int) -> str:
+        return f"/nonexistent/v{version}"
+
+    async def probe(self, token_ids: list[int]) -> list[float]:
+        assert len(token_ids) == len(self.served) + 1
+        return self.served
+
+
+class _AdapterSync(InstantWeightSync):
+    async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
+        assert adapter_dir.endswith(f"/v{version}") and adapter_config["r"] == 8
+        return await self.update(version)
+
+
+def _lora_plan(learner_logprobs: list[float]) -> Any:
+    import msgspec
+
+    from async_rl.transport.protocol import AdapterPlan, ServedCheck
+
+    check = ServedCheck(token_ids=(1, 2, 3, 4), logprobs=tuple(learner_logprobs), tolerance=1e-3)
+    adapter = AdapterPlan(rank=8, alpha=16.0, target_modules=("q_proj", "v_proj"))
+    return msgspec.structs.replace(make_plan(("a0",), epoch=0, version=1), adapter=adapter, served_check=check)
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_an_actor_whose_served_adapter_is_not_the_learners_stops_generating(stuck: bool) -> None:
+    learner = [-1.0, -2.0, -0.5]
+    engine = _LoRAEngine([-1.3, -2.4, -0.1] if stuck else [-1.0002, -2.0, -0.4999])
+    client = ScriptedClient([make_grant(i, min_version=1) for i in range(3)])
+    client.weight_sync = _lora_plan(learner)
+    loop = _loop(engine, client, _AdapterSync(), max_groups=3)
+
+    async def run_a_while() -> None:
+        task = asyncio.ensure_future(loop.run())
+        await asyncio.sleep(0.5)
+        client.shutdown_requested = True
+        await asyncio.wait_for(task, timeout=5.0)
+
+    asyncio.run(run_a_while())
+    assert engine.version == 1 and loop.stats.served_checks == 1
+    if stuck:  # loudly out of work, not silently training on samples of the wrong policy
+        assert loop.stats.served_check_failures == 1 and loop.stats.served_check_diff == pytest.approx(1.1 / 3)
+        assert client.sent == []
+    else:
+        assert loop.stats.served_check_failures == 0 and loop.stats.served_check_diff < 1e-3
+        assert [g.prompt_id for g in client.sent] == [0, 1, 2]

@@ -4,7 +4,8 @@ Run as a script: it hosts the TCPStore on a free port, prints ``PORT <n>`` on st
 rank 0 and performs one update in the requested mode, then prints ``REPORT <json>`` (or ``ERROR <text>``). Imported as
 a module (by file path), it provides :func:`perturbed_weights`, so the test can rebuild exactly the weights sent.
 
-Modes: ``lora`` sends a LoRA adapter of rank ``--lora-rank`` (:func:`lora_model` builds it) under PEFT's names;
+Modes: ``lora`` sends LoRA adapters of rank ``--lora-rank`` (:func:`lora_model` builds them) under PEFT's names,
+one update per version of ``--versions`` (each drawn from its version as the seed);
 ``good`` sends every tensor; ``corrupt_digest`` sends every tensor but digests different bytes for one;
 ``skip`` leaves one tensor out of the update; ``hang`` joins the group and sends nothing for ``--hang-s`` seconds, then
 (with ``--then-good``) rejoins under epoch + 1 and sends a good update.
@@ -72,12 +73,10 @@ def main() -> None:
     parser.add_argument("--hang-s", type=float, default=30.0)
     parser.add_argument("--then-good", action="store_true")
     parser.add_argument("--lora-rank", type=int, default=8)
+    parser.add_argument("--versions", default="1")
     args = parser.parse_args()
 
-    if args.mode == "lora":
-        weights = lora_weights(args.model, args.seed, args.lora_rank)
-    else:
-        weights = perturbed_weights(args.model, args.seed, args.scale)
+    weights = {} if args.mode == "lora" else perturbed_weights(args.model, args.seed, args.scale)
     store = create_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout)
     print(f"PORT {store.port}", flush=True)
     group = open_group(
@@ -105,6 +104,12 @@ def main() -> None:
                 data[0] ^= 1
             super()._digest_chunk(meta, data, state)
 
+    if args.mode == "lora":
+        sender = WeightSender(group, bucket_size_mb=args.bucket_mb)
+        for version in [int(v) for v in args.versions.split(",")]:
+            report = sender.send(list(lora_weights(args.model, version, args.lora_rank).items()), version=version)
+            print(f"REPORT {json.dumps(report.as_dict())}", flush=True)
+        return
     sender_cls = CorruptingSender if args.mode == "corrupt_digest" else WeightSender
     items = [(k, v) for k, v in weights.items() if not (args.mode == "skip" and k == args.target)]
     try:

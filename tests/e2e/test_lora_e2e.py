@@ -59,6 +59,10 @@ def test_lora_run_syncs_adapters_only_serves_them_and_exports(tmp_path: Path, as
     assert all(m["learner/actor/grad_norm"] > 0 for m in metrics)
     actor_log = "\n".join(p.read_text() for p in run_dir.glob("**/actor*.log"))
     assert f"now on policy version {STEPS - 1}" in actor_log
+    # after every update the actor checked its served adapter against the learner's probe log-probs, and it held
+    summary = json.loads([line for line in actor_log.splitlines() if '"actor/served_checks"' in line][-1])
+    assert summary["actor/served_checks"] >= STEPS and summary["actor/served_check_failures"] == 0
+    assert summary["actor/served_check_diff"] < 1e-4
 
     # the exported adapter on the base model computes what the merged export does
     import peft

@@ -7,6 +7,8 @@ per layer for one prefill of 128 prompts, and a validation round of 200 prompts 
 8 minutes with it (measured here, 2026-12-02). A batch holds tokens of at most ``max_loras`` adapters, so these
 versions group the tokens by adapter index and run one matmul per group: identical results (the same index rules,
 including vLLM's ``-1`` for "no adapter", which selects the last slot as the original does), no per-token copies.
+One difference: a prompt-log-probs request batched with others makes vLLM's own ops fail in the logits layer (rows
+per prompt token, indices per request); here that layer, which carries no adapter weights, computes (zero) anyway.
 
 :func:`install` replaces the six functions in vLLM's modules; the weight-sync worker extension calls it in vLLM's
 worker process on CPU (``weight_sync/vllm_ext.py``). On GPUs vLLM uses its Triton kernels and nothing is replaced.
@@ -35,10 +37,19 @@ def _grouped(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor,
         weights = weights.squeeze(1)
     inputs = inputs.to(dtype)
     tokens = indices.shape[0]
-    out = inputs.new_empty((tokens, weights.shape[1]))
     unique = torch.unique(indices)
     if unique.numel() == 1:  # the common case: one adapter for the whole batch
         return inputs @ weights[int(unique)].to(dtype).T
+    if tokens != inputs.shape[0]:
+        # vLLM's prompt log-probs pass the logits layer every prompt token's hidden state with indices per request
+        # (its own ops then fail on a mixed batch). That layer has no adapter weights here (LoRA never targets the
+        # output layer): zero weights give zero whatever the mapping, so the product is known.
+        if not bool(weights[unique].any()):
+            return inputs.new_zeros((inputs.shape[0], weights.shape[1]))
+        raise RuntimeError(
+            f"LoRA kernel: {inputs.shape[0]} rows but {tokens} adapter indices over {unique.numel()} adapters"
+        )
+    out = inputs.new_empty((tokens, weights.shape[1]))
     for idx in unique.tolist():
         rows = (indices == idx).nonzero(as_tuple=True)[0]
         out[rows] = inputs[rows] @ weights[idx].to(dtype).T

@@ -152,7 +152,7 @@ def test_a_running_request_keeps_its_adapter_across_an_update(engine, sync, loop
     old = eng.version
     long = GroupSampling.defaults(n=16, temperature=1.0, max_tokens=110, seed=5)
 
-    async def run() -> tuple[list[Any], list[int], int]:
+    async def run() -> tuple[list[Any], list[int], int, list[float]]:
         task = asyncio.ensure_future(eng.generate(PROMPT, long))
         while not eng.inflight:
             await asyncio.sleep(0)
@@ -161,10 +161,14 @@ def test_a_running_request_keeps_its_adapter_across_an_update(engine, sync, loop
         await eng.vllm.pause_generation(mode="keep", clear_cache=False)
         await _update(eng, sync, old + 1)
         during, inflight = eng.adapters_loaded, eng.inflight
+        # a served-weights probe (prompt log-probs, new adapter) batched with the old adapter's request: vLLM's own
+        # CPU LoRA ops crash the engine on this mix (seen in a real run), the grouped kernels do not
+        probe = asyncio.ensure_future(eng.probe(PROMPT * 4))
         await eng.vllm.resume_generation()
-        return await task, during, inflight
+        return await task, during, inflight, await probe
 
-    outs, during, inflight = loop.run_until_complete(run())
+    outs, during, inflight, probe = loop.run_until_complete(run())
+    assert len(probe) == 4 * len(PROMPT) - 1 and all(-30 < v <= 0 for v in probe)
     assert inflight == 1
     assert all(c.min_version == c.max_version == old for c in outs)
     assert during == [old, old + 1]  # the old adapter stayed while its request ran

@@ -82,3 +82,23 @@ def test_install_replaces_vllms_cpu_ops() -> None:
     assert lora_kernels.install() is True
     assert punica_cpu.bgmv_shrink is lora_kernels.bgmv_shrink
     assert lora_ops_module.sgmv_expand is lora_kernels.sgmv_expand
+
+
+def test_prompt_logprob_rows_in_a_mixed_batch_pass_a_layer_without_adapter_weights() -> None:
+    # vLLM's logits layer in a batch of 3 requests, one asking for the log-probs of its 5 prompt tokens: 7 rows, 3
+    # per-request indices. Its adapter weights are zero (LoRA never targets the output layer).
+    x = torch.randn(7, 12, generator=G)
+    zero_a = torch.zeros(3, 1, 4, 12)
+    out = torch.full((7, 4), 9.0)
+    lora_kernels.bgmv_shrink(x, zero_a, out, torch.tensor([0, 1, 0]), 1.0)
+    assert torch.equal(out, torch.zeros(7, 4))
+    with pytest.raises(RuntimeError):  # vLLM's own ops fail here
+        ORIG.bgmv_shrink(x, zero_a, torch.zeros(7, 4), torch.tensor([0, 1, 0]), 1.0)
+    with pytest.raises(RuntimeError, match="7 rows but 3 adapter indices"):  # real weights: no guessing
+        lora_kernels.bgmv_shrink(x, torch.randn(3, 1, 4, 12, generator=G), out, torch.tensor([0, 1, 0]), 1.0)
+    # one adapter for the whole batch: every row is that adapter's, as vLLM's ops broadcast it
+    a = torch.randn(3, 4, 12, generator=G)
+    got, want = torch.zeros(7, 4), torch.zeros(7, 4)
+    lora_kernels.bgmv_shrink(x, a, got, torch.tensor([2]), 1.0)
+    ORIG.bgmv_shrink(x, a, want, torch.tensor([2]), 1.0)
+    torch.testing.assert_close(got, want)

@@ -296,7 +296,7 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         logger.info("profiling: weight sync of a hidden=%d layers=%d model", hidden, layers)
         sync.append(_sync_point(hidden, layers, work / f"sync-{hidden}x{layers}.log", opts.timeout_s))
     model_dir = Path(resources.resolve_model_path(cfg.actor_rollout_ref.model.path, work / "model"))
-    model_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    model_bytes = sync_bytes(cfg, model_dir)
     return Profile(
         config=tuple(config),
         overrides=tuple(overrides),
@@ -316,3 +316,22 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         model_bytes=model_bytes,
         shared=shared,
     )
+
+
+def sync_bytes(cfg: Any, model_dir: Path) -> int:
+    """Bytes one weight update of this config broadcasts: the model's safetensors, or in a LoRA run only the adapter's
+    tensors (fp32, ``rank x (in + out)`` per adapted layer), counted on a model built on the meta device."""
+    from async_rl.learner.settings import lora_spec
+
+    spec = lora_spec(cfg)
+    if spec is None:
+        return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from async_rl.learner.lora import apply_lora, lora_modules
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+    apply_lora(model, spec, seed=0)
+    return sum(4 * (m.lora_A.numel() + m.lora_B.numel()) for _, m in lora_modules(model))

@@ -233,7 +233,7 @@ def test_warnings_noop_keys_and_double_kl() -> None:
         None,
         [
             "data.return_raw_chat=True",
-            "critic.lora_rank=8",
+            "critic.model.lora_rank=8",
             "reward_model.enable=true",
             f"{ARR}.actor.use_kl_loss=true",
             "algorithm.use_kl_in_reward=true",
@@ -241,7 +241,7 @@ def test_warnings_noop_keys_and_double_kl() -> None:
     )
     noop = [w for w in warnings if "no effect" in w]
     assert len(noop) == 1  # one start-up warning naming every such key
-    for key in ("data.return_raw_chat", "critic.lora_rank", "reward_model.enable"):
+    for key in ("data.return_raw_chat", "critic.model.lora_rank", "reward_model.enable"):
         assert key in noop[0]
     assert any("algorithm.use_kl_in_reward" in w and "use_kl_loss" in w for w in warnings)
 

@@ -27,13 +27,21 @@ def test_every_engine_setting_comes_from_its_config_key() -> None:
         "max_num_batched_tokens": (f"{RO}.max_num_batched_tokens", 512),
         "logprobs_mode": ("async_training.actor.logprobs_mode", "raw"),
         "seed": ("trainer.seed", 9),
+        "lora_rank": ("actor_rollout_ref.model.lora_rank", 16),
     }
     default = EngineSettings.defaults("m")
     for name, (key, value) in keys.items():
         assert getattr(default, name) != value, name
         got = EngineSettings.from_config(load_config(None, [f"{key}={value}"]), model_path="m", extra_engine_kwargs={})
         assert getattr(got, name) == value, key
-    assert set(keys) | {"model_path", "extra_engine_kwargs"} == {f.name for f in dataclasses.fields(EngineSettings)}
+    assert set(keys) | {"model_path", "extra_engine_kwargs", "max_loras"} == {
+        f.name for f in dataclasses.fields(EngineSettings)
+    }
+    # vLLM holds the current adapter, the K older ones a running request may still use, and the one being added
+    lora = EngineSettings.from_config(
+        load_config(None, ["async_training.max_staleness=3"]), model_path="m", extra_engine_kwargs={}
+    )
+    assert lora.max_loras == 3 + 2
     # the config's defaults, not the engine's own (they had drifted: 256 sequences, CUDA graphs on)
     r = default_config().actor_rollout_ref.rollout
     assert (default.max_num_seqs, default.enforce_eager) == (r.max_num_seqs, r.enforce_eager) == (1024, True)

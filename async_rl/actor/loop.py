@@ -247,8 +247,6 @@ class ActorLoop:
                 await self.engine.update_weights(version, load, self.update_mode)
             self._weights_valid = True
             logger.info("actor %s now on policy version %d", self.actor_id, version)
-            if plan.served_check is not None:
-                await self._check_served(version, plan.served_check)
         except WeightMismatchError as exc:
             self.stats.update_failures += 1
             self._fatal = ActorFailed(
@@ -262,6 +260,14 @@ class ActorLoop:
             # update leaves the current adapter serving
             self._weights_valid = not self.engine.halted
             logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
+            return
+        if plan.served_check is not None and self._fatal is None:
+            try:
+                await self._check_served(version, plan.served_check)
+            except Exception as exc:  # noqa: BLE001 - the update itself succeeded; a check that cannot run is reported
+                logger.error(
+                    "actor %s: the served-weights check of version %d could not run: %r", self.actor_id, version, exc
+                )
 
     async def _check_served(self, version: int, check: ServedCheck) -> None:
         """Compare what the engine now serves with the learner's log-probs of ``version`` on the probe. A mismatch

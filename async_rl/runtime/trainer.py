@@ -226,7 +226,8 @@ class Trainer:
         self.validator.before_publish(version)
         probe = None
         if self.learner.settings.lora is not None:  # the actors check that they serve this version's adapter
-            ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer))
+            max_len = self.cfg.actor_rollout_ref.rollout.max_model_len or PROBE_LENGTH
+            ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer), min(PROBE_LENGTH, max_len))
             probe = (ids, self.learner.probe_log_probs(ids))
         report = self.publisher.publish(version, self.learner.iter_weights, self.learner.weight_manifest(), probe=probe)
         self.published = version
@@ -293,9 +294,10 @@ def peak_memory_mib(device: torch.device) -> float:
 PROBE_LENGTH = 32
 
 
-def probe_token_ids(vocab_size: int) -> list[int]:
-    """The served-weights probe: a fixed sequence of token ids spread over the vocabulary (any model, no tokenizer)."""
-    return [(i * 7919 + 13) % vocab_size for i in range(PROBE_LENGTH)]
+def probe_token_ids(vocab_size: int, length: int = PROBE_LENGTH) -> list[int]:
+    """The served-weights probe: a fixed sequence of token ids spread over the vocabulary (any model, no tokenizer);
+    ``length`` at most the engine's ``max_model_len`` (a longer prompt is refused)."""
+    return [(i * 7919 + 13) % vocab_size for i in range(max(2, length))]
 
 
 def served_check_tolerance(cfg: Config) -> float:

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from async_rl.config import default_config, load_config
+from async_rl.learner.lora import LoRASpec
 from async_rl.learner.optim import lr_factor
 from async_rl.learner.settings import CriticSettings, LearnerSettings, OptimSettings
 
@@ -192,8 +193,23 @@ def test_every_setting_comes_from_its_config_key() -> None:
     bypass = load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"])
     assert LearnerSettings.from_config(bypass).bypass_loss_type == "reinforce"
     assert LearnerSettings.from_config(default_config(), pad_token_id=3).pad_token_id == 3
-    not_keys = {"optim", "critic", "bypass_loss_type", "pad_token_id"}  # sections, and the two checked just above
+    not_keys = {"optim", "critic", "bypass_loss_type", "pad_token_id", "lora"}  # sections, the two checked above
     assert set(keys) | not_keys == {f.name for f in dataclasses.fields(LearnerSettings)}
+    # lora: one spec from actor_rollout_ref.model.{lora_rank, lora_alpha, target_modules, exclude_modules}
+    assert LearnerSettings.from_config(default_config()).lora is None
+    lora = LearnerSettings.from_config(
+        load_config(
+            None,
+            [
+                "actor_rollout_ref.model.lora_rank=4",
+                "actor_rollout_ref.model.lora_alpha=12",
+                "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+                "actor_rollout_ref.model.exclude_modules=[layers.0.self_attn.q_proj]",
+            ],
+        )
+    ).lora
+    assert lora == LoRASpec(4, 12.0, ("q_proj", "v_proj"), ("layers.0.self_attn.q_proj",))
+    assert lora.scaling == 3.0
 
 
 def test_critic_settings_come_from_the_critic_section() -> None:

@@ -70,6 +70,8 @@ def test_sync_update_call_order_and_payloads() -> None:
             "version": 3,
             "epoch": 1,
             "candidates": ("actor-0",),
+            "adapter": None,  # full weights (a LoRA run names its adapter here)
+            "served_check": None,
         },
         "member": "actor-0",
         "world_size": None,

@@ -226,8 +226,9 @@ class Trainer:
         self.validator.before_publish(version)
         probe = None
         if self.learner.settings.lora is not None:  # the actors check that they serve this version's adapter
-            max_len = self.cfg.actor_rollout_ref.rollout.max_model_len or PROBE_LENGTH
-            ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer), min(PROBE_LENGTH, max_len))
+            max_len = self.cfg.actor_rollout_ref.rollout.max_model_len or PROBE_LENGTH + 1
+            # vLLM needs room for one generated token after the probe
+            ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer), min(PROBE_LENGTH, max_len - 1))
             probe = (ids, self.learner.probe_log_probs(ids))
         report = self.publisher.publish(version, self.learner.iter_weights, self.learner.weight_manifest(), probe=probe)
         self.published = version
@@ -296,7 +297,7 @@ PROBE_LENGTH = 32
 
 def probe_token_ids(vocab_size: int, length: int = PROBE_LENGTH) -> list[int]:
     """The served-weights probe: a fixed sequence of token ids spread over the vocabulary (any model, no tokenizer);
-    ``length`` at most the engine's ``max_model_len`` (a longer prompt is refused)."""
+    ``length`` below the engine's ``max_model_len`` (vLLM refuses a prompt with no room for one token)."""
     return [(i * 7919 + 13) % vocab_size for i in range(max(2, length))]
 
 

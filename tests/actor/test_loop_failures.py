@@ -220,3 +220,18 @@ def test_an_actor_whose_served_adapter_is_not_the_learners_stops_generating(stuc
     else:
         assert loop.stats.served_check_failures == 0 and loop.stats.served_check_diff < 1e-3
         assert [g.prompt_id for g in client.sent] == [0, 1, 2]
+
+
+def test_a_served_check_that_cannot_run_is_logged_and_the_update_stands(caplog: pytest.LogCaptureFixture) -> None:
+    class _NoProbe(_LoRAEngine):
+        async def probe(self, token_ids: list[int]) -> list[float]:
+            raise ValueError("prompt longer than max_model_len")
+
+    engine = _NoProbe([-1.0, -2.0, -0.5])
+    client = ScriptedClient([make_grant(i, min_version=1) for i in range(3)])
+    client.weight_sync = _lora_plan([-1.0, -2.0, -0.5])
+    loop = _loop(engine, client, _AdapterSync(), max_groups=3)
+    asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
+    assert engine.version == 1 and loop.stats.update_failures == 0 and loop.stats.served_checks == 0
+    assert [g.prompt_id for g in client.sent] == [0, 1, 2]
+    assert any("served-weights check of version 1 could not run" in r.message for r in caplog.records)

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from async_rl.learner.dist import DistContext
-from async_rl.learner.lora import is_adapter_name, lora_modules, peft_name, save_adapter
+from async_rl.learner.lora import is_adapter_name, lora_modules, merged_weight, peft_name, save_adapter
 from async_rl.weight_sync.protocol import TensorSpec, dtype_name
 
 __all__ = ["clean_name", "export_adapter", "export_hf", "full_state_manifest", "iter_full_state"]
@@ -163,7 +163,7 @@ def export_hf(
             lora = merges.get(name)
             if lora is not None:  # every rank gathers the adapter (collectives), rank 0 merges
                 a, b = _full(lora.lora_A), _full(lora.lora_B)
-                full = (full.float() + lora.scaling * (b.float() @ a.float())).to(full.dtype)
+                full = merged_weight(full, a, b, lora.scaling)
             if ctx.is_rank0:
                 if dtype is not None and full.is_floating_point():
                     full = full.to(dtype)

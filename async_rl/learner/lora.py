@@ -47,6 +47,7 @@ __all__ = [
     "is_adapter_name",
     "lora_modules",
     "merge_adapters",
+    "merged_weight",
     "peft_name",
     "save_adapter",
 ]
@@ -233,6 +234,11 @@ def merge_adapters(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
         module = name.removesuffix(".weight")
         a, b = state.get(f"{module}.lora_A"), state.get(f"{module}.lora_B")
         if name.endswith(".weight") and a is not None and b is not None:
-            value = (value.float() + scaling * (b.float() @ a.float())).to(value.dtype)
+            value = merged_weight(value, a, b, scaling)
         merged[name] = value
     return merged
+
+
+def merged_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``W + scaling * B @ A``, computed in fp32, in ``W``'s dtype: one adapted weight folded into its base."""
+    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)

@@ -1,19 +1,23 @@
 """Benchmark: a full weight update into a running vLLM engine versus a raw broadcast of the same bytes.
 
-One run, one backend (``auto``: NCCL with CUDA, gloo otherwise), two processes:
+One run, one backend (``auto``: NCCL with CUDA, gloo otherwise), two processes: this process builds a Qwen2 model of
+the requested size (or takes ``--model``), starts a vLLM engine with the weight-sync extension, and re-runs itself as
+the *sender* (the learner stand-in, rank 0 of two groups). Each round then times, side by side (the machine's load
+drifts; rounds are paired, not phases):
 
-* this process builds a Qwen2 model of the requested size, starts a vLLM engine with the weight-sync extension, and
-  re-runs itself as the *sender* (the learner stand-in, group rank 0);
-* raw phase (epoch 0): this process joins the group as rank 1 and receives ``--reps`` rounds of plain broadcasts, the
-  model's byte count cut into bucket-sized buffers: the best the link can do;
-* full phase (epoch 1): the vLLM worker joins as rank 1 and receives ``--reps`` complete updates through
-  ``EngineWeightSync.update`` (framing, digests, layer-wise reload into the model, load verification);
-* reference: vLLM's own ``reload_weights`` RPC of the same weights from the local file, i.e. the cost of the load
-  step alone (on CPU it dominates: every linear weight is repacked for oneDNN).
+* raw (group epoch 0): this process receives a plain broadcast of the model's byte count cut into bucket-sized
+  buffers: the best the link can do;
+* update (group epoch 1): the vLLM worker receives one complete update through ``EngineWeightSync.update``
+  (framing, digests, layer-wise reload into the model, load verification). By default the load verification checks
+  the values of 1/N of the parameters per update in turn (``async_training.weight_sync.verify_rotation``, N = 4);
+  ``--verify-rotation 1`` checks every value every time;
+* reload: vLLM's own ``reload_weights`` RPC of the same weights from the local file, i.e. the cost of the load step
+  alone (on CPU it dominates: every linear weight is repacked for oneDNN).
 
-Both phases are timed on the receiving side. The headline ratio is (raw broadcast + vLLM's own reload) / full update:
-the update should cost at most 1.2x the sum of its two parts (ratio >= 0.83). The worker's own breakdown and the
-achieved-bandwidth ratio full/raw are printed with it. Example (CPU)::
+All are timed on the receiving side; round 0 warms up. The headline ratio is (raw broadcast + vLLM's own reload) /
+update, from the medians: the update should cost at most 1.2x the sum of its two parts (ratio >= 0.83). Each round's
+own ratio is printed (the spread), with the worker's breakdown and the achieved-bandwidth ratio update/raw.
+Example (CPU)::
 
     .venv/bin/python tools/bench_weight_sync.py --hidden 1024 --layers 4 --reps 3
 """
@@ -37,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from async_rl.config.async_training import WeightSyncConfig  # noqa: E402
 from async_rl.weight_sync import WeightSender, create_store, open_group  # noqa: E402
 
 logger = logging.getLogger("bench_weight_sync")
@@ -55,6 +60,13 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-verify", action="store_true", help="skip the load verification (to measure what it costs)")
+    p.add_argument(
+        "--verify-rotation",
+        type=int,
+        default=WeightSyncConfig().verify_rotation,
+        help="values of 1/N of the parameters checked per update (async_training.weight_sync.verify_rotation; the "
+        "config's default); 1 = every value on every update",
+    )
     p.add_argument("--bucket-mb", type=float, default=256.0)
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
@@ -74,19 +86,22 @@ def run_sender(args: argparse.Namespace) -> None:
     nbytes = sum(t.numel() * t.element_size() for _, t in weights)
     store = create_store("127.0.0.1", 0, is_master=True, timeout_s=args.timeout)
     print(f"PORT {store.port} {nbytes}", flush=True)
-    group = open_group(
-        "127.0.0.1", store.port, rank=0, world_size=2, backend=args.backend, timeout_s=args.timeout, store=store
-    )
+    opened = {
+        epoch: open_group(
+            "127.0.0.1", store.port, rank=0, world_size=2, epoch=epoch, backend=args.backend, timeout_s=args.timeout,
+            store=store,
+        )
+        for epoch in (0, 1)
+    }  # fmt: skip
+    raw, group = opened[0], opened[1]  # epoch 0: raw broadcasts to the bench; epoch 1: updates to the vLLM worker
     bucket = int(args.bucket_mb * (1 << 20))
-    buffers = _raw_buffers(nbytes, bucket, group.device)
+    buffers = _raw_buffers(nbytes, bucket, raw.device)
     weights = [(n, t.to(group.device)) for n, t in weights]
-    for _ in range(args.reps + 1):  # one warm-up round, then the timed rounds
-        group.broadcast(torch.zeros(1, device=group.device), what="barrier")
-        for buf in buffers:
-            group.broadcast(buf, what="raw")
-    group.rejoin(1)  # the vLLM worker takes rank 1 from here on
     sender = WeightSender(group, bucket_size_mb=args.bucket_mb)
-    for version in range(args.reps + 1):
+    for version in range(args.reps + 1):  # one warm-up round, then the timed rounds: raw, then the update
+        raw.broadcast(torch.zeros(1, device=raw.device), what="barrier")
+        for buf in buffers:
+            raw.broadcast(buf, what="raw")
         report = sender.send(weights, version=version)
         print(f"SENT {json.dumps(report.as_dict())}", flush=True)
 
@@ -139,39 +154,35 @@ def run_main(args: argparse.Namespace) -> None:
 
         group = open_group("127.0.0.1", port, rank=1, world_size=2, backend=args.backend, timeout_s=args.timeout)
         buffers = _raw_buffers(nbytes, int(args.bucket_mb * (1 << 20)), group.device)
-        raw_times = []
-        for rep in range(args.reps + 1):
-            group.broadcast(torch.zeros(1, device=group.device), what="barrier")
-            t0 = time.perf_counter()
-            for buf in buffers:
-                group.broadcast(buf, what="raw")
-            if rep:
-                raw_times.append(time.perf_counter() - t0)
-        group.close()
-
         sync = EngineWeightSync(llm)
         plan = WeightSyncPlan(
             host="127.0.0.1", port=port, backend=group.backend, timeout_s=args.timeout, join_timeout_s=args.timeout,
             version=-1, epoch=1, candidates=(),
         )  # fmt: skip
         sync.join(JoinInfo(plan=plan, world_size=2, rank_offset=1))  # a fixed group: the sender builds no roster
-        full_times, reports = [], []
-        for version in range(args.reps + 1):
-            t0 = time.perf_counter()
-            report = sync.update(version, verify_load=not args.no_verify)
-            if version:
-                full_times.append(time.perf_counter() - t0)
-                reports.append(report)
-        sender.communicate(timeout=args.timeout)
-        # vLLM's own in-place reload of the same weights from the local file (page cache): the cost of loading alone.
-        reload_times = []
+        # Each round times the three side by side (the machine's load drifts): a raw broadcast of the same bytes, the
+        # full update, and vLLM's own in-place reload of the same weights from the local file (page cache): the cost
+        # of loading alone.
+        raw_times, full_times, reload_times, reports = [], [], [], []
         for rep in range(args.reps + 1):
+            group.broadcast(torch.zeros(1, device=group.device), what="barrier")
             t0 = time.perf_counter()
+            for buf in buffers:
+                group.broadcast(buf, what="raw")
+            t1 = time.perf_counter()
+            report = sync.update(rep, verify_load=not args.no_verify, verify_rotation=args.verify_rotation)
+            t2 = time.perf_counter()
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir), "is_checkpoint_format": True})
-            if rep:
-                reload_times.append(time.perf_counter() - t0)
+            if rep:  # round 0 warms up
+                raw_times.append(t1 - t0)
+                full_times.append(t2 - t1)
+                reload_times.append(time.perf_counter() - t2)
+                reports.append(report)
+        group.close()
+        sender.communicate(timeout=args.timeout)
 
     raw_s, full_s = statistics.median(raw_times), statistics.median(full_times)
+    rounds = [round((r + lo) / f, 3) for r, f, lo in zip(raw_times, full_times, reload_times, strict=True)]
     raw_bw, full_bw = nbytes / GB / raw_s, nbytes / GB / full_s
     transfer_s = statistics.median(r["seconds"] - r["consume_seconds"] for r in reports)
     result = {
@@ -188,17 +199,25 @@ def run_main(args: argparse.Namespace) -> None:
         "worker_transfer_excl_load_s": round(transfer_s, 4),
         "ratio_transfer_only_over_raw": round(raw_s / transfer_s, 3),
         "worker_total_s": round(statistics.median(r["total_seconds"] for r in reports), 4),
+        "verify": "off" if args.no_verify else f"values of 1/{args.verify_rotation} of the parameters per update",
+        "worker_verify_observe_s": round(statistics.median(r.get("verify_observe_seconds", 0.0) for r in reports), 4),
+        "worker_verify_check_s": round(statistics.median(r.get("verify_check_seconds", 0.0) for r in reports), 4),
         "vllm_local_reload_s": round(statistics.median(reload_times), 4),
         "ratio_full_over_raw_plus_local_reload": round((raw_s + statistics.median(reload_times)) / full_s, 3),
+        "round_ratios": rounds,
     }
     print(json.dumps(result, indent=2))
     parts = result["ratio_full_over_raw_plus_local_reload"]
-    print(f"sum of parts / full update: {parts:.2f} (target >= 0.83: at most 1.2x raw broadcast + vLLM reload)")
+    print(
+        f"sum of parts / full update: {parts:.2f} (target >= 0.83: at most 1.2x raw broadcast + vLLM reload); "
+        f"per round {min(rounds):.2f}-{max(rounds):.2f} over {len(rounds)} rounds"
+    )
     from async_rl.tuning.bench import BenchLine, emit
 
     detail = (
         f"{result['model_mib']} MiB over {group.backend}: update {full_s:.3f} s vs raw {raw_s:.3f} s "
-        f"(vLLM's own reload of the same weights {result['vllm_local_reload_s']:.3f} s)"
+        f"(vLLM's own reload of the same weights {result['vllm_local_reload_s']:.3f} s); load verification: "
+        f"{result['verify']}"
     )
     emit("weight_sync", [BenchLine("weight_sync_vs_sum_of_parts", parts, round(1 / 1.2, 2), detail)])
 

@@ -112,7 +112,9 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             scorer=scorer,
             reward_shaping=reward_shaping(cfg),
             episodes=episodes,
-            weight_sync=AsyncEngineWeightSync(engine.vllm),
+            weight_sync=AsyncEngineWeightSync(
+                engine.vllm, verify_rotation=cfg.async_training.weight_sync.verify_rotation
+            ),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
         )

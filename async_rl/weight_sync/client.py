@@ -51,19 +51,24 @@ def update_info(
     version: int,
     *,
     verify_load: bool = True,
+    verify_rotation: int = 1,
     require_complete: bool = True,
     adapter_dir: str = "",
     adapter_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``update_info`` payload of ``update_weights``; a LoRA update names the directory its adapter is written
+    """The ``update_info`` payload of ``update_weights``; ``verify_rotation`` N checks the values of 1/N of the
+    parameters per update, in turn (``LoadVerifier.begin``); a LoRA update names the directory its adapter is written
     to and the adapter's ``adapter_config.json``."""
     if version < -1:
         raise ValueError(f"version must be >= 0 (or -1 for any), got {version}")
+    if verify_rotation < 1:
+        raise ValueError(f"verify_rotation must be >= 1, got {verify_rotation}")
     if bool(adapter_dir) != (adapter_config is not None):
         raise ValueError("a LoRA update needs both adapter_dir and adapter_config")
     payload: dict[str, Any] = {
         "version": int(version),
         "verify_load": bool(verify_load),
+        "verify_rotation": int(verify_rotation),
         "require_complete": bool(require_complete),
     }
     if adapter_dir:
@@ -99,9 +104,13 @@ class EngineWeightSync:
         """Tell learner rank 0 that this actor can receive weights (see ``weight_sync.membership``)."""
         announce_at(host, port, member, token, timeout_s)
 
-    def update(self, version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
+    def update(
+        self, version: int, *, verify_load: bool = True, verify_rotation: int = 1, require_complete: bool = True
+    ) -> dict[str, Any]:
         """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks)."""
-        payload = update_info(version, verify_load=verify_load, require_complete=require_complete)
+        payload = update_info(
+            version, verify_load=verify_load, verify_rotation=verify_rotation, require_complete=require_complete
+        )
         try:
             self.llm.start_weight_update()
             self.llm.update_weights({"update_info": payload})
@@ -124,8 +133,10 @@ class AsyncEngineWeightSync:
     the update and resumes after it, the one pause/resume path of a weight update.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, verify_rotation: int = 1) -> None:
+        """``verify_rotation``: ``async_training.weight_sync.verify_rotation`` (see :func:`update_info`)."""
         self.engine = engine
+        self.verify_rotation = verify_rotation
 
     async def join(self, info: JoinInfo) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
@@ -155,6 +166,7 @@ class AsyncEngineWeightSync:
         payload = update_info(
             version,
             verify_load=verify_load,
+            verify_rotation=self.verify_rotation,
             require_complete=require_complete,
             adapter_dir=adapter_dir,
             adapter_config=adapter_config,

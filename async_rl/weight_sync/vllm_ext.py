@@ -86,6 +86,7 @@ class BroadcastUpdateInfo(WeightTransferUpdateInfo):
 
     version: int = -1
     verify_load: bool = True
+    verify_rotation: int = 1  # values of 1/N of the parameters checked per update (see LoadVerifier.begin)
     require_complete: bool = True
     # LoRA: the update is an adapter; it is written to this directory as a PEFT adapter (with this
     # adapter_config.json), for the actor to load with vLLM's add_lora. The base weights are not touched.
@@ -164,7 +165,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.last_error = None
         t0 = time.perf_counter()
         if verifier is not None:
-            verifier.begin()
+            verifier.begin(rotation=update_info.verify_rotation)
 
         initialize_layerwise_reload(self.model)
         reloading = True
@@ -205,6 +206,9 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             "verified_bitwise": checked.bitwise if checked else 0,
             "verified_probe": checked.probed if checked else 0,
             "unverified": list(checked.unverified) if checked else [],
+            "verify_deferred": checked.deferred if checked else 0,
+            "verify_observe_seconds": checked.observe_seconds if checked else 0.0,
+            "verify_check_seconds": checked.verify_seconds if checked else 0.0,
         }
 
     def _receive_adapter(self, group: WeightSyncGroup, update_info: BroadcastUpdateInfo) -> None:

@@ -78,8 +78,14 @@ def test_sync_update_call_order_and_payloads() -> None:
         "rank_offset": None,
     }
     assert msgspec.convert(payload, JoinInfo) == JoinInfo(plan=PLAN, member="actor-0")
-    assert llm.calls[2][1] == {"update_info": {"version": 3, "verify_load": True, "require_complete": True}}
+    assert llm.calls[2][1] == {
+        "update_info": {"version": 3, "verify_load": True, "verify_rotation": 1, "require_complete": True}
+    }
     assert llm.calls[3][1] == "3"
+    sync.update(4, verify_rotation=4)  # async_training.weight_sync.verify_rotation reaches the worker
+    assert llm.calls[5][1]["update_info"]["verify_rotation"] == 4
+    with pytest.raises(ValueError, match="verify_rotation must be >= 1"):
+        sync.update(5, verify_rotation=0)
 
 
 @pytest.mark.parametrize(
@@ -120,6 +126,7 @@ class _FakeAsyncLLM:
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[str] = []
         self.fail = fail
+        self.update_info: dict[str, Any] | None = None
 
     async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
         self.calls.append(f"pause:{mode}")
@@ -132,6 +139,7 @@ class _FakeAsyncLLM:
 
     async def update_weights(self, request: Any) -> None:
         self.calls.append("update")
+        self.update_info = request.update_info
         if self.fail:
             raise Exception("Worker failed with error 'broadcast of frame 0 timed out'")
 
@@ -149,6 +157,9 @@ def test_async_update_leaves_pausing_to_the_engine() -> None:
     engine = _FakeAsyncLLM()
     assert asyncio.run(AsyncEngineWeightSync(engine).update(5)) == REPORT
     assert engine.calls == ["start", "update", "finish"]  # GenerationEngine.update_weights pauses and resumes
+    assert engine.update_info is not None and engine.update_info["verify_rotation"] == 1
+    asyncio.run(AsyncEngineWeightSync(engine, verify_rotation=4).update(6))  # the actor passes its config's value
+    assert engine.update_info["verify_rotation"] == 4
     failing = _FakeAsyncLLM(fail=True)
     with pytest.raises(WeightSyncTimeout):
         asyncio.run(AsyncEngineWeightSync(failing).update(6))

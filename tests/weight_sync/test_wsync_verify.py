@@ -240,3 +240,99 @@ def test_tied_embeddings_are_one_tensor_sent_once() -> None:
     verifier.begin()  # the tied weight missing altogether is still an error
     with pytest.raises(WeightSyncError, match="'embed_tokens.weight' left out of the update"):
         verifier.verify(model, require_complete=True)
+
+
+def _packed_update(model: _Model, verifier: LoadVerifier, weights: dict[str, torch.Tensor], **load: str) -> None:
+    """One update as vLLM on CPU runs it: observe as the tensors arrive, re-materialise, load, repack."""
+    for name, value in weights.items():
+        verifier.observe(name, value)
+    _rematerialize(model)
+    _load(model, weights, **load)
+    _pack(model)
+
+
+def test_rotation_checks_every_value_once_per_round_and_all_of_them_first() -> None:
+    model = _Model()
+    _load(model, _checkpoint(0))
+    _pack(model)
+    verifier = LoadVerifier(model, device="cpu")
+    counts = []
+    for version in range(1, 6):
+        verifier.begin(rotation=2)
+        _packed_update(model, verifier, _checkpoint(version))
+        report = verifier.verify(model)
+        counts.append((report.bitwise, report.probed, report.deferred))
+    # Sorted parameters: norm.weight, o_proj.weight, qkv_proj.bias, qkv_proj.weight (8 checkpoint parts). The first
+    # update checks every value; then slot 0 (norm 1 + qkv bias 3, read back bit for bit) and slot 1 (o 1 + qkv
+    # weight 3, probed through the kernel) take turns, the other half deferred.
+    assert counts == [(4, 4, 0), (4, 0, 4), (0, 4, 4), (4, 0, 4), (0, 4, 4)]
+
+
+def test_rotation_catches_a_persistently_dropped_tensor_within_one_round() -> None:
+    model = _Model()
+    _load(model, _checkpoint(0))
+    _pack(model)
+    verifier = LoadVerifier(model, device="cpu")
+    verifier.begin(rotation=2)
+    _packed_update(model, verifier, _checkpoint(1))
+    verifier.verify(model)
+    dropped = "layers.0.self_attn.k_proj.weight"  # from here on the loader silently skips it (a name mismatch)
+    verifier.begin(rotation=2)  # slot 0: the qkv weight's values wait, its structure is checked
+    _packed_update(model, verifier, _checkpoint(2), skip=dropped)
+    assert verifier.verify(model).deferred == 4
+    verifier.begin(rotation=2)  # slot 1: caught
+    _packed_update(model, verifier, _checkpoint(3), skip=dropped)
+    with pytest.raises(WeightSyncError, match="disagrees") as info:
+        verifier.verify(model)
+    assert info.value.tensor == dropped
+    verifier.begin(rotation=2)  # after a failed update every value is checked again, whatever the slot
+    _packed_update(model, verifier, _checkpoint(4))
+    assert verifier.verify(model).deferred == 0
+    verifier.begin(rotation=2)
+    _packed_update(model, verifier, _checkpoint(5))
+    assert verifier.verify(model).deferred == 4
+
+
+def test_rotation_still_checks_structure_of_deferred_parameters() -> None:
+    model = _Model()
+    verifier = LoadVerifier(model, device="cpu")
+    verifier.begin(rotation=4)
+    weights = _checkpoint(1)
+    for name, value in weights.items():
+        verifier.observe(name, value)
+    _load(model, weights)
+    verifier.verify(model)
+    verifier.begin(rotation=4)  # slot 0 is norm.weight only; the qkv bias is deferred but must still arrive whole
+    weights = {k: v for k, v in _checkpoint(2).items() if k != "layers.0.self_attn.v_proj.bias"}
+    for name, value in weights.items():
+        verifier.observe(name, value)
+    _load(model, weights)
+    with pytest.raises(WeightSyncError, match="missing from the fused parameter") as info:
+        verifier.verify(model)
+    assert info.value.tensor == "layers.0.self_attn.v_proj.bias"
+    with pytest.raises(ValueError, match="rotation must be >= 1"):
+        verifier.begin(rotation=0)
+
+
+def test_sampled_rows_still_catch_a_column_the_load_missed() -> None:
+    # The dense probe compares a sample of each part's rows (here 2 of q's 8); a load that leaves one input column of
+    # every row stale, outside the one-hot probe columns, still changes every sampled row's dot product.
+    model = _Model()
+    _load(model, _checkpoint(0))
+    _pack(model)
+    verifier = LoadVerifier(model, device="cpu", probe_columns=1, probe_rows=2)
+    verifier.begin()
+    weights = _checkpoint(1)
+    cols, _ = verifier._probe_inputs(8, torch.float32)
+    stale = next(c for c in range(8) if c not in cols.tolist())
+    for name, value in weights.items():
+        verifier.observe(name, value)
+    _rematerialize(model)
+    _load(model, weights)
+    q = model.layers[0].self_attn.qkv_proj.weight
+    q.data[:8, stale] = _checkpoint(0)["layers.0.self_attn.q_proj.weight"][:, stale]
+    _pack(model)
+    with pytest.raises(WeightSyncError, match="disagrees") as info:
+        verifier.verify(model)
+    assert info.value.tensor == "layers.0.self_attn.q_proj.weight"
+    assert "column error 0" in str(info.value)  # the one-hot column was right: the dense row sample caught it

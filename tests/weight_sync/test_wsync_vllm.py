@@ -121,11 +121,11 @@ def _hf_logprobs(model_dir: Path, weights: dict[str, torch.Tensor] | None) -> li
     return out
 
 
-def _good_update(llm: Any, model_dir: Path, *, seed: int, version: int) -> dict[str, Any]:
+def _good_update(llm: Any, model_dir: Path, *, seed: int, version: int, rotation: int = 1) -> dict[str, Any]:
     proc, port = _start_sender(model_dir, "good", version=version, timeout=60, seed=seed)
     sync = EngineWeightSync(llm)
     sync.join(_fixed_group(port))
-    report = sync.update(version)
+    report = sync.update(version, verify_rotation=rotation)
     out = _sender_output(proc)
     assert proc.returncode == 0 and "REPORT" in out, out
     return report
@@ -149,6 +149,12 @@ def test_update_matches_transformers_forward(llm: Any, model_dir: Path) -> None:
         assert (got - old).abs().max() > 1e-2  # the update changed the model
     state = EngineWeightSync(llm).state()
     assert state["weights_valid"] is True and state["last_error"] is None
+    # Rotation 2 (async_training.weight_sync.verify_rotation): after a verified update, two updates check the values
+    # of complementary halves of the parameters, the rest deferred; together every one of the 27 parts once.
+    halves = [_good_update(llm, model_dir, seed=seed, version=seed, rotation=2) for seed in (2, 3)]
+    checked = [r["verified_bitwise"] + r["verified_probe"] for r in halves]
+    assert [c + r["verify_deferred"] for c, r in zip(checked, halves, strict=True)] == [27, 27]
+    assert sum(checked) == 27 and min(checked) > 0
 
 
 @pytest.mark.parametrize(

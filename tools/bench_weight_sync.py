@@ -68,6 +68,12 @@ def _parse() -> argparse.Namespace:
         "config's default); 1 = every value on every update",
     )
     p.add_argument("--bucket-mb", type=float, default=256.0)
+    p.add_argument(
+        "--direct-min-mb",
+        type=float,
+        default=None,
+        help="tensors of at least this size are sent from their own memory, not packed (WeightSender's default)",
+    )
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args()
@@ -97,7 +103,7 @@ def run_sender(args: argparse.Namespace) -> None:
     bucket = int(args.bucket_mb * (1 << 20))
     buffers = _raw_buffers(nbytes, bucket, raw.device)
     weights = [(n, t.to(group.device)) for n, t in weights]
-    sender = WeightSender(group, bucket_size_mb=args.bucket_mb)
+    sender = WeightSender(group, bucket_size_mb=args.bucket_mb, direct_min_mb=args.direct_min_mb)
     for version in range(args.reps + 1):  # one warm-up round, then the timed rounds: raw, then the update
         raw.broadcast(torch.zeros(1, device=raw.device), what="barrier")
         for buf in buffers:
@@ -142,6 +148,7 @@ def run_main(args: argparse.Namespace) -> None:
             str(args.reps),
             "--bucket-mb",
             str(args.bucket_mb),
+            *(["--direct-min-mb", str(args.direct_min_mb)] if args.direct_min_mb else []),
             "--backend",
             args.backend,
             "--timeout",

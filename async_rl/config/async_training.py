@@ -73,7 +73,8 @@ class WeightSyncConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             " tensor has a place and every fused part arrived; the values (read back, or probed through the layer's"
             " kernel where vLLM repacked the weight) of 1/N of the parameters per update, in turn, so each is checked"
             " at least every N updates, and all of them on the first update and after one that failed. 1 = every"
-            " value on every update (on CPU about 0.3 s more per update of SmolLM2-135M)."
+            " value on every update (on CPU about 0.2 s more per update of SmolLM2-135M: 0.29-0.32 s of checks vs"
+            " 0.09 s)."
         ),
     ] = 4
     timeout_s: Annotated[

@@ -4,8 +4,8 @@
 
 Both sides use one ``AsyncLLM`` (so start-up, weights and KV cache are shared): "raw" submits every prompt with
 ``AsyncLLM.generate`` (``n`` completions, per-token log-probs, final output only); "actor" submits the same prompts
-through :class:`async_rl.actor.engine.GenerationEngine` (streamed deltas, behaviour log-probs, version spans, prefix
-cache salted by version). Each round times both, back to back in alternating order, and gives one paired ratio of
+through :class:`async_rl.actor.engine.GenerationEngine` (final outputs too, behaviour log-probs, version spans,
+prefix cache salted by version). Each round times both, back to back in alternating order, and gives one paired ratio of
 generated tokens/s, and one of tokens per CPU second of the whole process tree (vLLM's engine core included); the
 line printed last is the median paired ratio (target >= 0.9) with its spread. The default rounds are long (256
 prompts x 4 = 1,024 sequences in flight, ~18 s a side here): with 64 prompts (~4.5 s a side) the paired ratios of one

@@ -138,6 +138,7 @@ class LoadVerifier:
                 self._targets[key] = _Target(mod_name, leaf, parts, sizes, param.dtype, probe, readable)
                 for i, part in enumerate(parts):
                     self._where[part] = (key, i)
+        self._keys = sorted(self._targets)  # the order of the checks and of the rotation's slots
         self._inputs: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows: dict[int, torch.Tensor] = {}
         self._full_next = True  # the first update checks every value
@@ -157,13 +158,12 @@ class LoadVerifier:
         self._expect: dict[str, dict[int, _Expect]] = {}
         self._unplaced: list[str] = []
         self._observe_seconds = 0.0
-        keys = sorted(self._targets)
         if self._full_next or rotation == 1:
-            self._due = frozenset(keys)
+            self._due = frozenset(self._keys)
         else:
             slot = self._round % rotation
             self._round += 1
-            self._due = frozenset(k for i, k in enumerate(keys) if i % rotation == slot)
+            self._due = frozenset(k for i, k in enumerate(self._keys) if i % rotation == slot)
         self._full_next = True  # until this update verifies
 
     def observe(self, name: str, tensor: torch.Tensor) -> None:
@@ -182,12 +182,12 @@ class LoadVerifier:
             return
         key, index = loc
         target = self._targets[key]
+        if key not in self._due:  # its values wait for their turn in the rotation: no cast, no copy
+            self._expect.setdefault(key, {})[index] = _Expect(tuple(tensor.shape), None)
+            return
         value = tensor.detach()
         value = value if value.dtype == target.dtype else value.to(target.dtype)
         value = value.to(self.device)
-        if key not in self._due:  # its values wait for their turn in the rotation
-            self._expect.setdefault(key, {})[index] = _Expect(tuple(value.shape), None)
-            return
         # Digest only what can be read back: a weight vLLM repacked away will be probed instead.
         wanted = target.readable or not target.probe
         exp = _Expect(tuple(value.shape), digest_tensor(name, value, str(target.dtype), self.algo) if wanted else None)
@@ -205,7 +205,7 @@ class LoadVerifier:
             raise WeightMismatchError(f"received tensor {first!r} matches no parameter of the model", tensor=first)
         t0 = time.perf_counter()
         report = VerifyReport(observe_seconds=self._observe_seconds)
-        for key in sorted(self._targets):
+        for key in self._keys:
             target = self._targets[key]
             got = self._expect.get(key, {})
             if not got and not require_complete:

@@ -15,6 +15,8 @@ The episode's response (everything after the prompt) is at most ``sampling.max_t
 response length): each turn generates at most what is left, and observations that leave no room for a model turn
 end the episode as truncated (finish reason ``length``). It always ends on a token the model sampled, where the
 learner puts the reward: the environment's reward when it said done, else its ``final_reward`` of the last turn.
+An environment whose steps report ``info["solved"]`` (the guessing game does) gets the last step's value as the
+episode's ``solved`` reward component: a success rate beside a shaped reward (``val/<source>/solved_mean``).
 
 Finish reasons: ``stop`` (the environment ended it), ``length`` (out of room), ``turn_limit`` (``max_assistant_turns``
 or ``max_user_turns``). A failed environment (error, timeout, crash) is an observation or a done from the environment
@@ -154,6 +156,7 @@ class EpisodeRunner:
         turns: list[_Turn] = []
         tool_calls = tool_errors = 0
         reward, finish, last_text = 0.0, "length", ""
+        solved: float | None = None  # the last step's info["solved"], for environments that report one
         for turn in itertools.count():
             sampling = self._turn_sampling(grant.sampling, index, turn, budget - len(tokens))
             out = (await self.engine.generate(prompt_ids + tokens, sampling))[0]
@@ -169,6 +172,7 @@ class EpisodeRunner:
             spans[-1].reward = float(step.reward)  # the wire's per-turn reward (the learner trains on the final one)
             tool_calls += int(step.info.get("tool_calls", 0))
             tool_errors += int(step.info.get("tool_errors", 0))
+            solved = step.info.get("solved", solved)
             if step.done:
                 reward, finish = float(step.reward), "stop"
                 break
@@ -202,6 +206,7 @@ class EpisodeRunner:
             version_max=max(t.version_max for t in spans),
             finish_reason=finish,
             reward=reward,
+            reward_components=None if solved is None else {"solved": float(solved)},
             loss_mask=np.asarray(mask, dtype=np.uint8),
             turns=spans,
             episode=EpisodeStats(

@@ -8,7 +8,12 @@ Reward: a correct guess on turn ``t`` (1-based, counting every assistant turn, i
 episode with ``max(min_reward, 1.0 - decay * (t - 1))``, by default ``1.0, 0.9, ..., 0.1, 0.1, ...``, so fewer turns
 (binary search takes at most 7 for hi=100) earn more. An episode the driver ends at its turn limit gets
 :meth:`GuessingEnv.final_reward`, 0. ``format_reward`` (default 0) adds ``format_reward * (turns that were just a
-number) / turns`` to either: a dense signal for a small model that answers with sentences.
+number) / turns`` to either: a dense signal for a small model that answers with sentences. ``feedback_reward``
+(default 0) adds ``feedback_reward * (guesses that respected every earlier reply) / turns``: a guess counts when it
+lies strictly inside the interval the replies so far leave open (for the first guess, [1, hi]), so a repeated guess
+or one that ignores "higher" / "lower" does not. Every step's ``info["solved"]`` is 1 for the winning guess, else 0:
+the actor reports it as the episode's ``solved`` reward component (``val/guessing/solved_mean`` is the win rate
+whatever the shaping).
 """
 
 from __future__ import annotations
@@ -51,9 +56,12 @@ class GuessingEnv:
         decay: float = 0.1,
         min_reward: float = 0.1,
         format_reward: float = 0.0,
+        feedback_reward: float = 0.0,
     ) -> None:
         if format_reward < 0.0:
             raise ValueError(f"format_reward must be >= 0, got {format_reward}")
+        if feedback_reward < 0.0:
+            raise ValueError(f"feedback_reward must be >= 0, got {feedback_reward}")
         if hi < 1:
             raise ValueError(f"hi must be >= 1, got {hi}")
         if not 0.0 <= min_reward <= 1.0 or decay < 0.0:
@@ -62,23 +70,29 @@ class GuessingEnv:
         self.decay = decay
         self.min_reward = min_reward
         self.format_reward = format_reward
+        self.feedback_reward = feedback_reward
         self.secret = 0
         self.turns = 0
         self.bare = 0  # turns that were just a number, as asked
+        self.consistent = 0  # guesses inside the interval the replies so far leave open
+        self.low, self.high = 1, hi  # that interval
 
     def reset(self, prompt: list[Message] | str, ground_truth: str, extra: dict[str, Any]) -> None:
         hi = int(extra.get("hi", self.hi))
         secret = int(ground_truth)
         if not 1 <= secret <= hi:
             raise ValueError(f"secret {secret} is outside [1, {hi}]")
-        self.hi, self.secret, self.turns, self.bare = hi, secret, 0, 0
+        self.hi, self.secret, self.turns, self.bare, self.consistent = hi, secret, 0, 0, 0
+        self.low, self.high = 1, hi
 
     def reward_for_turn(self, turn: int) -> float:
         """The reward of a correct guess on (1-based) ``turn``."""
         return max(self.min_reward, 1.0 - self.decay * (turn - 1))
 
-    def _format_part(self) -> float:
-        return self.format_reward * self.bare / max(self.turns, 1)
+    def _shaping(self) -> float:
+        """The dense parts: ``format_reward`` and ``feedback_reward`` times their shares of the turns so far."""
+        turns = max(self.turns, 1)
+        return (self.format_reward * self.bare + self.feedback_reward * self.consistent) / turns
 
     def step(self, assistant_text: str) -> StepResult:
         self.turns += 1
@@ -86,16 +100,22 @@ class GuessingEnv:
         guess = last_integer(assistant_text)
         if guess is None:
             reply = f"no number found. reply with one number from 1 to {self.hi}."
-            return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False, info={"tool_errors": 1.0})
+            info = {"tool_errors": 1.0, "solved": 0.0}
+            return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False, info=info)
+        self.consistent += self.low <= guess <= self.high
         if guess == self.secret:
-            return StepResult([], reward=self.reward_for_turn(self.turns) + self._format_part(), done=True)
-        reply = "higher" if guess < self.secret else "lower"
-        return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False)
+            reward = self.reward_for_turn(self.turns) + self._shaping()
+            return StepResult([], reward=reward, done=True, info={"solved": 1.0})
+        if guess < self.secret:
+            reply, self.low = "higher", max(self.low, guess + 1)
+        else:
+            reply, self.high = "lower", min(self.high, guess - 1)
+        return StepResult([{"role": "user", "content": reply}], reward=0.0, done=False, info={"solved": 0.0})
 
     def final_reward(self, assistant_text: str) -> float:
         """The driver ended the episode before a correct guess (a correct guess ends it in :meth:`step`): only the
-        format part, 0 unless ``format_reward``."""
-        return self._format_part()
+        shaping parts, 0 unless ``format_reward`` or ``feedback_reward``."""
+        return self._shaping()
 
 
 SYSTEM = "you are playing a number guessing game."
@@ -105,12 +125,33 @@ QUESTION = (
 )
 
 
-def make_guessing_problems(n: int, *, seed: int = 0, split: str = "train", hi: int = 100) -> list[dict[str, Any]]:
+def demonstration(hi: int, secret: int | None = None) -> list[Message]:
+    """One whole game played by binary search, as chat turns to put before the real question: the user's question,
+    then bare-number guesses answered "higher" / "lower", ending with the user's "right." on the winning guess (the
+    next user message starts the real game). ``secret`` defaults to about two thirds of ``hi``."""
+    secret = max(1, min(hi, round(hi * 2 / 3))) if secret is None else secret
+    messages: list[Message] = [{"role": "user", "content": QUESTION.format(hi=hi)}]
+    low, high = 1, hi
+    while True:
+        guess = (low + high) // 2
+        messages.append({"role": "assistant", "content": str(guess)})
+        if guess == secret:
+            return messages
+        reply = "higher" if guess < secret else "lower"
+        messages.append({"role": "user", "content": reply})
+        low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+
+
+def make_guessing_problems(
+    n: int, *, seed: int = 0, split: str = "train", hi: int = 100, demonstration_game: bool = False
+) -> list[dict[str, Any]]:
     """``n`` games for :class:`GuessingEnv`: secrets drawn (seeded) from [1, hi]; ``split`` "train" or "eval".
 
     The split is a hash of the secret (about a quarter of the secrets are "eval"), so held-out games never share a
     secret with training ones (5 of 20 for hi=20, the builtin task). Each record is
-    ``{"prompt": [system, user], "ground_truth": "37", "extra": {"data_source": "guessing", "hi": hi}}``.
+    ``{"prompt": [system, user], "ground_truth": "37", "extra": {"data_source": "guessing", "hi": hi}}``; with
+    ``demonstration_game`` the prompt is ``[system, *demonstration(hi), user]``: one game played well, then "right.
+    new game." and the question.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -122,7 +163,11 @@ def make_guessing_problems(n: int, *, seed: int = 0, split: str = "train", hi: i
     if not secrets and n:
         raise ValueError(f"no secret in [1, {hi}] falls in split {split!r}; use a larger hi")
     rng = random.Random(seed)
-    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION.format(hi=hi)}]
+    question = {"role": "user", "content": QUESTION.format(hi=hi)}
+    prompt = [{"role": "system", "content": SYSTEM}, question]
+    if demonstration_game:
+        question = {"role": "user", "content": "right. new game. " + question["content"]}
+        prompt = [prompt[0], *demonstration(hi), question]
     return [
         {
             "prompt": [dict(m) for m in prompt],

@@ -6,8 +6,8 @@ is the real SmolLM2-135M-Instruct converted once from a PyPI wheel into a shared
 ``async_rl.models.pretrained``), and ``builtin:arith`` is the generated arithmetic task (train split for
 ``data.train_files``, eval split for ``data.val_files``); ``builtin:arith-chat`` asks the same problems as chat
 messages ("What is 23 + 48? Answer with just the number.") for instruct models. ``builtin:calculator-tool`` (word
-problems to solve with the calculator tool) and ``builtin:guessing`` (a higher/lower game) are the multi-turn tasks
-of ``async_rl.envs``.
+problems to solve with the calculator tool) and ``builtin:guessing`` (a higher/lower game; ``builtin:guessing-demo``
+puts one demonstration game before it) are the multi-turn tasks of ``async_rl.envs``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ ARITH_EVAL_SIZE = 200
 ARITH_SOURCE = "arith"  # the data source name of builtin:arith records (validation metrics per source)
 BUILTIN_CALCULATOR_DATA = "builtin:calculator-tool"  # word problems for the calculator tool (multi-turn)
 BUILTIN_GUESSING_DATA = "builtin:guessing"  # the higher/lower guessing game (multi-turn)
+BUILTIN_GUESSING_DEMO_DATA = "builtin:guessing-demo"  # the same, one game played by binary search in the prompt
 GUESSING_HI = 20  # builtin:guessing's secrets are in [1, 20]: at most 5 guesses with binary search
 
 
@@ -77,10 +78,11 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
             from async_rl.envs.calculator import make_calculator_problems
 
             out.extend(make_calculator_problems(size, seed=seed, split=split))
-        elif f == BUILTIN_GUESSING_DATA:
+        elif f in (BUILTIN_GUESSING_DATA, BUILTIN_GUESSING_DEMO_DATA):
             from async_rl.envs.guessing import make_guessing_problems
 
-            out.extend(make_guessing_problems(size, seed=seed, split=split, hi=GUESSING_HI))
+            demo = f == BUILTIN_GUESSING_DEMO_DATA
+            out.extend(make_guessing_problems(size, seed=seed, split=split, hi=GUESSING_HI, demonstration_game=demo))
         else:
             out.extend(load_prompt_records(f, prompt_key))
     return out

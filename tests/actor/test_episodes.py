@@ -172,6 +172,36 @@ def test_max_user_turns(tok):
     assert unpack_array(c.loss_mask).tolist().count(0) > 0
 
 
+class SolvedEnv(GuessEnv):
+    """GuessEnv whose steps report ``info["solved"]`` as the guessing game does."""
+
+    def step(self, episode_id, text):
+        result = super().step(episode_id, text)
+        result.info["solved"] = float(result.done)
+        return result
+
+
+def test_the_solved_component_is_the_last_steps_flag(tok):
+    grant, prompt_ids = _grant(tok)
+    won = EpisodeRunner(
+        ScriptedEngine(tok, ["5", "8"]), ChatRenderer(tok), SolvedEnv(), EpisodeSettings(None, None, "strict")
+    )
+    (c,) = _run(won, grant, prompt_ids)
+    assert (c.reward, c.reward_components) == (1.0, {"solved": 1.0})
+    # Ended by the turn limit: the last step said 0, whatever final_reward gives.
+    lost = EpisodeRunner(
+        ScriptedEngine(tok, ["1", "2"]), ChatRenderer(tok), SolvedEnv(), EpisodeSettings(2, None, "strict")
+    )
+    (c,) = _run(lost, grant, prompt_ids)
+    assert (c.finish_reason, c.reward, c.reward_components) == ("turn_limit", 0.25, {"solved": 0.0})
+    # An environment that never reports it: no component.
+    plain = EpisodeRunner(
+        ScriptedEngine(tok, ["5", "8"]), ChatRenderer(tok), GuessEnv(), EpisodeSettings(None, None, "strict")
+    )
+    (c,) = _run(plain, grant, prompt_ids)
+    assert c.reward_components is None
+
+
 def test_group_of_episodes_runs_concurrently_and_closes_every_episode(tok):
     env = GuessEnv()
     runner = EpisodeRunner(

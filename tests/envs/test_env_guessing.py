@@ -1,10 +1,10 @@
-"""The guessing game: replies, reward decay per turn, invalid turns, and the problem maker."""
+"""The guessing game: replies, reward decay per turn, invalid turns, shaping, the solved flag, and the problem maker."""
 
 from __future__ import annotations
 
 import pytest
 
-from async_rl.envs.guessing import GuessingEnv, last_integer, make_guessing_problems
+from async_rl.envs.guessing import GuessingEnv, demonstration, last_integer, make_guessing_problems
 
 ALPHABET = set("0123456789+-*/=()., ?:!\nabcdefghijklmnopqrstuvwxyz")
 
@@ -18,12 +18,13 @@ def test_higher_lower_then_correct_with_decayed_reward() -> None:
     env.reset("guess", "37", {"hi": 100})
     first = env.step("i guess 50")
     assert (first.observations, first.reward, first.done) == (user("lower"), 0.0, False)
-    assert first.info == {"tool_calls": 0.0, "tool_errors": 0.0}
+    assert first.info == {"tool_calls": 0.0, "tool_errors": 0.0, "solved": 0.0}
     assert env.step("25").observations == user("higher")
     assert env.step("maybe 12 or 40?").observations == user("lower")  # the last integer is the guess
     final = env.step("37")
     assert final.done is True and final.observations == []
     assert final.reward == pytest.approx(0.7)  # turn 4: 1.0 - 0.1 * 3
+    assert final.info["solved"] == 1.0
 
 
 def test_first_turn_correct_earns_one_and_the_reward_is_floored() -> None:
@@ -87,3 +88,64 @@ def test_format_reward_is_the_share_of_bare_number_turns() -> None:
     env.step("3")
     assert env.final_reward("3") == pytest.approx(0.2)  # ended by the driver: only the format part
     assert GuessingEnv(hi=20).final_reward("3") == 0.0
+
+
+def test_feedback_reward_is_the_share_of_guesses_inside_the_open_interval() -> None:
+    env = GuessingEnv(hi=20, feedback_reward=0.3)
+    env.reset("p", "13", {})
+    assert env.step("10").observations == user("higher")  # in [1, 20]: counts; open interval now [11, 20]
+    assert env.step("10").observations == user("higher")  # a repeat ignores the reply: does not count
+    assert env.step("25").observations == user("lower")  # outside [11, 20]: does not count; still [11, 20]
+    assert env.step("15").observations == user("lower")  # counts; open interval now [11, 14]
+    assert env.step("hmm").info == {"tool_calls": 0.0, "tool_errors": 1.0, "solved": 0.0}  # no guess: no count
+    assert env.step("16").observations == user("lower")  # above 14: does not count
+    assert (env.low, env.high) == (11, 14)
+    final = env.step("13")  # counts; solved on turn 7
+    assert final.done and final.info["solved"] == 1.0
+    assert final.reward == pytest.approx(0.4 + 0.3 * 3 / 7)
+    env.reset("p", "2", {})
+    env.step("1")
+    env.step("3")
+    assert env.final_reward("3") == pytest.approx(0.3)  # ended by the driver: both guesses respected the replies
+    with pytest.raises(ValueError, match="feedback_reward"):
+        GuessingEnv(feedback_reward=-0.1)
+
+
+def test_shaping_parts_add_up() -> None:
+    env = GuessingEnv(hi=20, format_reward=0.2, feedback_reward=0.3)
+    env.reset("p", "7", {})
+    env.step("i say 10")  # inside, not bare
+    env.step("12")  # bare, outside [1, 9]
+    assert env.final_reward("12") == pytest.approx((0.2 * 1 + 0.3 * 1) / 2)
+
+
+@pytest.mark.parametrize("hi", [1, 2, 7, 20, 100])
+def test_the_demonstration_is_a_binary_search_game_the_env_accepts(hi: int) -> None:
+    game = demonstration(hi)
+    assert game[0] == {
+        "role": "user",
+        "content": f"i am thinking of a number from 1 to {hi}. guess it. after each "
+        "guess i will say higher or lower. reply with one number.",
+    }
+    assert [m["role"] for m in game[1:]] == ["assistant", "user"] * (len(game[1:]) // 2) + ["assistant"]
+    secret = int(game[-1]["content"])
+    assert secret == max(1, round(hi * 2 / 3))
+    env = GuessingEnv(hi=hi, feedback_reward=1.0)
+    env.reset("p", str(secret), {})
+    results = [env.step(m["content"]) for m in game[1::2]]
+    assert [r.observations for r in results[:-1]] == [user(m["content"]) for m in game[2::2]]
+    assert results[-1].done and results[-1].info["solved"] == 1.0
+    assert env.consistent == env.turns  # every guess respected the replies
+    assert len(results) <= hi.bit_length()  # binary search
+    assert demonstration(20) == demonstration(20, secret=13)
+
+
+def test_problems_with_the_demonstration_game() -> None:
+    plain = make_guessing_problems(20, seed=3, split="eval", hi=20)
+    demo = make_guessing_problems(20, seed=3, split="eval", hi=20, demonstration_game=True)
+    assert [r["ground_truth"] for r in demo] == [r["ground_truth"] for r in plain]
+    prompt = demo[0]["prompt"]
+    assert prompt[0] == plain[0]["prompt"][0] and prompt[1:-1] == demonstration(20)
+    assert prompt[-1] == {"role": "user", "content": "right. new game. " + plain[0]["prompt"][1]["content"]}
+    assert [m["content"] for m in prompt if m["role"] == "assistant"] == ["10", "15", "12", "13"]
+    assert all(set(m["content"]) <= ALPHABET for m in prompt)

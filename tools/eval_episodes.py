@@ -5,9 +5,10 @@
 
 The same pieces as a training actor: vLLM (``GenerationEngine``), the environment in its sandboxed worker
 (``EnvWorker``) and the token-exact renderer (``EpisodeRunner``). Use it to see what an untrained (or trained:
-``--model`` names an exported HF directory) policy does before spending a run on it: the success rate (reward > 0),
-the reward, turns, tool calls and errors, the template check, and a few transcripts exactly as the learner would see
-them (the observation tokens in [brackets]). Temperature defaults to the config's validation temperature.
+``--model`` names an exported HF directory) policy does before spending a run on it: the success rate (the
+environment's ``solved`` where it reports one, else reward > 0), the reward, turns, tool calls and errors, the
+template check, and a few transcripts exactly as the learner would see them (the observation tokens in [brackets]).
+Temperature defaults to the config's validation temperature.
 """
 
 from __future__ import annotations
@@ -96,12 +97,15 @@ async def _play(cfg: Any, model_path: str, args: argparse.Namespace) -> dict[str
         RolloutGroup(prompt_id=i, lease_id=1, actor_id="eval", completions=list(g or [])) for i, g in enumerate(groups)
     ]
     rewards = [c.reward for c in completions]
+    # The environment's own verdict where it reports one (info["solved"], e.g. the guessing game, whose shaped
+    # reward is above 0 for a lost game too), else reward > 0.
+    solved = [(c.reward_components or {}).get("solved", float(c.reward > 0)) for c in completions]
     summary = {
         "model": model_path,
         "prompts": len(records),
         "episodes": len(completions),
         "temperature": temperature,
-        "success_rate": sum(r > 0 for r in rewards) / max(len(rewards), 1),
+        "success_rate": sum(solved) / max(len(solved), 1),
         "reward_mean": sum(rewards) / max(len(rewards), 1),
         "finish": {
             k: sum(c.finish_reason == k for c in completions) for k in sorted({c.finish_reason for c in completions})

@@ -147,11 +147,16 @@ def make_guessing_problems(
 ) -> list[dict[str, Any]]:
     """``n`` games for :class:`GuessingEnv`: secrets drawn (seeded) from [1, hi]; ``split`` "train" or "eval".
 
-    The split is a hash of the secret (about a quarter of the secrets are "eval"), so held-out games never share a
-    secret with training ones (5 of 20 for hi=20, the builtin task). Each record is
-    ``{"prompt": [system, user], "ground_truth": "37", "extra": {"data_source": "guessing", "hi": hi}}``; with
-    ``demonstration_game`` the prompt is ``[system, *demonstration(hi), user]``: one game played well, then "right.
-    new game." and the question.
+    Plain games (``[system, user]`` prompts, the same for every secret): the split is a hash of the secret (about a
+    quarter of the secrets are "eval", 4 of 20 for hi=20), so held-out games never share a secret with training ones.
+
+    With ``demonstration_game`` the prompt is ``[system, *demonstration(hi, d), user]``: one game played by binary
+    search on a secret ``d`` drawn for each record, then "right. new game." and the question. Here both splits draw
+    secrets from all of [1, hi] ("eval" from its own seeded stream): the secret is the only thing a game's policy
+    cannot see, so held-out secrets would make a policy that learned which numbers come up in training look worse
+    on the held-out ones, and a demonstration that varies keeps copying it from paying.
+
+    Each record is ``{"prompt": [...], "ground_truth": "37", "extra": {"data_source": "guessing", "hi": hi}}``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -159,20 +164,23 @@ def make_guessing_problems(
         raise ValueError(f"hi must be >= 1, got {hi}")
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    question = {"role": "user", "content": QUESTION.format(hi=hi)}
+    extra = {"data_source": "guessing", "hi": hi}
+    if demonstration_game:
+        rng = random.Random(f"guessing-demo:{seed}:{split}")
+        again = {"role": "user", "content": "right. new game. " + question["content"]}
+        records = []
+        for _ in range(n):
+            demo = demonstration(hi, rng.randint(1, hi))
+            prompt = [{"role": "system", "content": SYSTEM}, *demo, again]
+            records.append({"prompt": prompt, "ground_truth": str(rng.randint(1, hi)), "extra": dict(extra)})
+        return records
     secrets = [s for s in range(1, hi + 1) if (zlib.crc32(f"guess:{hi}:{s}".encode()) % 4 == 0) == (split == "eval")]
     if not secrets and n:
         raise ValueError(f"no secret in [1, {hi}] falls in split {split!r}; use a larger hi")
     rng = random.Random(seed)
-    question = {"role": "user", "content": QUESTION.format(hi=hi)}
     prompt = [{"role": "system", "content": SYSTEM}, question]
-    if demonstration_game:
-        question = {"role": "user", "content": "right. new game. " + question["content"]}
-        prompt = [prompt[0], *demonstration(hi), question]
     return [
-        {
-            "prompt": [dict(m) for m in prompt],
-            "ground_truth": str(rng.choice(secrets)),
-            "extra": {"data_source": "guessing", "hi": hi},
-        }
+        {"prompt": [dict(m) for m in prompt], "ground_truth": str(rng.choice(secrets)), "extra": dict(extra)}
         for _ in range(n)
     ]

@@ -141,11 +141,20 @@ def test_the_demonstration_is_a_binary_search_game_the_env_accepts(hi: int) -> N
 
 
 def test_problems_with_the_demonstration_game() -> None:
-    plain = make_guessing_problems(20, seed=3, split="eval", hi=20)
-    demo = make_guessing_problems(20, seed=3, split="eval", hi=20, demonstration_game=True)
-    assert [r["ground_truth"] for r in demo] == [r["ground_truth"] for r in plain]
-    prompt = demo[0]["prompt"]
-    assert prompt[0] == plain[0]["prompt"][0] and prompt[1:-1] == demonstration(20)
-    assert prompt[-1] == {"role": "user", "content": "right. new game. " + plain[0]["prompt"][1]["content"]}
-    assert [m["content"] for m in prompt if m["role"] == "assistant"] == ["10", "15", "12", "13"]
-    assert all(set(m["content"]) <= ALPHABET for m in prompt)
+    train = make_guessing_problems(200, seed=3, hi=20, demonstration_game=True)
+    held_out = make_guessing_problems(200, seed=3, split="eval", hi=20, demonstration_game=True)
+    assert train == make_guessing_problems(200, seed=3, hi=20, demonstration_game=True)
+    assert [r["ground_truth"] for r in train] != [r["ground_truth"] for r in held_out]  # their own streams
+    for records in (train, held_out):  # both splits draw from all of [1, 20]
+        assert {int(r["ground_truth"]) for r in records} == set(range(1, 21))
+    plain_question = make_guessing_problems(1, hi=20)[0]["prompt"][1]["content"]
+    demo_secrets = set()
+    for record in train:
+        prompt = record["prompt"]
+        assert prompt[0] == {"role": "system", "content": "you are playing a number guessing game."}
+        assert prompt[-1] == {"role": "user", "content": "right. new game. " + plain_question}
+        demo_secret = int(prompt[-2]["content"])  # the demonstration's winning guess
+        assert prompt[1:-1] == demonstration(20, demo_secret)
+        demo_secrets.add(demo_secret)
+        assert all(set(m["content"]) <= ALPHABET for m in prompt)
+    assert len(demo_secrets) == 20  # the demonstration varies, so copying it does not pay

@@ -182,13 +182,15 @@ def _staleness_panel(ax: Any, records: Sequence[dict[str, Any]]) -> None:
 def _validation_panel(
     ax: Any, records: Sequence[dict[str, Any]], x_key: str, title: str, x_label: str, x_scale: float = 1.0
 ) -> None:
-    """Validation reward (overall, and per data source when there are several) against ``x_key``."""
-    sources = sorted(
-        {k for r in records for k in r if k.startswith("val/") and k.endswith("/reward_mean") and k.count("/") == 2}
-    )
+    """Validation reward (overall, and per data source when there are several) against ``x_key``, with the reward
+    components validation reports (``val/<source>/<name>_mean``: e.g. ``acc``, the guessing game's ``solved``)."""
+    per_source = {k for r in records for k in r if k.startswith("val/") and k.endswith("_mean") and k.count("/") == 2}
+    sources = sorted(k for k in per_source if k.endswith("/reward_mean"))
+    components = sorted(per_source - set(sources))
     series = [(VAL_REWARD_KEY, _series(records, VAL_REWARD_KEY, x_key))]
     if len(sources) > 1:
         series += [(k, _series(records, k, x_key)) for k in sources[:MAX_COMPONENTS]]
+    series += [(k, _series(records, k, x_key)) for k in components[:MAX_COMPONENTS]]
     drawn = [(label, s) for label, s in series if s[0]]
     if not drawn:
         _no_data(ax, title)

@@ -201,3 +201,26 @@ def test_multi_turn_runs_get_the_episode_panels(tmp_path: Path, monkeypatch: pyt
     assert _png_size(out) == (1400, 2300)  # one more row
     assert "episodes: turns and tool calls" in titles and "episodes: errors and template checks" in titles
     assert not unknown_keys(records[0], record_kind(records[0]))
+
+
+def test_the_validation_panel_draws_reward_components() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [
+        {
+            "step": v,
+            "val/reward_mean": 0.3 + v / 100,
+            "val/guessing/reward_mean": 0.3 + v / 100,
+            "val/guessing/solved_mean": 0.25 + v / 50,
+        }
+        for v in (0, 5, 10)
+    ]
+    fig, ax = plt.subplots()
+    plot_mod._validation_panel(ax, records, "step", "validation", "step")
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    plt.close(fig)
+    # One source: its reward is the overall one (not drawn twice); its solved rate is drawn beside it.
+    assert lines == {"val/reward_mean": [0.3, 0.35, 0.4], "val/guessing/solved_mean": [0.25, 0.35, 0.45]}

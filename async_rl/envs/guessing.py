@@ -10,7 +10,7 @@ episode with ``max(min_reward, 1.0 - decay * (t - 1))``, by default ``1.0, 0.9, 
 :meth:`GuessingEnv.final_reward`, 0. ``format_reward`` (default 0) adds ``format_reward * (turns that were just a
 number) / turns`` to either: a dense signal for a small model that answers with sentences. ``feedback_reward``
 (default 0) adds ``feedback_reward * (guesses that respected every earlier reply) / turns``: a guess counts when it
-lies strictly inside the interval the replies so far leave open (for the first guess, [1, hi]), so a repeated guess
+is one of the values the replies so far leave possible (for the first guess, any of [1, hi]), so a repeated guess
 or one that ignores "higher" / "lower" does not. Every step's ``info["solved"]`` is 1 for the winning guess, else 0:
 the actor reports it as the episode's ``solved`` reward component (``val/guessing/solved_mean`` is the win rate
 whatever the shaping).
@@ -127,8 +127,8 @@ QUESTION = (
 
 def demonstration(hi: int, secret: int | None = None) -> list[Message]:
     """One whole game played by binary search, as chat turns to put before the real question: the user's question,
-    then bare-number guesses answered "higher" / "lower", ending with the user's "right." on the winning guess (the
-    next user message starts the real game). ``secret`` defaults to about two thirds of ``hi``."""
+    then bare-number guesses answered "higher" / "lower", ending on the assistant's winning guess (the caller's next
+    user message says so and starts the real game). ``secret`` defaults to about two thirds of ``hi``."""
     secret = max(1, min(hi, round(hi * 2 / 3))) if secret is None else secret
     messages: list[Message] = [{"role": "user", "content": QUESTION.format(hi=hi)}]
     low, high = 1, hi

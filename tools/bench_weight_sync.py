@@ -148,7 +148,7 @@ def run_main(args: argparse.Namespace) -> None:
             str(args.reps),
             "--bucket-mb",
             str(args.bucket_mb),
-            *(["--direct-min-mb", str(args.direct_min_mb)] if args.direct_min_mb else []),
+            *(["--direct-min-mb", str(args.direct_min_mb)] if args.direct_min_mb is not None else []),
             "--backend",
             args.backend,
             "--timeout",

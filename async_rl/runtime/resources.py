@@ -12,6 +12,7 @@ puts one demonstration game before it) are the multi-turn tasks of ``async_rl.en
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -102,39 +103,81 @@ def with_chat_template(cfg: Config, tokenizer: Any) -> Any:
     return tokenizer
 
 
-def tokenize_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """A plain string is encoded as is; a chat message list goes through the tokenizer's chat template."""
-    if isinstance(prompt, list):
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                "chat prompts need a chat template, and the tokenizer has none: "
-                "set actor_rollout_ref.model.custom_chat_template"
-            )
-        # transformers 5 returns a BatchEncoding (a dict: list() of it gives its keys) unless asked for a plain list.
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    return list(tokenizer(str(prompt), add_special_tokens=False)["input_ids"])
+TOKENIZE_BATCH = 1024  # prompts per batched tokenizer call
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[Any]) -> list[list[int]]:
+    """Token ids of each prompt: a plain string is encoded as is, a chat message list goes through the tokenizer's chat
+    template (with the generation prompt). Each distinct prompt is encoded once, in batches: a dataset of 20,000
+    prompts then loads in about a second instead of ten (per-prompt calls, measured on builtin:guessing)."""
+    index: dict[str, int] = {}  # a prompt's canonical form -> its place among the distinct prompts
+    distinct: list[Any] = []
+    where: list[int] = []
+    for prompt in prompts:
+        key = json.dumps(prompt, sort_keys=True, default=repr) if isinstance(prompt, list) else "s" + str(prompt)
+        if key not in index:
+            index[key] = len(distinct)
+            distinct.append(prompt)
+        where.append(index[key])
+    chat = [i for i, p in enumerate(distinct) if isinstance(p, list)]
+    if chat and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "chat prompts need a chat template, and the tokenizer has none: "
+            "set actor_rollout_ref.model.custom_chat_template"
+        )
+    plain = [i for i, p in enumerate(distinct) if not isinstance(p, list)]
+    ids: list[list[int]] = [[] for _ in distinct]
+    for start in range(0, len(chat), TOKENIZE_BATCH):
+        batch = chat[start : start + TOKENIZE_BATCH]
+        # transformers 5 returns a BatchEncoding (a dict: list() of it gives its keys) unless asked for plain lists.
+        out = tokenizer.apply_chat_template(
+            [distinct[i] for i in batch], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(out, Mapping):
+            out = out["input_ids"]
+        for i, row in zip(batch, out, strict=True):
+            ids[i] = [int(t) for t in row]
+    for start in range(0, len(plain), TOKENIZE_BATCH):
+        batch = plain[start : start + TOKENIZE_BATCH]
+        out = tokenizer([str(distinct[i]) for i in batch], add_special_tokens=False)["input_ids"]
+        for i, row in zip(batch, out, strict=True):
+            ids[i] = [int(t) for t in row]
+    return [list(ids[w]) for w in where]
 
 
 def prompt_records(cfg: Config, tokenizer: Any) -> list[Any]:
     """Tokenized training prompts as coordinator records (over-long ones filtered or rejected per config)."""
     d = cfg.data
     raw = load_raw_records(d.train_files, d.prompt_key, "train", d.seed)
-    records = []
-    dropped = 0
-    for i, r in enumerate(raw):
-        ids = _fit_prompt(tokenize_prompt(tokenizer, r["prompt"]), cfg, f"prompt {i}")
-        if ids is None:
-            dropped += 1
-            continue
-        records.append(_prompt_record(r, ids, tokenizer, cfg))
+    records = _records(raw, [f"prompt {i}" for i in range(len(raw))], tokenizer, cfg)
+    dropped = sum(r is None for r in records)
     if dropped:
         logger.warning("dropped %d prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
-    if not records:
+    kept = [r for r in records if r is not None]
+    if not kept:
         raise ValueError(f"no training prompts loaded from data.train_files={d.train_files!r}")
-    return records
+    return kept
+
+
+def _records(raw: list[dict[str, Any]], names: list[str], tokenizer: Any, cfg: Config) -> list[Any | None]:
+    """Coordinator records of ``raw`` (None where data.max_prompt_length filters a prompt out); ``names`` say which
+    prompt an error is about."""
+    fitted = [
+        _fit_prompt(ids, cfg, name)
+        for ids, name in zip(tokenize_prompts(tokenizer, [r["prompt"] for r in raw]), names, strict=True)
+    ]
+    # A chat prompt's text is its (possibly truncated) ids decoded; each distinct one is decoded once.
+    chat_ids = {
+        tuple(ids) for r, ids in zip(raw, fitted, strict=True) if ids is not None and not isinstance(r["prompt"], str)
+    }
+    ordered = sorted(chat_ids)
+    texts = dict(zip(ordered, tokenizer.batch_decode([list(i) for i in ordered]) if ordered else [], strict=True))
+    return [
+        None
+        if ids is None
+        else _prompt_record(r, ids, r["prompt"] if isinstance(r["prompt"], str) else texts[tuple(ids)], cfg)
+        for r, ids in zip(raw, fitted, strict=True)
+    ]
 
 
 def _fit_prompt(ids: list[int], cfg: Config, what: str) -> list[int] | None:
@@ -157,13 +200,12 @@ def _fit_prompt(ids: list[int], cfg: Config, what: str) -> list[int] | None:
     return ids[: keep // 2] + ids[len(ids) - (keep - keep // 2) :]
 
 
-def _prompt_record(raw: dict[str, Any], ids: list[int], tokenizer: Any, cfg: Config) -> Any:
+def _prompt_record(raw: dict[str, Any], ids: list[int], text: str, cfg: Config) -> Any:
     """A coordinator record; multi-turn episodes also get the prompt's messages (the environment and the template
     check read them), and need chat prompts: their observations go through the chat template."""
     from async_rl.transport import PromptRecord
 
     prompt = raw["prompt"]
-    text = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
     record = {"prompt_token_ids": ids, "prompt": text, "ground_truth": raw["ground_truth"], "extra": raw["extra"]}
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         if not isinstance(prompt, list):
@@ -199,12 +241,9 @@ def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
             chosen = [int(i) for i in np.random.default_rng(d.seed).choice(len(raw), d.val_max_samples, replace=False)]
         else:
             chosen = chosen[: d.val_max_samples]
-    records, kept_sources = [], []
-    for i in chosen:
-        ids = _fit_prompt(tokenize_prompt(tokenizer, raw[i]["prompt"]), cfg, f"validation prompt {i}")
-        if ids is not None:
-            records.append(_prompt_record(raw[i], ids, tokenizer, cfg))
-            kept_sources.append(sources[i])
+    made = _records([raw[i] for i in chosen], [f"validation prompt {i}" for i in chosen], tokenizer, cfg)
+    records = [r for r in made if r is not None]
+    kept_sources = [sources[i] for i, r in zip(chosen, made, strict=True) if r is not None]
     if len(records) < len(chosen):
         logger.warning("dropped %d validation prompts longer than data.max_prompt_length", len(chosen) - len(records))
     if files and not records:

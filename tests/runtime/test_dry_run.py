@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -33,29 +34,34 @@ def test_dry_run_report_for_every_config(path):
         assert report["reward"] == "async_rl.rewards.gsm8k:compute_score"
 
 
-@pytest.mark.parametrize("module", ["async_rl.entrypoints.train", "async_rl.entrypoints.actor"])
+ENTRYPOINTS = ["async_rl.entrypoints.train", "async_rl.entrypoints.actor"]
+
+
+@pytest.mark.parametrize("module", ENTRYPOINTS)
+def test_entrypoint_dry_run_for_every_config(module, capsys):
+    """Each entry point's ``main`` with ``--dry-run`` on every shipped config prints the report as JSON and returns 0.
+    In this process: a subprocess per config costs seconds of imports each (the next test runs one)."""
+    main = importlib.import_module(module).main
+    for path in CONFIGS:
+        assert main(["--config", str(path), "--dry-run"]) == 0, path.name
+        report = json.loads(capsys.readouterr().out)
+        assert report["adv_estimator"] == load_config([str(path)]).algorithm.adv_estimator, path.name
+
+
+@pytest.mark.parametrize("module", ENTRYPOINTS)
 def test_entrypoint_dry_run_subprocess(module):
-    # One process per config, all at once: each spends seconds importing torch, so the test takes the longest of them.
-    procs = {
-        path: subprocess.Popen(
-            [sys.executable, "-m", module, "--config", str(path), "--dry-run"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for path in CONFIGS
-    }
-    try:
-        outputs = {path: proc.communicate(timeout=300) for path, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for path, (stdout, stderr) in outputs.items():
-        assert procs[path].returncode == 0, f"{module} --dry-run {path.name} failed:\n{stderr[-2000:]}"
-        assert json.loads(stdout)["adv_estimator"] == load_config([str(path)]).algorithm.adv_estimator
+    """``python -m`` each entry point, as the launchers run it, on one config."""
+    path = ROOT / "configs" / "qwen2.5-0.5b_gsm8k_ppo.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--config", str(path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"{module} --dry-run {path.name} failed:\n{proc.stderr[-2000:]}"
+    report = json.loads(proc.stdout)
+    assert report["adv_estimator"] == "gae" and report["policy"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
 def test_dry_run_rejects_bad_key_naming_it():

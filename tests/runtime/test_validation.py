@@ -172,9 +172,11 @@ def test_starting_a_round_while_one_is_open_waits_for_it_first() -> None:
 
 
 class _CharTokenizer:
-    """A stand-in tokenizer: one id per character."""
+    """A stand-in tokenizer: one id per character (a batch of texts gives a list per text)."""
 
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = False) -> dict[str, Any]:
+        if isinstance(text, list):
+            return {"input_ids": [[ord(ch) for ch in t] for t in text]}
         return {"input_ids": [ord(ch) for ch in text]}
 
     def decode(self, ids: list[int]) -> str:

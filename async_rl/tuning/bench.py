@@ -17,7 +17,59 @@ from typing import Any
 
 PREFIX = "BENCH_RESULT "
 
-__all__ = ["PREFIX", "BenchLine", "emit", "format_line", "parse"]
+__all__ = ["PREFIX", "BenchLine", "PairedRatios", "emit", "format_line", "paired_ratios", "parse"]
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond that the normal 1.96 is within 2%.
+# fmt: off
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# fmt: on
+
+
+@dataclass(frozen=True)
+class PairedRatios:
+    """Per-round ratios of two paths timed back to back, summarised on the log scale (a ratio and its inverse are
+    equally far from 1): the geometric mean and its 95% confidence interval, and the raw spread."""
+
+    n: int
+    geomean: float
+    ci_low: float  # 95% confidence interval of the geometric mean (Student's t on the log ratios)
+    ci_high: float
+    median: float
+    low: float  # the smallest and largest single ratio
+    high: float
+
+    def describe(self) -> str:
+        return (
+            f"geometric mean of {self.n} paired rounds {self.geomean:.3f} "
+            f"(95% CI {self.ci_low:.3f}-{self.ci_high:.3f}); "
+            f"median {self.median:.3f}, rounds {self.low:.2f}-{self.high:.2f}"
+        )
+
+
+def paired_ratios(ratios: list[float]) -> PairedRatios:
+    """Summarise per-round paired ratios (each > 0). One round gives an interval of zero width (no spread known)."""
+    if not ratios or any(not (r > 0 and math.isfinite(r)) for r in ratios):
+        raise ValueError(f"paired ratios must be positive finite numbers, got {ratios!r}")
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    mean = sum(logs) / n
+    half = 0.0
+    if n > 1:
+        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+        half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
+    ordered = sorted(ratios)
+    mid = n // 2
+    median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return PairedRatios(
+        n=n,
+        geomean=math.exp(mean),
+        ci_low=math.exp(mean - half),
+        ci_high=math.exp(mean + half),
+        median=median,
+        low=ordered[0],
+        high=ordered[-1],
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The BENCH_RESULT line: emit/parse round trip, targets, and malformed input."""
+"""The BENCH_RESULT line: emit/parse round trip, targets, and malformed input; the paired-ratio summary."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from async_rl.tuning.bench import PREFIX, BenchLine, emit, format_line, parse
+from async_rl.tuning.bench import PREFIX, BenchLine, emit, format_line, paired_ratios, parse
 
 
 def test_emit_then_parse_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
@@ -29,3 +29,28 @@ def test_target_verdicts() -> None:
 def test_malformed_result_line_is_an_error() -> None:
     with pytest.raises(ValueError, match="malformed"):
         parse(PREFIX + '{"name": "x"}\n')
+
+
+def test_paired_ratios_by_hand() -> None:
+    # log ratios ln(0.8), ln(1.0), ln(1.25) = -0.2231, 0, +0.2231: mean 0 -> geometric mean 1 (symmetric on the log
+    # scale, where the arithmetic mean 1.0167 is not); sd 0.2231, t(2 df) 4.303: half-width 4.303 * 0.2231 / sqrt(3)
+    s = paired_ratios([1.25, 0.8, 1.0])
+    assert s.n == 3 and s.geomean == pytest.approx(1.0)
+    half = 4.303 * math.log(1.25) / math.sqrt(3)
+    assert s.ci_low == pytest.approx(math.exp(-half)) and s.ci_high == pytest.approx(math.exp(half))
+    assert (s.median, s.low, s.high) == (1.0, 0.8, 1.25)
+    assert "1.000 (95% CI 0.574-1.741)" in s.describe()
+    even = paired_ratios([0.9, 0.9, 1.1, 1.2])
+    assert even.median == pytest.approx(1.0) and even.geomean == pytest.approx((0.9 * 0.9 * 1.1 * 1.2) ** 0.25)
+    one = paired_ratios([0.93])
+    assert one.geomean == one.ci_low == one.ci_high == pytest.approx(0.93)
+    # many equal rounds: no spread, the interval collapses; more rounds of the same spread narrow it (t -> 1.96)
+    assert paired_ratios([0.95] * 40).ci_high == pytest.approx(0.95)
+    few, many = paired_ratios([0.9, 1.1] * 3), paired_ratios([0.9, 1.1] * 30)
+    assert many.ci_high - many.ci_low < (few.ci_high - few.ci_low) / 3
+
+
+@pytest.mark.parametrize("bad", [[], [0.0], [1.0, -0.5], [math.nan], [math.inf]])
+def test_paired_ratios_reject_non_ratios(bad: list[float]) -> None:
+    with pytest.raises(ValueError, match="positive finite"):
+        paired_ratios(bad)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,22 +54,18 @@ def paired_ratios(ratios: list[float]) -> PairedRatios:
         raise ValueError(f"paired ratios must be positive finite numbers, got {ratios!r}")
     logs = [math.log(r) for r in ratios]
     n = len(logs)
-    mean = sum(logs) / n
+    mean = statistics.fmean(logs)
     half = 0.0
     if n > 1:
-        sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-        half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
-    ordered = sorted(ratios)
-    mid = n // 2
-    median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * statistics.stdev(logs) / math.sqrt(n)
     return PairedRatios(
         n=n,
         geomean=math.exp(mean),
         ci_low=math.exp(mean - half),
         ci_high=math.exp(mean + half),
-        median=median,
-        low=ordered[0],
-        high=ordered[-1],
+        median=statistics.median(ratios),
+        low=min(ratios),
+        high=max(ratios),
     )
 
 

@@ -11,9 +11,10 @@ line printed last is the geometric mean of the paired ratios (target >= 0.9) wit
 median and the range (:func:`async_rl.tuning.bench.paired_ratios`).
 
 Rounds are long (256 prompts x 4 = 1,024 sequences in flight, ~10 s a side here) and many. On this 2-core machine
-single rounds' ratios spread 0.78-1.42 (the machine runs slower at times, for seconds, and a slow spell lands on one
+single rounds' ratios spread 0.67-1.42 (the machine runs slower at times, for seconds, and a slow spell lands on one
 side of a pair at random), about 12% per round on the log scale; 32 rounds (~11 minutes) put the 95% interval at about
-+-0.045, so that two runs agree within 0.05 about nine times in ten. ``--rounds 8`` gives a quick look (+-0.09).
++-0.04 (two runs back to back: 0.985 and 0.992), and by that spread two runs should agree within 0.05 about nine times
+in ten. ``--rounds 8`` gives a quick look (+-0.09).
 The tiny model is built in code unless ``--model`` names a Hugging Face directory.
 """
 

@@ -35,6 +35,17 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = "builtin:tiny-arith"
     enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward to save memory.")] = True
     use_remove_padding: Annotated[bool, doc("Pack sequences without padding in the learner forward (varlen).")] = False
+    use_shared_prompt: Annotated[
+        bool,
+        doc(
+            "Compute each group's prompt once in the learner (this project's key; verl has none): a micro-batch is one"
+            " padding-free row [prompt | completion 1 | ... | completion m] per group, each completion attending to"
+            " the prompt and its own earlier tokens, with position ids continuing from the prompt, so log-probs,"
+            " values and gradients equal those of separate sequences. Applies to the policy, proximal, reference and"
+            " critic passes and supersedes use_remove_padding; a model whose attention does not go through"
+            " transformers' attention interface keeps the separate layout (start-up warning)."
+        ),
+    ] = True
     trust_remote_code: Annotated[
         bool, noop("Custom model code from the hub is never run here: a model that needs it fails to load.")
     ] = False

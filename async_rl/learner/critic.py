@@ -16,9 +16,10 @@ from async_rl.learner.dist import DistContext
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
-from async_rl.learner.partition import plan_updates
+from async_rl.learner.partition import Layout, plan_updates
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_values
 from async_rl.learner.settings import CriticSettings
+from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
 
 __all__ = ["Critic"]
@@ -33,7 +34,7 @@ class Critic:
         ctx: DistContext,
         source: ModelSource,
         *,
-        packed: bool,
+        layout: Layout,
         compute_dtype: torch.dtype,
         gradient_checkpointing: bool,
         max_consecutive_nonfinite: int,
@@ -42,7 +43,7 @@ class Critic:
     ) -> None:
         self.settings = settings
         self.ctx = ctx
-        self.packed = packed
+        self.layout = layout
         self.rollout_n = rollout_n
         self.micro_forward = micro_forward
         model = build_model(
@@ -52,7 +53,10 @@ class Critic:
             compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
             value_head=True,
+            shared_prompt=layout == "shared",
         )
+        if layout == "shared" and not shared_prompt_enabled(model):
+            self.layout = "padded"  # build_model warned: this model computes each prompt per completion
         optimizer, scheduler = build_optimizer(model, settings.optim)
         self.trained = TrainedModel(
             model=model,
@@ -74,7 +78,7 @@ class Critic:
             batch,
             lambda mi: response_values(self.model, mi),
             micro_size=self.micro_forward,
-            packed=self.packed,
+            layout=self.layout,
         )
 
     def update(self, batch: RolloutBatch, acc: MetricAccumulator, seed: int) -> int:
@@ -90,11 +94,12 @@ class Critic:
             rank=self.ctx.rank,
             shuffle=s.shuffle,
             seed=seed,
+            groups=batch["index"].tolist() if self.layout == "shared" else None,
         )
         device = self.ctx.device
 
         def micro_loss(rows: list[int], tokens: float, seqs: float) -> torch.Tensor:
-            mi = build_micro_inputs(batch, rows, packed=self.packed, device=device)
+            mi = build_micro_inputs(batch, rows, layout=self.layout, device=device)
             idx = torch.as_tensor(rows, dtype=torch.long)
             vpreds = response_values(self.model, mi)
             old = batch["values"].index_select(0, idx).to(device)

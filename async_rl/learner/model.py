@@ -32,6 +32,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from async_rl.learner.dist import DistContext, log_rank0
 from async_rl.learner.lora import LoRASpec, apply_lora
+from async_rl.learner.shared_prompt import use_shared_prompt_attention
 
 __all__ = ["COMPUTE_DTYPES", "ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
 
@@ -101,6 +102,7 @@ def build_model(
     value_head: bool = False,
     lora: LoRASpec | None = None,
     seed: int = 0,
+    shared_prompt: bool = False,
 ) -> nn.Module:
     """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).
 
@@ -108,7 +110,9 @@ def build_model(
     ``compute_dtype`` (fp32 or bf16) is the forward/backward dtype, see the module docstring.
     ``value_head`` loads a directory as a critic (``load_value_model``); a factory is called as is.
     ``lora`` adds trainable adapters and freezes the rest (:func:`~async_rl.learner.lora.apply_lora`, initialised
-    from ``seed``, the same on every rank) before sharding.
+    from ``seed``, the same on every rank) before sharding. ``shared_prompt`` switches the model's attention to
+    :data:`~async_rl.learner.shared_prompt.SHARED_PROMPT_ATTENTION` (sdpa unless a call passes a shared layout);
+    :func:`~async_rl.learner.shared_prompt.shared_prompt_enabled` tells whether that took.
     """
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{role}: compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype}")
@@ -123,6 +127,13 @@ def build_model(
         raise ValueError(f"model source for {role!r} did not produce an nn.Module (got {type(model).__name__})")
     model = model.float()
     disable_dropout(model)
+    if shared_prompt and not use_shared_prompt_attention(model):
+        logger.warning(
+            "%s: %s does not dispatch attention through transformers' attention interface: each group's prompt is"
+            " computed once per completion (actor_rollout_ref.model.use_shared_prompt has no effect)",
+            role,
+            type(model).__name__,
+        )
     if lora is not None and trainable:
         adapted = apply_lora(model, lora, seed=seed)
         log_rank0(ctx, logger, "%s: LoRA rank %d on %d linear layers", role, lora.rank, len(adapted))

@@ -11,6 +11,13 @@ split across ranks with the equal-size Karmarkar-Karp differencing method on tok
 same number of micro-steps (FSDP collectives must line up) and about the same number of tokens. Within a rank,
 sequences are sorted by length before being cut into micro-batches, which is length-bucketing: it minimises padding
 when sequences are padded per micro-batch.
+
+With shared prompts (``groups`` given: each row's group), a group's rows stay together, because a micro-batch computes
+each group's prompt once (``shared_prompt.py``): when every group of a mini-batch has the same number of rows and
+the groups divide evenly over the ranks, whole groups are balanced over ranks (Karmarkar-Karp on group token
+counts); otherwise rows are, as without groups. Within a rank the rows are ordered group by group (longest group
+first) before being cut into micro-batches, so only a group that straddles a cut has its prompt computed twice.
+Shuffling then permutes groups, not rows.
 """
 
 from __future__ import annotations
@@ -18,19 +25,29 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 __all__ = [
+    "LAYOUTS",
+    "Layout",
     "UpdatePlan",
     "karmarkar_karp",
     "pack_rows",
     "padding_waste",
     "plan_forward",
     "plan_updates",
+    "rank_shares",
     "split_micro",
     "token_imbalance",
 ]
+
+
+Layout = Literal["padded", "packed", "shared"]
+"""How a micro-batch's rows become model input: padded rows, packed rows of whole sequences, or one row with each
+group's prompt once (``policy.py``, ``shared_prompt.py``)."""
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 
 
 def karmarkar_karp(weights: Sequence[int], k: int) -> list[list[int]]:
@@ -100,19 +117,59 @@ def token_imbalance(weights: Sequence[int], parts: Sequence[Sequence[int]]) -> f
     return 0.0 if mean == 0 else max(sums) / mean - 1.0
 
 
-def split_micro(indices: Sequence[int], lengths: Sequence[int], micro_size: int, sort: bool = True) -> list[list[int]]:
-    """Cut ``indices`` into chunks of ``micro_size`` (the last may be smaller), longest first when ``sort``."""
+def split_micro(
+    indices: Sequence[int],
+    lengths: Sequence[int],
+    micro_size: int,
+    sort: bool = True,
+    groups: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """Cut ``indices`` into chunks of ``micro_size`` (the last may be smaller), longest first when ``sort``; with
+    ``groups``, the rows of a group are adjacent (groups by total tokens, longest first; rows longest first)."""
     if micro_size < 1:
         raise ValueError(f"micro_size must be >= 1, got {micro_size}")
-    idx = sorted(indices, key=lambda i: (-int(lengths[i]), i)) if sort else list(indices)
+    if groups is not None:
+        members = _by_group(indices, groups)
+        totals = {g: sum(int(lengths[i]) for i in rows) for g, rows in members.items()}
+        order = sorted(members, key=lambda g: (-totals[g], min(members[g])))
+        idx = [i for g in order for i in sorted(members[g], key=lambda i: (-int(lengths[i]), i))]
+    else:
+        idx = sorted(indices, key=lambda i: (-int(lengths[i]), i)) if sort else list(indices)
     return [idx[s : s + micro_size] for s in range(0, len(idx), micro_size)]
 
 
-def plan_forward(lengths: Sequence[int], world_size: int, rank: int, micro_size: int) -> list[list[int]]:
-    """This rank's micro-batches for a no-grad pass over the whole batch (equal counts on every rank)."""
+def _by_group(indices: Sequence[int], groups: Sequence[int]) -> dict[int, list[int]]:
+    members: dict[int, list[int]] = {}
+    for i in indices:
+        members.setdefault(int(groups[i]), []).append(i)
+    return members
+
+
+def rank_shares(
+    indices: Sequence[int], lengths: Sequence[int], world_size: int, groups: Sequence[int] | None = None
+) -> list[list[int]]:
+    """``indices`` split into ``world_size`` equal-size shares of near-equal token counts: whole groups when
+    ``groups`` is given and the groups allow it (equal sizes, a count divisible by ``world_size``), rows otherwise."""
+    rows = list(indices)
+    if groups is not None:
+        members = _by_group(rows, groups)
+        sizes = {len(m) for m in members.values()}
+        if len(sizes) == 1 and len(members) % world_size == 0:
+            keys = list(members)
+            parts = karmarkar_karp([sum(int(lengths[i]) for i in members[g]) for g in keys], world_size)
+            return [sorted(i for j in part for i in members[keys[j]]) for part in parts]
+    local = karmarkar_karp([lengths[i] for i in rows], world_size)
+    return [[rows[j] for j in part] for part in local]
+
+
+def plan_forward(
+    lengths: Sequence[int], world_size: int, rank: int, micro_size: int, *, groups: Sequence[int] | None = None
+) -> list[list[int]]:
+    """This rank's micro-batches for a no-grad pass over the whole batch (equal counts on every rank); ``groups``
+    keeps each group's rows together (shared prompts)."""
     _check_rank(world_size, rank)
-    parts = karmarkar_karp(lengths, world_size)
-    return split_micro(parts[rank], lengths, micro_size)
+    parts = rank_shares(range(len(lengths)), lengths, world_size, groups)
+    return split_micro(parts[rank], lengths, micro_size, groups=groups)
 
 
 def forward_order(lengths: Sequence[int], world_size: int) -> list[int]:
@@ -142,11 +199,13 @@ def plan_updates(
     rank: int,
     shuffle: bool = False,
     seed: int = 0,
+    groups: Sequence[int] | None = None,
 ) -> UpdatePlan:
     """Split the batch into mini-batches (one optimizer step each), balance each across ranks, cut into micro-batches.
 
     ``mini_size`` counts sequences (verl's ``ppo_mini_batch_size * rollout.n``). Raises ``ValueError`` unless the
-    batch divides into whole mini-batches and each mini-batch into equal per-rank shares.
+    batch divides into whole mini-batches and each mini-batch into equal per-rank shares. ``groups`` (each row's
+    group) keeps groups together: see the module docstring.
     """
     _check_rank(world_size, rank)
     n = len(lengths)
@@ -159,38 +218,57 @@ def plan_updates(
     plan: list[list[list[list[int]]]] = []
     imbalances: list[float] = []
     for epoch in range(epochs):
-        if shuffle:
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            order = torch.randperm(n, generator=gen).tolist()
-        else:
-            order = list(range(n))
+        order = _epoch_order(n, shuffle, seed * 1_000_003 + epoch, groups)
         minis: list[list[list[int]]] = []
         for start in range(0, n, mini_size):
-            rows = order[start : start + mini_size]
-            local = karmarkar_karp([lengths[i] for i in rows], world_size)
-            parts = [[rows[j] for j in part] for part in local]
+            parts = rank_shares(order[start : start + mini_size], lengths, world_size, groups)
             imbalances.append(token_imbalance(lengths, parts))
-            minis.append(split_micro(parts[rank], lengths, micro_size))
+            minis.append(split_micro(parts[rank], lengths, micro_size, groups=groups))
         plan.append(minis)
     return UpdatePlan(epochs=plan, imbalance=sum(imbalances) / len(imbalances))
 
 
+def _epoch_order(n: int, shuffle: bool, seed: int, groups: Sequence[int] | None) -> list[int]:
+    """Row order of one epoch: as collated, or shuffled (by group when ``groups`` is given)."""
+    if not shuffle:
+        return list(range(n))
+    gen = torch.Generator().manual_seed(seed)
+    if groups is None:
+        return torch.randperm(n, generator=gen).tolist()
+    members = _by_group(range(n), groups)
+    keys = list(members)
+    return [i for j in torch.randperm(len(keys), generator=gen).tolist() for i in members[keys[j]]]
+
+
 def padding_waste(
-    prompt_lengths: Sequence[int], response_lengths: Sequence[int], micro_batches: Sequence[Sequence[int]], packed: bool
+    prompt_lengths: Sequence[int],
+    response_lengths: Sequence[int],
+    micro_batches: Sequence[Sequence[int]],
+    layout: Layout,
+    groups: Sequence[int] | None = None,
 ) -> tuple[int, int]:
     """``(real_tokens, computed_slots)`` over ``micro_batches``; waste is ``1 - real/slots``.
 
-    Padded micro-batches are trimmed to their own longest prompt and response, so each costs
-    ``rows x (max prompt + max response)`` slots; packed ones cost ``packed rows x longest packed row`` (see
-    :func:`pack_rows`, with the longest sequence as the row capacity).
+    ``padded`` micro-batches are trimmed to their own longest prompt and response, so each costs
+    ``rows x (max prompt + max response)`` slots; ``packed`` ones cost ``packed rows x longest packed row`` (see
+    :func:`pack_rows`, with the longest sequence as the row capacity); ``shared`` ones (``groups`` required) have no
+    padding and count each group's prompt once per micro-batch, so both numbers are the tokens computed.
     """
     real = slots = 0
     for mb in micro_batches:
         if not mb:
             continue
+        if layout == "shared":
+            if groups is None:
+                raise ValueError("the shared layout needs each row's group")
+            prompts = {int(groups[i]): int(prompt_lengths[i]) for i in mb}
+            computed = sum(prompts.values()) + sum(int(response_lengths[i]) for i in mb)
+            real += computed
+            slots += computed
+            continue
         lengths = [int(prompt_lengths[i]) + int(response_lengths[i]) for i in mb]
         real += sum(lengths)
-        if packed:
+        if layout == "packed":
             rows = pack_rows(lengths, max(lengths))
             slots += len(rows) * max(sum(lengths[j] for j in row) for row in rows)
         else:

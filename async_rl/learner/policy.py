@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,9 +35,18 @@ from torch import nn
 from async_rl.algorithms import token_log_probs_and_entropy
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
-from async_rl.learner.partition import pack_rows, plan_forward
+from async_rl.learner.partition import LAYOUTS, Layout, pack_rows, plan_forward
+from async_rl.learner.shared_prompt import SharedLayout, build_shared_layout
 
-__all__ = ["MicroInputs", "build_micro_inputs", "forward_full_batch", "response_log_probs", "response_values"]
+__all__ = [
+    "LAYOUTS",
+    "Layout",
+    "MicroInputs",
+    "build_micro_inputs",
+    "forward_full_batch",
+    "response_log_probs",
+    "response_values",
+]
 
 
 @dataclass
@@ -49,9 +59,22 @@ class MicroInputs:
     keep: torch.Tensor  # 1-D positions whose logits are computed (those predicting response tokens)
     labels: torch.Tensor  # response token ids: [b, t] padded, [n] packed (one per response token, row-major)
     response_mask: torch.Tensor  # [b, T] bool, full batch width
-    # packed only: for each response token (micro-batch row-major order), its packed row and predicting position
+    # packed and shared: for each response token (micro-batch row-major order), its row and predicting position
     token_row: torch.Tensor | None = None
     token_pos: torch.Tensor | None = None
+    shared: SharedLayout | None = None  # shared only: the attention gathers of the one row
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """The model-call keywords of this layout (the shared one hands its gathers to the attention layers)."""
+        kwargs: dict[str, Any] = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+        }
+        if self.shared is not None:
+            kwargs["shared_layout"] = self.shared
+        return kwargs
 
     @property
     def packed(self) -> bool:
@@ -63,17 +86,22 @@ class MicroInputs:
         return int(self.input_ids.numel())
 
 
-def build_micro_inputs(batch: RolloutBatch, rows: list[int], *, packed: bool, device: torch.device) -> MicroInputs:
-    """Gather rows ``rows`` of ``batch`` into model inputs on ``device`` (see module docstring for both layouts)."""
+def build_micro_inputs(batch: RolloutBatch, rows: list[int], *, layout: Layout, device: torch.device) -> MicroInputs:
+    """Gather rows ``rows`` of ``batch`` into model inputs on ``device`` (see module docstring for the layouts)."""
     if not rows:
         raise ValueError("rows must not be empty")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     idx = torch.as_tensor(rows, dtype=torch.long)
     width_p = batch.prompt_width
     p_lens = batch["prompt_lengths"].index_select(0, idx).tolist()
     t_lens = batch["response_lengths"].index_select(0, idx).tolist()
     response_mask = batch["response_mask"].index_select(0, idx).bool()
     input_ids = batch["input_ids"].index_select(0, idx)
-    if not packed:
+    if layout == "shared":
+        groups = batch["index"].index_select(0, idx).tolist()
+        return _shared_inputs(input_ids, width_p, p_lens, t_lens, groups, response_mask, device)
+    if layout == "padded":
         p, t = max(p_lens), max(t_lens)
         sl = slice(width_p - p, width_p + t)
         return MicroInputs(
@@ -114,6 +142,59 @@ def build_micro_inputs(batch: RolloutBatch, rows: list[int], *, packed: bool, de
     )
 
 
+def _shared_inputs(
+    input_ids: torch.Tensor,
+    width_p: int,
+    p_lens: list[int],
+    t_lens: list[int],
+    groups: list[int],
+    response_mask: torch.Tensor,
+    device: torch.device,
+) -> MicroInputs:
+    """One row ``[prompt | its completions]`` per group piece, pieces back to back (``shared_prompt.py``).
+
+    Rows of one group with the same prompt tokens form a piece, in order of first appearance; a row whose prompt
+    differs from its group's (never in practice) starts a piece of its own, so the layout is exact for any batch."""
+    pieces: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for j, (g, pl) in enumerate(zip(groups, p_lens, strict=True)):
+        prompt = tuple(input_ids[j, width_p - pl : width_p].tolist())
+        pieces.setdefault((g, prompt), []).append(j)
+    chunks: list[torch.Tensor] = []
+    positions: list[torch.Tensor] = []
+    token_pos: list[torch.Tensor] = [torch.empty(0, dtype=torch.long)] * len(p_lens)
+    offset = 0
+    for (_, prompt), members in pieces.items():
+        pl = len(prompt)
+        chunks.append(torch.tensor(prompt, dtype=torch.long))
+        positions.append(torch.arange(pl))
+        last_prompt = offset + pl - 1
+        offset += pl
+        for j in members:
+            tl = t_lens[j]
+            chunks.append(input_ids[j, width_p : width_p + tl])
+            positions.append(torch.arange(pl, pl + tl))
+            # token 0 is predicted by the prompt's last position, token k by the completion's token k - 1
+            token_pos[j] = torch.cat([torch.tensor([last_prompt]), torch.arange(offset, offset + tl - 1)])
+            offset += tl
+    ids = torch.cat(chunks)[None]
+    pos_t = torch.cat(token_pos)
+    labels = torch.cat([input_ids[j, width_p : width_p + t_lens[j]] for j in range(len(p_lens))])
+    layout = build_shared_layout(
+        [len(prompt) for _, prompt in pieces], [[t_lens[j] for j in members] for members in pieces.values()]
+    )
+    return MicroInputs(
+        input_ids=ids.to(device),
+        attention_mask=torch.ones_like(ids).to(device),
+        position_ids=torch.cat(positions)[None].to(device),
+        keep=torch.unique(pos_t).to(device),
+        labels=labels.to(device),
+        response_mask=response_mask.to(device),
+        token_row=torch.zeros_like(pos_t).to(device),
+        token_pos=pos_t.to(device),
+        shared=layout.to(device),
+    )
+
+
 def _to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
     """Place per-response-token outputs (``[b, t]`` padded or ``[n]`` packed) into a zero ``[b, T]`` matrix."""
     b, width = mi.response_mask.shape
@@ -136,13 +217,7 @@ def response_log_probs(
     """
     if entropy not in ("none", "detached", "grad"):
         raise ValueError(f"entropy must be 'none', 'detached' or 'grad', got {entropy!r}")
-    out = model(
-        input_ids=mi.input_ids,
-        attention_mask=mi.attention_mask,
-        position_ids=mi.position_ids,
-        use_cache=False,
-        logits_to_keep=mi.keep,
-    )
+    out = model(**mi.model_kwargs(), logits_to_keep=mi.keep)
     logits = out.logits  # model dtype; cast to fp32 a chunk at a time below
     if mi.token_row is not None:  # packed: [R, K, V] -> one row per response token [n, V]
         assert mi.token_pos is not None
@@ -158,7 +233,7 @@ def response_values(model: nn.Module, mi: MicroInputs) -> torch.Tensor:
 
     ``model`` is a token-classification model with one label (backbone + linear value head).
     """
-    out = model(input_ids=mi.input_ids, attention_mask=mi.attention_mask, position_ids=mi.position_ids, use_cache=False)
+    out = model(**mi.model_kwargs())
     values = out.logits.float().squeeze(-1)
     if mi.token_row is not None:
         values = values[mi.token_row, mi.token_pos]
@@ -174,15 +249,16 @@ def forward_full_batch(
     fn: Callable[[MicroInputs], torch.Tensor],
     *,
     micro_size: int,
-    packed: bool,
+    layout: Layout,
 ) -> torch.Tensor:
     """Apply ``fn`` (micro inputs -> ``[b, T]``) to this rank's share of ``batch``; return the gathered ``[B, T]``.
 
     Shares come from :func:`plan_forward` (equal row counts, balanced tokens), so the all-gather sees equal shapes.
     """
     lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
-    plans = [plan_forward(lengths, ctx.world_size, r, micro_size) for r in range(ctx.world_size)]
-    outs = [fn(build_micro_inputs(batch, rows, packed=packed, device=ctx.device)).float() for rows in plans[ctx.rank]]
+    groups = batch["index"].tolist() if layout == "shared" else None
+    plans = [plan_forward(lengths, ctx.world_size, r, micro_size, groups=groups) for r in range(ctx.world_size)]
+    outs = [fn(build_micro_inputs(batch, rows, layout=layout, device=ctx.device)).float() for rows in plans[ctx.rank]]
     local = torch.cat(outs, dim=0)
     gathered = ctx.all_gather(local).cpu()
     order = torch.tensor([i for plan in plans for rows in plan for i in rows], dtype=torch.long)

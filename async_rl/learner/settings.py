@@ -28,6 +28,7 @@ from async_rl.config.correction import parse_is_threshold, parse_rs_spec
 from async_rl.config.critic import CriticConfig
 from async_rl.config.names import LOSS_AGG_MODES, BypassLossType, ISLevel, LRSchedule, ParamDtype, needs_critic
 from async_rl.learner.lora import LoRASpec
+from async_rl.learner.partition import Layout
 
 __all__ = [
     "ADAMW_EPS",
@@ -219,6 +220,7 @@ class LearnerSettings:
     max_prompt_length: int | None  # data.max_prompt_length: fixed P (None: the longest prompt of the step)
     max_response_length: int | None  # data.max_response_length: fixed T (seq-mean-token-sum-norm needs it)
     use_remove_padding: bool  # actor_rollout_ref.model.use_remove_padding: sequence packing
+    use_shared_prompt: bool  # actor_rollout_ref.model.use_shared_prompt: each group's prompt computed once
     enable_gradient_checkpointing: bool  # actor_rollout_ref.model.enable_gradient_checkpointing
     # policy loss
     clip_ratio: float
@@ -299,6 +301,14 @@ class LearnerSettings:
     def needs_critic(self) -> bool:
         return self.adv_estimator == "gae"
 
+    @property
+    def requested_layout(self) -> Layout:
+        """The micro-batch layout the config asks for (the learner falls back from ``shared`` for a model that
+        cannot take it, see :func:`~async_rl.learner.shared_prompt.use_shared_prompt_attention`)."""
+        if self.use_shared_prompt:
+            return "shared"
+        return "packed" if self.use_remove_padding else "padded"
+
     def compute_dtype(self, device: torch.device, *, warn: bool = True) -> torch.dtype:
         """The dtype the actor, reference and critic compute in on ``device`` (:func:`resolve_compute_dtype`); the
         learner resolves it once, at construction."""
@@ -361,6 +371,7 @@ class LearnerSettings:
             max_prompt_length=cfg.data.max_prompt_length,
             max_response_length=cfg.data.max_response_length,
             use_remove_padding=model.use_remove_padding,
+            use_shared_prompt=model.use_shared_prompt,
             enable_gradient_checkpointing=model.enable_gradient_checkpointing,
             clip_ratio=actor.clip_ratio,
             clip_ratio_low=actor.clip_ratio_low,

@@ -65,9 +65,10 @@ from async_rl.learner.lora import adapter_config, adapters_disabled, lora_module
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
-from async_rl.learner.partition import padding_waste, plan_updates
+from async_rl.learner.partition import Layout, padding_waste, plan_updates
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs
 from async_rl.learner.settings import LearnerSettings
+from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
 from async_rl.transport.protocol import AdapterPlan
@@ -119,7 +120,12 @@ class Learner:
             gradient_checkpointing=s.enable_gradient_checkpointing,
             lora=s.lora,
             seed=s.seed,
+            shared_prompt=s.use_shared_prompt,
         )
+        # the micro-batch layout every pass uses; shared prompts need a model that takes them (build_model warns)
+        self.layout: Layout = s.requested_layout
+        if self.layout == "shared" and not shared_prompt_enabled(actor):
+            self.layout = "packed" if s.use_remove_padding else "padded"
         optimizer, scheduler = build_optimizer(actor, s.optim)
         self.actor = TrainedModel(
             actor, optimizer, scheduler, NonFiniteGuard(s.max_consecutive_nonfinite), s.grad_clip, "actor"
@@ -129,7 +135,12 @@ class Learner:
         # with LoRA the reference policy is the actor's frozen base (adapters off): no second copy of the model
         if s.needs_ref and s.lora is None:
             self.ref = build_model(
-                ref if ref is not None else policy, ctx, role="ref", trainable=False, compute_dtype=self.compute_dtype
+                ref if ref is not None else policy,
+                ctx,
+                role="ref",
+                trainable=False,
+                compute_dtype=self.compute_dtype,
+                shared_prompt=self.layout == "shared",
             )
         self.critic: Critic | None = None
         if s.needs_critic:
@@ -141,7 +152,7 @@ class Learner:
                 s.critic,
                 ctx,
                 source,
-                packed=s.use_remove_padding,
+                layout=self.layout,
                 compute_dtype=self.compute_dtype,
                 gradient_checkpointing=s.enable_gradient_checkpointing,
                 max_consecutive_nonfinite=s.max_consecutive_nonfinite,
@@ -222,8 +233,12 @@ class Learner:
             batch,
             lambda mi: response_log_probs(model, mi, temperature=s.temperature)[0],
             micro_size=s.log_prob_micro_batch_size_per_gpu,
-            packed=s.use_remove_padding,
+            layout=self.layout,
         )
+
+    def _groups(self, batch: RolloutBatch) -> list[int] | None:
+        """Each row's group when micro-batches keep groups together (shared prompts), else None."""
+        return batch["index"].tolist() if self.layout == "shared" else None
 
     def _rewards_and_advantages(self, batch: RolloutBatch, acc: dict[str, float]) -> None:
         s = self.settings
@@ -376,7 +391,7 @@ class Learner:
         device = self.ctx.device
 
         def micro_loss(rows: list[int], tokens: float, seqs: float) -> torch.Tensor:
-            mi = build_micro_inputs(batch, rows, packed=s.use_remove_padding, device=device)
+            mi = build_micro_inputs(batch, rows, layout=self.layout, device=device)
             idx = torch.as_tensor(rows, dtype=torch.long)
 
             def sel(key: str) -> torch.Tensor:
@@ -480,11 +495,16 @@ class Learner:
             rank=ctx.rank,
             shuffle=s.shuffle,
             seed=seed,
+            groups=self._groups(batch),
         )
         skipped = run_updates(ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc, reuse), acc)
         micro_batches = [mb for epoch in plan.epochs for mini in epoch for mb in mini]
         real, slots = padding_waste(
-            batch["prompt_lengths"].tolist(), batch["response_lengths"].tolist(), micro_batches, s.use_remove_padding
+            batch["prompt_lengths"].tolist(),
+            batch["response_lengths"].tolist(),
+            micro_batches,
+            self.layout,
+            batch["index"].tolist(),
         )
         acc.total("batch/real_tokens_computed", real)
         acc.total("batch/slots_computed", slots)

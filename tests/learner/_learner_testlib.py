@@ -65,6 +65,12 @@ def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) ->
     return groups
 
 
+def layout(name: str) -> dict[str, bool]:
+    """Settings overrides that select a micro-batch layout: ``padded``, ``packed`` or ``shared``."""
+    assert name in ("padded", "packed", "shared"), name
+    return {"use_shared_prompt": name == "shared", "use_remove_padding": name == "packed"}
+
+
 def settings(**overrides: object) -> LearnerSettings:
     """The config's defaults for a small GRPO learner: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches
     of 2, lr 1e-3, no importance weights, no gradient checkpointing, and no fixed prompt/response lengths (the

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
-from _learner_testlib import scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
+from _learner_testlib import layout, scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -78,30 +78,30 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     # 2. learner gradient: 2 ranks x small micro-batches vs 1 process x one micro-batch, per loss_agg_mode
     groups = scripted_groups(4, 4, seed=11)
     cases = {
-        "token-mean": ((2, False), (3, False), (1, True)),
-        "seq-mean-token-mean": ((3, False), (1, True)),
-        "seq-mean-token-sum": ((2, False),),
+        "token-mean": ((2, "padded"), (3, "padded"), (1, "packed"), (3, "shared")),
+        "seq-mean-token-mean": ((3, "padded"), (1, "packed"), (2, "shared")),
+        "seq-mean-token-sum": ((2, "padded"), (3, "shared")),
     }
     for mode, variants in cases.items():
-        for micro, packed in variants:
+        for micro, lay in variants:
             common = dict(ppo_mini_batch_size=4, loss_agg_mode=mode, entropy_coeff=0.01)
-            dist_l = Learner(
-                settings(ppo_micro_batch_size_per_gpu=micro, use_remove_padding=packed, **common), ctx, tiny_policy
+            dist_l = Learner(settings(ppo_micro_batch_size_per_gpu=micro, **layout(lay), **common), ctx, tiny_policy)
+            local_l = Learner(
+                settings(ppo_micro_batch_size_per_gpu=16, **layout("padded"), **common), local_context(), tiny_policy
             )
-            local_l = Learner(settings(ppo_micro_batch_size_per_gpu=16, **common), local_context(), tiny_policy)
             g_dist, g_local = capture(dist_l), capture(local_l)
             dist_l.train_step(groups)
             local_l.train_step(groups)
-            res[f"{mode}/micro{micro}/packed{int(packed)}"] = max_diff(g_dist[0], g_local[0])
+            res[f"{mode}/micro{micro}/{lay}"] = max_diff(g_dist[0], g_local[0])
     res["grad_scale"] = float(max(v.abs().max() for v in g_local[0].values()))
     return res
 
 
 def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    s = settings(ppo_epochs=2, shuffle=True, use_remove_padding=True, max_consecutive_nonfinite=5)
+    s = settings(ppo_epochs=2, shuffle=True, max_consecutive_nonfinite=5, **layout("shared"))
     dist_l = Learner(s, ctx, tiny_policy)
-    local_l = Learner(s.replace(use_remove_padding=False), local_context(), tiny_policy)
+    local_l = Learner(s, local_context(), tiny_policy)  # shuffling by group: the same mini-batches in both
     losses = []
     for step in range(3):
         groups = scripted_groups(4, 4, seed=100 + step, version=step)

@@ -46,9 +46,9 @@ def test_fsdp2_gradients_match_single_process_for_any_micro_batch_and_world_size
     res = run_worker("grads", tmp_path)
     # raw FSDP2 on gloo: the reduce-scatter must average (older torch summed, which would double every gradient)
     assert res["raw_fsdp_vs_single"] < 1e-6
-    # learner: 2 ranks x micro-batches of 1/2/3 (packed or padded) == 1 process x one 16-sequence micro-batch
+    # learner: 2 ranks x micro-batches of 1/2/3 (padded, packed or shared) == 1 process x one 16-sequence micro-batch
     keys = [k for k in res if "/micro" in k]
-    assert len(keys) == 6
+    assert len(keys) == 9 and sum(k.endswith("/shared") for k in keys) == 3
     for key in keys:
         assert res[key] < 1e-6, (key, res[key])
     # the gradients are large enough that a missing x world_size (halved gradients) would show by far

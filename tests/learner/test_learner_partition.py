@@ -115,13 +115,13 @@ def test_padding_waste_by_hand() -> None:
     prompts, responses = [2, 4, 3, 1], [5, 1, 3, 2]
     # micro [0, 1]: real 7 + 5 = 12; padded to max prompt 4 + max response 5 = 9 slots x 2 rows = 18
     # micro [2]: real 6 = slots 6
-    assert padding_waste(prompts, responses, [[0, 1], [2]], packed=False) == (18, 24)
+    assert padding_waste(prompts, responses, [[0, 1], [2]], layout="padded") == (18, 24)
     # packed rows hold at most the longest sequence (7): [7] and [5] -> 2 rows x 7 = 14 slots; [6] -> 6
-    assert padding_waste(prompts, responses, [[0, 1], [2]], packed=True) == (18, 20)
+    assert padding_waste(prompts, responses, [[0, 1], [2]], layout="packed") == (18, 20)
     # one micro-batch of lengths 7, 5, 6, 3 (capacity 7): rows [7], [6] (1 free), [5] (2 free); 3 fits in none
     # -> 4 rows x 7 = 28 slots for 21 real tokens; padded: 4 rows x (max prompt 4 + max response 5) = 36
-    assert padding_waste(prompts, responses, [[0, 1, 2, 3]], packed=True) == (21, 28)
-    assert padding_waste(prompts, responses, [[0, 1, 2, 3]], packed=False) == (21, 36)
+    assert padding_waste(prompts, responses, [[0, 1, 2, 3]], layout="packed") == (21, 28)
+    assert padding_waste(prompts, responses, [[0, 1, 2, 3]], layout="padded") == (21, 36)
 
 
 def test_pack_rows_by_hand() -> None:

@@ -8,6 +8,7 @@ from _learner_testlib import scripted_groups, tiny_critic, tiny_policy
 
 from async_rl.learner.batching import collate_groups
 from async_rl.learner.policy import build_micro_inputs, response_log_probs, response_values
+from async_rl.learner.shared_prompt import use_shared_prompt_attention
 
 
 def _reference_log_probs(model: torch.nn.Module, batch, temperature: float = 1.0) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -27,18 +28,19 @@ def _reference_log_probs(model: torch.nn.Module, batch, temperature: float = 1.0
 @pytest.fixture(scope="module")
 def setup() -> tuple[torch.nn.Module, object]:
     model = tiny_policy(seed=4).eval()
+    use_shared_prompt_attention(model)  # sdpa unless a call passes a shared layout
     batch = collate_groups(scripted_groups(3, 2, seed=9))
     return model, batch
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_probs_match_per_sequence_reference(setup, packed: bool, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def test_log_probs_match_per_sequence_reference(setup, layout: str, temperature: float) -> None:  # type: ignore[no-untyped-def]
     model, batch = setup
     rows = list(range(len(batch)))
     with torch.no_grad():
         expected = _reference_log_probs(model, batch, temperature)
-        mi = build_micro_inputs(batch, rows, packed=packed, device=torch.device("cpu"))
+        mi = build_micro_inputs(batch, rows, layout=layout, device=torch.device("cpu"))
         got, ent = response_log_probs(model, mi, temperature=temperature)
     assert ent is None
     assert got.shape == batch["responses"].shape
@@ -51,7 +53,7 @@ def test_log_probs_match_per_sequence_reference(setup, packed: bool, temperature
 def test_packed_rows_restart_positions_and_hold_whole_sequences(setup) -> None:  # type: ignore[no-untyped-def]
     _, batch = setup
     rows = list(range(len(batch)))
-    mi = build_micro_inputs(batch, rows, packed=True, device=torch.device("cpu"))
+    mi = build_micro_inputs(batch, rows, layout="packed", device=torch.device("cpu"))
     lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
     assert mi.attention_mask is None and mi.packed
     assert mi.input_ids.shape[1] == max(lengths)  # rows are capped at the longest sequence
@@ -61,13 +63,13 @@ def test_packed_rows_restart_positions_and_hold_whole_sequences(setup) -> None: 
         pos = mi.position_ids[r].tolist()
         assert pos[0] == 0 and all(b == a + 1 or b == 0 for a, b in zip(pos, pos[1:], strict=False))
     assert mi.labels.tolist() == batch["responses"][batch["response_mask"].bool()].tolist()
-    padded = build_micro_inputs(batch, rows, packed=False, device=torch.device("cpu"))
+    padded = build_micro_inputs(batch, rows, layout="padded", device=torch.device("cpu"))
     assert mi.num_slots < padded.num_slots
 
 
 def test_entropy_modes(setup) -> None:  # type: ignore[no-untyped-def]
     model, batch = setup
-    mi = build_micro_inputs(batch, [0, 1, 2], packed=False, device=torch.device("cpu"))
+    mi = build_micro_inputs(batch, [0, 1, 2], layout="padded", device=torch.device("cpu"))
     lp, ent = response_log_probs(model, mi, entropy="detached")
     assert lp.requires_grad and ent is not None and not ent.requires_grad
     _, ent_grad = response_log_probs(model, mi, entropy="grad")
@@ -80,13 +82,14 @@ def test_entropy_modes(setup) -> None:  # type: ignore[no-untyped-def]
         response_log_probs(model, mi, entropy="yes")
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_values_read_the_position_before_each_response_token(setup, packed: bool) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
+def test_values_read_the_position_before_each_response_token(setup, layout: str) -> None:  # type: ignore[no-untyped-def]
     _, batch = setup
     critic = tiny_critic().eval()
+    use_shared_prompt_attention(critic)
     width = batch.prompt_width
     with torch.no_grad():
-        got = response_values(critic, build_micro_inputs(batch, [0, 2], packed=packed, device=torch.device("cpu")))
+        got = response_values(critic, build_micro_inputs(batch, [0, 2], layout=layout, device=torch.device("cpu")))
         for row, i in enumerate([0, 2]):
             pl, tl = int(batch["prompt_lengths"][i]), int(batch["response_lengths"][i])
             seq = batch["input_ids"][i, width - pl : width + tl].unsqueeze(0)

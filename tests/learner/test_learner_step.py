@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from _learner_testlib import scripted_groups, settings, tiny_critic, tiny_policy
+from _learner_testlib import layout, scripted_groups, settings, tiny_critic, tiny_policy
 
 from async_rl.learner import CriticSettings, Learner, local_context
 
@@ -23,23 +23,25 @@ def _grads_of_first_update(**overrides: object) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_gradient_is_invariant_to_micro_batch_size(mode: str) -> None:
-    # one mini-batch of all 16 sequences; micro-batches of 16 (one big batch) vs 1 vs 5 (5+5+5+1), packed or not
+    # one mini-batch of all 16 sequences; micro-batches of 16 (one big padded batch) vs 1 vs 5 (5+5+5+1) vs 3 (groups
+    # of 4 straddle the cuts), in each layout
     common = {"ppo_mini_batch_size": 4, "loss_agg_mode": mode, "max_response_length": 12}
-    big = _grads_of_first_update(ppo_micro_batch_size_per_gpu=16, **common)
+    big = _grads_of_first_update(ppo_micro_batch_size_per_gpu=16, **layout("padded"), **common)
     assert max(float(g.abs().max()) for g in big.values()) > 1e-2  # gradients are far from zero
-    for micro, packed in ((1, False), (5, True)):
-        small = _grads_of_first_update(ppo_micro_batch_size_per_gpu=micro, use_remove_padding=packed, **common)
+    for micro, lay in ((1, "padded"), (5, "packed"), (3, "shared"), (16, "shared")):
+        small = _grads_of_first_update(ppo_micro_batch_size_per_gpu=micro, **layout(lay), **common)
         assert small.keys() == big.keys()
         for name in big:
-            torch.testing.assert_close(small[name], big[name], atol=1e-6, rtol=0, msg=f"{mode} {micro} {name}")
+            torch.testing.assert_close(small[name], big[name], atol=1e-6, rtol=0, msg=f"{mode} {micro} {lay} {name}")
 
 
 def test_activation_checkpointing_leaves_gradients_unchanged() -> None:
     common = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 8}
-    plain = _grads_of_first_update(**common)
-    ckpt = _grads_of_first_update(enable_gradient_checkpointing=True, **common)
-    for name in plain:
-        torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=0, msg=name)
+    plain = _grads_of_first_update(**layout("padded"), **common)
+    for lay in ("padded", "shared"):  # the shared layout's gathers are replayed with each checkpointed layer
+        ckpt = _grads_of_first_update(enable_gradient_checkpointing=True, **layout(lay), **common)
+        for name in plain:
+            torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=0, msg=f"{lay} {name}")
 
 
 def _snapshot(learner: Learner) -> dict[str, torch.Tensor]:
@@ -114,7 +116,8 @@ def test_models_are_built_only_for_their_roles() -> None:
 
 
 def test_step_metrics_and_version() -> None:
-    learner = Learner(settings(rollout_is="token", rollout_is_threshold=2.0), local_context(), tiny_policy)
+    corr = {"rollout_is": "token", "rollout_is_threshold": 2.0}
+    learner = Learner(settings(**corr, **layout("padded")), local_context(), tiny_policy)
     groups = scripted_groups(4, 4, seed=8, version=0)
     m0 = learner.train_step(groups)
     m1 = learner.train_step(groups)  # same samples, now one version stale
@@ -127,8 +130,14 @@ def test_step_metrics_and_version() -> None:
         assert key in m0
     assert "learner/perf/tokens_per_s" in m0
     assert m0["learner/rollout_corr/rollout_is_max"] <= 2.0 + 1e-6  # truncated at rollout_is_threshold
-    packed = Learner(settings(use_remove_padding=True), local_context(), tiny_policy).train_step(groups)
+    packed = Learner(settings(**layout("packed")), local_context(), tiny_policy).train_step(groups)
     assert packed["learner/batch/padding_waste"] < m0["learner/batch/padding_waste"]
+    shared = Learner(settings(**corr, **layout("shared")), local_context(), tiny_policy)
+    m_shared = shared.train_step(groups)
+    assert m_shared["learner/batch/padding_waste"] == 0.0  # one padding-free row per micro-batch
+    # the same update: only float summation order differs
+    assert m_shared["learner/actor/pg_loss"] == pytest.approx(m0["learner/actor/pg_loss"], abs=1e-6)
+    assert m_shared["learner/actor/grad_norm"] == pytest.approx(m0["learner/actor/grad_norm"], rel=1e-5)
 
 
 def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from _learner_testlib import scripted_groups, settings, tiny_policy
+from _learner_testlib import layout, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_truncated
@@ -112,15 +112,15 @@ def _first_grads(groups: list[SampledGroup], **overrides: object) -> tuple[dict[
     return store[0], metrics
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(packed: bool) -> None:
+@pytest.mark.parametrize("lay", ["padded", "packed", "shared"])
+def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(lay: str) -> None:
     groups = _grpo_groups(truncate=True)
     batch = collate_groups(groups)
     total = float(batch["response_mask"].sum())
     truncated_tokens = float(batch["response_mask"][batch["truncated"]].sum())
     # Off: the truncated rows (advantage 0) add nothing to the numerator but count in the denominator.
-    off, m_off = _first_grads(groups, use_remove_padding=packed)
-    on, m_on = _first_grads(groups, use_remove_padding=packed, mask_truncated_responses=True)
+    off, m_off = _first_grads(groups, **layout(lay))
+    on, m_on = _first_grads(groups, **layout(lay), mask_truncated_responses=True)
     assert (m_off["learner/batch/truncated_masked"], m_on["learner/batch/truncated_masked"]) == (0.0, 2.0)
     assert max(float(g.abs().max()) for g in on.values()) > 1e-2  # a real update
     # On: the same numerator over only the kept tokens. The other rows' advantages are unchanged (the masked rows

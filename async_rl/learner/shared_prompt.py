@@ -1,0 +1,185 @@
+"""Shared-prompt attention: each group's prompt is computed once, however many completions it has (pure tensor math).
+
+GRPO samples ``n`` completions of one prompt. Laid out as separate sequences, the learner runs the prompt ``n`` times
+(forward and backward). The shared layout puts one copy of a group's prompt in front of its completions,
+``[prompt | completion 1 | ... | completion m]``, with every completion's position ids continuing from the end of the
+prompt, and gives each completion the attention it had as a separate sequence: the prompt plus its own earlier
+tokens. Log-probs, entropies, values and gradients are then those of the ``m`` separate sequences (up to float
+summation order), while the projections and MLPs, which dominate the cost, run on each prompt token once.
+
+A micro-batch becomes one padding-free row of all its group pieces (a group split across micro-batches is a piece in
+each, with its own copy of the prompt). Inside every attention layer, :func:`shared_prompt_attention` gathers that row
+into two dense problems, neither of which materialises a ``[L, L]`` mask:
+
+* prompts ``[G, H, P, D]`` (right-padded to the longest prompt): causal self-attention (``is_causal``; a padded
+  query's output is never read back);
+* completions ``[N, H, T, D]`` (right-padded) attend to ``[their group's prompt keys | their own keys]``,
+  ``[N, H, P + T, D]``, under a ``[N, 1, T, P + T]`` boolean mask (prompt padding out, causal within the
+  completion): ``N x T x (P + T)`` scores, what the separate sequences would cost, not the square of the row.
+
+and scatters both results back into row order. Each dense problem goes to ``torch``'s scaled-dot-product attention,
+so the same code runs on CPU and on CUDA kernels.
+
+The function is registered with transformers' attention interface under :data:`SHARED_PROMPT_ATTENTION`; a model
+switched to it (:func:`use_shared_prompt_attention`) behaves exactly like ``sdpa`` whenever a forward call passes no
+``shared_layout`` keyword (probes, other layouts), and gradient checkpointing replays the keyword with the layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "SHARED_PROMPT_ATTENTION",
+    "SharedLayout",
+    "build_shared_layout",
+    "shared_prompt_attention",
+    "shared_prompt_enabled",
+    "use_shared_prompt_attention",
+]
+
+SHARED_PROMPT_ATTENTION = "sdpa_shared_prompt"
+"""The attention implementation name a learner model is switched to (plain ``sdpa`` without a layout)."""
+
+
+@dataclass(frozen=True)
+class SharedLayout:
+    """Where each token of a shared-prompt row sits, for the attention gathers (``L`` real tokens, no padding).
+
+    ``prompt_index`` ``[G, P]``: row positions of piece ``g``'s prompt tokens, right-padded with 0 (their outputs
+    are discarded); ``comp_index`` ``[N, T]``: row positions of completion ``i``'s tokens, right-padded with 0;
+    ``comp_group`` ``[N]``: the piece of completion ``i``; ``comp_mask`` ``[N, 1, T, P + T]``: what each completion
+    query may attend to; ``inverse`` ``[L]``: for each row position, its slot in the flattened
+    ``[G * P + N * T]`` outputs of the two dense problems.
+    """
+
+    prompt_index: torch.Tensor
+    comp_index: torch.Tensor
+    comp_group: torch.Tensor
+    comp_mask: torch.Tensor
+    inverse: torch.Tensor
+
+    def to(self, device: torch.device) -> SharedLayout:
+        return SharedLayout(*(t.to(device) for t in self.tensors()))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.prompt_index, self.comp_index, self.comp_group, self.comp_mask, self.inverse)
+
+
+def build_shared_layout(prompt_lengths: Sequence[int], completion_lengths: Sequence[Sequence[int]]) -> SharedLayout:
+    """The layout of a row holding piece ``g``'s prompt (``prompt_lengths[g]`` tokens) followed by its completions
+    (``completion_lengths[g]``), pieces back to back in the given order. Every prompt and completion is non-empty."""
+    if len(prompt_lengths) != len(completion_lengths) or not prompt_lengths:
+        raise ValueError("need one list of completion lengths per prompt, and at least one prompt")
+    if min(prompt_lengths) < 1 or any(not c or min(c) < 1 for c in completion_lengths):
+        raise ValueError("every prompt and every completion needs at least one token (and a piece one completion)")
+    g_count, p_max = len(prompt_lengths), max(prompt_lengths)
+    flat_t = [t for comps in completion_lengths for t in comps]
+    n_count, t_max = len(flat_t), max(flat_t)
+    length = sum(prompt_lengths) + sum(flat_t)
+    prompt_index = torch.zeros(g_count, p_max, dtype=torch.long)
+    comp_index = torch.zeros(n_count, t_max, dtype=torch.long)
+    comp_group = torch.zeros(n_count, dtype=torch.long)
+    inverse = torch.empty(length, dtype=torch.long)
+    offset, i = 0, 0
+    for g, (pl, comps) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
+        prompt_index[g, :pl] = torch.arange(offset, offset + pl)
+        inverse[offset : offset + pl] = torch.arange(g * p_max, g * p_max + pl)
+        offset += pl
+        for tl in comps:
+            comp_index[i, :tl] = torch.arange(offset, offset + tl)
+            base = g_count * p_max + i * t_max
+            inverse[offset : offset + tl] = torch.arange(base, base + tl)
+            comp_group[i] = g
+            offset += tl
+            i += 1
+    p_lens = torch.tensor(list(prompt_lengths), dtype=torch.long)
+    t_lens = torch.tensor(flat_t, dtype=torch.long)
+    prompt_ok = torch.arange(p_max)[None, :] < p_lens[comp_group][:, None]  # [N, P]
+    causal = torch.ones(t_max, t_max, dtype=torch.bool).tril()  # a padded query still sees its prompt: no empty row
+    own_ok = causal[None] & (torch.arange(t_max)[None, None, :] < t_lens[:, None, None])  # [N, T, T]
+    mask = torch.cat([prompt_ok[:, None, :].expand(n_count, t_max, p_max), own_ok], dim=2)
+    return SharedLayout(prompt_index, comp_index, comp_group, mask[:, None], inverse)
+
+
+def _expand_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def shared_prompt_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    shared_layout: SharedLayout | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature (``query`` ``[1, H, L, D]``, ``key``/``value`` ``[1, Hkv, L, D]``;
+    returns ``[1, L, H, D]``). Without ``shared_layout`` it is transformers' ``sdpa`` attention, unchanged."""
+    if shared_layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"a shared-prompt row is one sequence of pieces, got a batch of {query.shape[0]}")
+    lay = shared_layout
+    n_rep = query.shape[1] // key.shape[1]
+    q, k, v = query[0], _expand_kv(key, n_rep)[0], _expand_kv(value, n_rep)[0]  # [H, L, D]
+    g_count, p_max = lay.prompt_index.shape
+    n_count, t_max = lay.comp_index.shape
+
+    def gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [H, L, D] -> [rows, H, width, D]
+        return x.index_select(1, index.reshape(-1)).unflatten(1, index.shape).transpose(0, 1)
+
+    qp, kp, vp = (gather(x, lay.prompt_index) for x in (q, k, v))
+    out_p = nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling)
+    qc = gather(q, lay.comp_index)
+    kc = torch.cat([kp.index_select(0, lay.comp_group), gather(k, lay.comp_index)], dim=2)
+    vc = torch.cat([vp.index_select(0, lay.comp_group), gather(v, lay.comp_index)], dim=2)
+    out_c = nn.functional.scaled_dot_product_attention(qc, kc, vc, attn_mask=lay.comp_mask, scale=scaling)
+    heads, dim = q.shape[0], q.shape[2]
+    flat = torch.cat(
+        [
+            out_p.transpose(1, 2).reshape(g_count * p_max, heads, dim),
+            out_c.transpose(1, 2).reshape(n_count * t_max, heads, dim),
+        ]
+    )
+    return flat.index_select(0, lay.inverse)[None], None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SHARED_PROMPT_ATTENTION, shared_prompt_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SHARED_PROMPT_ATTENTION, sdpa_mask)
+
+
+def use_shared_prompt_attention(model: nn.Module) -> bool:
+    """Switch a transformers model (and every sub-config) to :data:`SHARED_PROMPT_ATTENTION`; False (unchanged) when
+    the model does not dispatch attention through transformers' interface (a model class of its own)."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        return False
+    _register()
+    try:
+        setter(SHARED_PROMPT_ATTENTION)
+    except (ValueError, NotImplementedError):
+        return False
+    return True
+
+
+def shared_prompt_enabled(model: nn.Module) -> bool:
+    """Whether ``model`` computes attention with :func:`shared_prompt_attention` (it takes the shared layout)."""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == SHARED_PROMPT_ATTENTION

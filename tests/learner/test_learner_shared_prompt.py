@@ -1,0 +1,182 @@
+"""Shared-prompt micro-batches: each group's prompt computed once, with the log-probs, values and gradients of
+separate sequences (against the padded layout, fp32, within 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _learner_testlib import scripted_groups, tiny_critic, tiny_policy
+
+from async_rl.learner.batching import Response, SampledGroup, collate_groups
+from async_rl.learner.dist import local_context
+from async_rl.learner.model import build_model
+from async_rl.learner.partition import padding_waste, plan_forward, plan_updates, rank_shares, split_micro
+from async_rl.learner.policy import build_micro_inputs, response_log_probs, response_values
+from async_rl.learner.shared_prompt import (
+    SHARED_PROMPT_ATTENTION,
+    build_shared_layout,
+    shared_prompt_enabled,
+    use_shared_prompt_attention,
+)
+
+CPU = torch.device("cpu")
+
+
+def test_layout_by_hand() -> None:
+    # piece 0: prompt of 2 tokens (row positions 0, 1), completions of 1 (2) and 2 tokens (3, 4)
+    # piece 1: prompt of 1 token (5), one completion of 2 tokens (6, 7)
+    lay = build_shared_layout([2, 1], [[1, 2], [2]])
+    assert lay.prompt_index.tolist() == [[0, 1], [5, 0]]
+    assert lay.comp_index.tolist() == [[2, 0], [3, 4], [6, 7]]
+    assert lay.comp_group.tolist() == [0, 0, 1]
+    # flattened outputs: prompts 2 x 2 slots (0..3), then completions 3 x 2 slots (4..9)
+    assert lay.inverse.tolist() == [0, 1, 4, 6, 7, 2, 8, 9]
+    # completion 1 (two tokens of piece 0): both see the whole prompt; its second token also sees its first
+    assert lay.comp_mask[1, 0].int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    # completion 2 (piece 1, prompt of 1): the prompt's padding slot is out
+    assert lay.comp_mask[2, 0].int().tolist() == [[1, 0, 1, 0], [1, 0, 1, 1]]
+    # completion 0 (one token): its padded query sees the prompt and the real token, never the padding slot
+    assert lay.comp_mask[0, 0].int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 0]]
+    with pytest.raises(ValueError, match="at least one token"):
+        build_shared_layout([2], [[]])
+
+
+def _groups() -> list[SampledGroup]:
+    """Prompts of different lengths (3..9 tokens), 4 completions each, plus a group with n = 1."""
+    groups = scripted_groups(3, 4, seed=9)
+    lone = Response(token_ids=[5, 6, 7], logprobs=[-1.0] * 3, reward=1.0)
+    return [*groups, SampledGroup(group_id="lone", prompt_ids=[3, 1, 4, 1, 5], responses=[lone])]
+
+
+def _log_probs_and_grads(model: torch.nn.Module, batch, rows: list[list[int]], layout: str):  # type: ignore[no-untyped-def]
+    """Log-probs over the micro-batches ``rows`` and the gradient of a loss touching every token."""
+    model.zero_grad()
+    out = torch.zeros_like(batch["rollout_log_probs"])
+    for micro in rows:
+        mi = build_micro_inputs(batch, micro, layout=layout, device=CPU)
+        lp, ent = response_log_probs(model, mi, temperature=0.7, entropy="grad")
+        assert ent is not None
+        weights = torch.linspace(0.5, 1.5, lp.shape[1])
+        (lp * weights).sum().add(0.1 * ent.sum()).backward()
+        out[micro] = lp.detach()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+@pytest.mark.parametrize(
+    "micro",
+    [
+        [list(range(13))],  # the whole batch in one row
+        [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9, 10, 11, 12]],  # groups straddle the cuts
+        [[12, 5, 0], [1, 2, 3, 4], [6, 7, 8, 9, 10, 11]],  # any row order: n = 1 group first
+    ],
+)
+def test_log_probs_and_gradients_equal_separate_sequences(micro: list[list[int]]) -> None:
+    batch = collate_groups(_groups())
+    model = tiny_policy(seed=4)
+    assert use_shared_prompt_attention(model) and shared_prompt_enabled(model)
+    expected, g_expected = _log_probs_and_grads(model, batch, [list(range(13))], "padded")
+    got, g_got = _log_probs_and_grads(model, batch, micro, "shared")
+    assert float(expected[batch["response_mask"].bool()].max()) < 0  # real log-probs
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert g_got.keys() == g_expected.keys()
+    assert max(float(g.abs().max()) for g in g_expected.values()) > 1e-2
+    for name, grad in g_expected.items():
+        torch.testing.assert_close(g_got[name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_values_equal_separate_sequences() -> None:
+    batch = collate_groups(_groups())
+    critic = tiny_critic().eval()
+    use_shared_prompt_attention(critic)
+    rows = list(range(13))
+    with torch.no_grad():
+        expected = response_values(critic, build_micro_inputs(batch, rows, layout="padded", device=CPU))
+        got = response_values(critic, build_micro_inputs(batch, rows[::-1], layout="shared", device=CPU))
+    torch.testing.assert_close(got, expected[rows[::-1]], atol=1e-5, rtol=0)
+
+
+def test_each_prompt_is_computed_once_per_micro_batch() -> None:
+    batch = collate_groups(_groups())
+    p_lens, t_lens = batch["prompt_lengths"].tolist(), batch["response_lengths"].tolist()
+    mi = build_micro_inputs(batch, list(range(13)), layout="shared", device=CPU)
+    prompts_once = sum(p_lens[g * 4] for g in range(3)) + p_lens[12]
+    assert mi.input_ids.shape == (1, prompts_once + sum(t_lens))
+    assert mi.labels.tolist() == batch["responses"][batch["response_mask"].bool()].tolist()
+    # every completion's positions continue from the end of its prompt
+    first = mi.position_ids[0, mi.shared.comp_index[:, 0]].tolist() if mi.shared is not None else []
+    assert first == [p_lens[i] for i in range(13)]
+    groups = batch["index"].tolist()
+    micro = [[0, 1, 2], [3, 4, 5, 6, 7]]  # group 0 straddles the cut: its prompt is computed twice
+    real, slots = padding_waste(p_lens, t_lens, micro, "shared", groups)
+    assert real == slots == 2 * p_lens[0] + p_lens[4] + sum(t_lens[:8])
+
+
+def test_a_row_whose_prompt_differs_from_its_group_gets_a_piece_of_its_own() -> None:
+    # never produced by the actors, but the layout must stay exact for any batch
+    batch = collate_groups(scripted_groups(2, 3, seed=3))
+    batch["index"][3:] = 0  # both groups claim to be group 0, with different prompts
+    model = tiny_policy(seed=2).eval()
+    use_shared_prompt_attention(model)
+    rows = list(range(6))
+    with torch.no_grad():
+        padded, _ = response_log_probs(model, build_micro_inputs(batch, rows, layout="padded", device=CPU))
+        mi = build_micro_inputs(batch, rows, layout="shared", device=CPU)
+        shared, _ = response_log_probs(model, mi)
+    assert mi.shared is not None and mi.shared.prompt_index.shape[0] == 2
+    torch.testing.assert_close(shared, padded, atol=1e-5, rtol=0)
+
+
+def test_without_a_layout_the_attention_is_sdpa() -> None:
+    ids = torch.tensor([[3, 9, 4, 1, 7, 2]])
+    plain = tiny_policy(seed=1).eval()
+    switched = tiny_policy(seed=1).eval()
+    use_shared_prompt_attention(switched)
+    assert switched.config._attn_implementation == SHARED_PROMPT_ATTENTION
+    with torch.no_grad():
+        torch.testing.assert_close(switched(input_ids=ids).logits, plain(input_ids=ids).logits, atol=0, rtol=0)
+
+
+def test_a_model_without_the_attention_interface_keeps_separate_sequences(caplog) -> None:  # type: ignore[no-untyped-def]
+    class Plain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+    with caplog.at_level("WARNING"):
+        model = build_model(Plain, local_context(), role="actor", shared_prompt=True)
+    assert not shared_prompt_enabled(model)
+    assert "use_shared_prompt has no effect" in caplog.text
+
+
+def test_partitions_keep_groups_together() -> None:
+    groups = [g for g in range(6) for _ in range(4)]  # 6 groups of 4 rows
+    lengths = [10 + (i * 7) % 5 for i in range(24)]
+    shares = rank_shares(range(24), lengths, 2, groups)
+    assert sorted(len(s) for s in shares) == [12, 12]
+    for share in shares:  # whole groups on each rank
+        assert all(sum(groups[i] == groups[j] for i in share) == 4 for j in share)
+    micro = split_micro(shares[0], lengths, 5, groups=groups)
+    order = [i for m in micro for i in m]
+    assert sorted(order) == sorted(shares[0])
+    runs = [groups[i] for i in order]
+    assert sum(a != b for a, b in zip(runs, runs[1:], strict=False)) == 2  # 3 groups, each contiguous
+    # 5 groups do not split evenly over 2 ranks: rows are balanced instead, and every row still goes somewhere once
+    odd = rank_shares(range(20), lengths[:20], 2, groups[:20])
+    assert sorted(i for s in odd for i in s) == list(range(20)) and len(odd[0]) == len(odd[1]) == 10
+    fwd = [i for r in range(2) for m in plan_forward(lengths, 2, r, 4, groups=groups) for i in m]
+    assert sorted(fwd) == list(range(24))
+
+
+def test_shuffling_moves_whole_groups() -> None:
+    groups = [g for g in range(8) for _ in range(4)]
+    lengths = [12] * 32
+    plan = plan_updates(
+        lengths, mini_size=8, micro_size=8, epochs=2, world_size=1, rank=0, shuffle=True, seed=5, groups=groups
+    )
+    for epoch in plan.epochs:
+        for mini in epoch:
+            rows = [i for m in mini for i in m]
+            assert len({groups[i] for i in rows}) == 2  # two whole groups of 4 per mini-batch of 8
+    first = [groups[m[0][0]] for m in plan.epochs[0]]
+    assert first != sorted(first)  # the groups were shuffled

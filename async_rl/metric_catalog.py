@@ -195,6 +195,12 @@ METRICS: tuple[Metric, ...] = (
     ),
     _m("learner/batch/padding_waste", "batch", "share of the computed token slots that were padding"),
     _m(
+        "learner/batch/tokens_computed",
+        "batch",
+        "token slots the actor updates computed, padding included, over all ranks (with shared prompts each group's"
+        " prompt counts once per micro-batch)",
+    ),
+    _m(
         "learner/batch/token_imbalance",
         "batch",
         "busiest rank's tokens over the mean rank's, minus 1 (mean over mini-batches)",

@@ -1,6 +1,16 @@
-"""Benchmark the learner step: sequence packing vs padding, and FSDP2 over 2 ranks vs 1 rank on the same work.
+"""Benchmark the learner step: shared prompts vs separate sequences, sequence packing vs padding, and FSDP2 over 2
+ranks vs 1 rank on the same work.
 
 Usage: ``python tools/bench_learner.py [--groups 16] [--n 4] [--steps 3] [--hidden 256] [--layers 4]``
+``python tools/bench_learner.py --shared-only --geometry recipe --model DIR`` (``DIR``: e.g. the SmolLM2 directory
+``python tools/prepare_model.py smollm2-135m-instruct --out DIR`` writes)
+
+Part 0 (one process, ``--threads``) trains one batch of the chosen ``--geometry`` with each group's prompt computed
+once (``use_shared_prompt``) and as separate padded sequences (the layout before shared prompts), in interleaved
+rounds, and prints the geometric mean of the per-round step-time ratios with its 95% interval and the tokens each
+layout computed (``learner_shared_prompt_vs_unshared``). Geometries: ``recipe`` is the SmolLM2 GRPO recipe's step
+(16 prompts of 46 tokens x 8 completions of 8-12 tokens, micro-batches of 16, one optimizer step), ``long`` is
+4 prompts of 64 tokens x 8 completions of 256 tokens (micro-batches of 8).
 
 Part 1 (one process) trains the same batch of rollout groups, whose response lengths have a long tail like real
 rollouts, with padded micro-batches and with packed ones, and prints update tokens/s, padding waste and the ratio.
@@ -36,7 +46,12 @@ from async_rl.learner import (  # noqa: E402
     teardown,
 )
 from async_rl.learner.batching import Response, SampledGroup  # noqa: E402
-from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
+from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
+
+GEOMETRIES = {  # groups, n, prompt tokens, response tokens (low, high), micro-batch
+    "recipe": (16, 8, 46, (8, 12), 16),
+    "long": (4, 8, 64, (256, 256), 8),
+}
 
 
 def build_model(hidden: int, layers: int, vocab: int) -> nn.Module:
@@ -78,6 +93,7 @@ def make_settings(args: argparse.Namespace, packed: bool) -> LearnerSettings:
         log_prob_micro_batch_size_per_gpu=args.micro,
         rollout_n=args.n,
         use_remove_padding=packed,
+        use_shared_prompt=False,
         optim=OptimSettings.defaults(lr=1e-5),
         rollout_is=None,
         enable_gradient_checkpointing=False,
@@ -127,6 +143,73 @@ def bench_packing(args: argparse.Namespace) -> BenchLine:
     print(f"packed/padded tokens/s ratio: {pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x")
     detail = f"{pack['tokens_per_s']:.0f} / {pad['tokens_per_s']:.0f} tok/s, padding waste {pad['padding_waste']:.2f}"
     return BenchLine("learner_packed_vs_padded", pack["tokens_per_s"] / pad["tokens_per_s"], None, detail)
+
+
+def shared_groups(geometry: str, vocab: int, seed: int = 0) -> list[SampledGroup]:
+    groups_n, n, prompt_len, (low, high), _ = GEOMETRIES[geometry]
+    rng = random.Random(seed)
+    groups = []
+    for g in range(groups_n):
+        prompt = [rng.randrange(1, vocab) for _ in range(prompt_len)]
+        responses = []
+        for _ in range(n):
+            length = rng.randint(low, high)
+            tokens = [rng.randrange(1, vocab) for _ in range(length)]
+            responses.append(Response(tokens, [-3.0] * length, float(rng.random()), 0))
+        groups.append(SampledGroup(g, prompt, responses))
+    return groups
+
+
+def bench_shared(args: argparse.Namespace) -> BenchLine:
+    from async_rl.learner.model import load_causal_lm
+
+    torch.set_num_threads(args.threads)
+    groups_n, n, _, _, micro = GEOMETRIES[args.geometry]
+
+    def source() -> nn.Module:
+        return load_causal_lm(args.model) if args.model else build_model(args.hidden, args.layers, args.vocab)
+
+    vocab = int(source().config.vocab_size)
+    groups = shared_groups(args.geometry, vocab)
+    learners = {}
+    for shared in (True, False):
+        s = LearnerSettings.defaults(
+            adv_estimator="grpo",
+            ppo_mini_batch_size=groups_n,  # one optimizer step, as the recipe
+            ppo_micro_batch_size_per_gpu=micro,
+            log_prob_micro_batch_size_per_gpu=micro,
+            rollout_n=n,
+            use_shared_prompt=shared,
+            use_remove_padding=False,
+            optim=OptimSettings.defaults(lr=1e-6),
+            rollout_is=None,
+            enable_gradient_checkpointing=False,
+            max_prompt_length=None,
+            max_response_length=None,
+            seed=0,
+        )
+        learners[shared] = Learner(s, local_context(), source)
+    tokens = {
+        shared: learner.train_step(groups)["learner/batch/tokens_computed"] for shared, learner in learners.items()
+    }
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.rounds):  # interleaved, alternating which goes first, so both see the same background load
+        for shared in (True, False) if r % 2 == 0 else (False, True):
+            times[shared].append(timed_step(learners[shared], groups)["step_s"])
+    summary = paired_ratios([u / s for u, s in zip(times[False], times[True], strict=True)])
+    model = args.model or f"tiny Qwen2 (hidden {args.hidden}, {args.layers} layers)"
+    what = f"{args.geometry}: {groups_n} x {n}, {model}, {args.threads} threads"
+    print(f"== shared prompts vs separate sequences ({what}) ==")
+    for shared, name in ((True, "shared"), (False, "separate")):
+        t = sorted(times[shared])
+        spread = f"median {t[len(t) // 2]:.3f}s  range {t[0]:.3f}-{t[-1]:.3f}s"
+        print(f"{name:8s} step {spread}  tokens computed {tokens[shared]:.0f}")
+    print(f"separate/shared step time: {summary.describe()}")
+    detail = (
+        f"{args.geometry}: step {summary.describe()}; tokens computed {tokens[False]:.0f} -> {tokens[True]:.0f}"
+        f" ({tokens[False] / tokens[True]:.2f}x fewer)"
+    )
+    return BenchLine("learner_shared_prompt_vs_unshared", summary.geomean, None, detail)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -179,6 +262,11 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--skip-fsdp", action="store_true")
+    p.add_argument("--geometry", choices=sorted(GEOMETRIES), default="recipe", help="shared-prompt part's batch")
+    p.add_argument("--model", default=None, help="HF directory for the shared-prompt part (default: tiny Qwen2)")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the shared-prompt part")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the shared-prompt part")
+    p.add_argument("--shared-only", action="store_true", help="run only the shared-prompt part")
     args = p.parse_args()
     worker_params = os.environ.get("BENCH_LEARNER_WORKER")
     if worker_params:
@@ -186,7 +274,12 @@ def main() -> None:
         return
     if args.groups % 2 or args.groups < 2:
         raise ValueError(f"--groups must be an even number >= 2, got {args.groups}")
-    lines = [bench_packing(args)]
+    lines = [bench_shared(args)]
+    if args.shared_only:
+        emit("learner", lines)
+        return
+    torch.set_num_threads(1)
+    lines.append(bench_packing(args))
     if not args.skip_fsdp:
         fsdp = bench_fsdp(args)
         if fsdp is not None:

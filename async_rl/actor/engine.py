@@ -34,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from async_rl.config import Config, default_config
+from async_rl.config.precision import rollout_precision
 from async_rl.transport.protocol import GroupSampling
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class EngineSettings:
         return cls(
             model_path=model_path,
             tensor_parallel_size=r.tensor_model_parallel_size,
-            dtype=r.dtype,
+            dtype=rollout_precision(r.dtype, "cuda" if has_cuda() else "cpu")[0],  # auto: by this host's hardware
             max_model_len=r.max_model_len,
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_num_seqs=r.max_num_seqs,

@@ -237,7 +237,13 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     top_k: Annotated[int, doc("Top-k sampling (-1 = off; otherwise > 0).")] = -1
     prompt_length: Annotated[PosInt | None, doc("Max prompt tokens; null = data.max_prompt_length.")] = None
     response_length: Annotated[PosInt | None, doc("Max generated tokens; null = data.max_response_length.")] = None
-    dtype: Annotated[RolloutDtype, doc("vLLM weight/activation dtype.")] = "bfloat16"
+    dtype: Annotated[
+        RolloutDtype,
+        doc(
+            "vLLM weight/activation dtype; 'auto' = bfloat16 on CUDA and on CPUs with AMX/AVX512-BF16, float32 on"
+            " other CPUs (resolved by each actor on its own host)."
+        ),
+    ] = "bfloat16"
     gpu_memory_utilization: Annotated[UnitInterval, doc("Fraction of device memory vLLM may use, in (0, 1].")] = 0.5
     tensor_model_parallel_size: Annotated[PosInt, doc("Tensor-parallel degree of each vLLM actor.")] = 1
     max_num_seqs: Annotated[PosInt, doc("vLLM max concurrent sequences per actor.")] = 1024

@@ -67,7 +67,7 @@ class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     """verl's ``fsdp_config.mixed_precision``: the dtypes FSDP2 computes and reduces in (verl's null = these).
 
     verl's spelling ``param_dtype: bf16`` keeps its meaning (mixed precision); the default ``auto`` differs from verl's
-    ``bf16`` only on CPU, where it computes in fp32.
+    ``bf16`` only on CPUs without native bf16, where it computes in fp32 (:mod:`async_rl.config.precision`).
     """
 
     param_dtype: Annotated[
@@ -77,9 +77,9 @@ class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
             " process without torchrun uses torch.autocast): 'bf16' ="
             " mixed precision wherever the learner runs, CPU included (master weights, gradients, gradient reduction"
             " and optimizer state stay fp32; log-probs are computed in fp32 from the bf16 logits), 'fp32' = full"
-            " precision, 'auto' = 'bf16' on CUDA and 'fp32' on CPU (bf16 matmuls are fast only on CPUs with"
-            " AMX/AVX512-BF16; a CPU without them gets a start-up warning with 'bf16'). The actor, the critic and the"
-            " frozen reference model all follow it."
+            " precision, 'auto' = 'bf16' on CUDA and on CPUs with AMX/AVX512-BF16 (avx512_bf16 or amx_bf16 in"
+            " /proc/cpuinfo), 'fp32' on other CPUs, where bf16 matmuls are emulated and slow (an explicit 'bf16'"
+            " there gets a start-up warning). The actor, the critic and the frozen reference model all follow it."
         ),
     ] = "auto"
     reduce_dtype: Annotated[Literal["fp32"], doc("Dtype of the gradient reduction (always fp32).")] = "fp32"

@@ -525,6 +525,7 @@ class Learner:
         out.update(
             {
                 "learner/batch/padding_waste": 1.0 - computed / total_slots if total_slots else 0.0,
+                "learner/batch/tokens_computed": total_slots,
                 "learner/batch/token_imbalance": plan.imbalance,
                 "learner/actor/skipped_updates": float(skipped),
                 "learner/actor/skipped_total": float(self.actor.guard.skipped_total),

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from async_rl.config import Config
+from async_rl.config.precision import precision_line, rollout_precision
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
 from async_rl.runtime.metrics import ActorActivity
@@ -80,6 +81,18 @@ class Trainer:
         policy_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
         self.tokenizer = resources.load_tokenizer(cfg, policy_path)
         records, self.total_steps = load_prompts(cfg, ctx, self.tokenizer)
+        if ctx.rank == 0:
+            arr = cfg.actor_rollout_ref
+            logger.info(
+                "%s; shared prompts %s",
+                precision_line(
+                    arr.actor.fsdp_config.mixed_precision.param_dtype,
+                    arr.rollout.dtype,
+                    learner_device=ctx.device.type,
+                    actor_device="cuda" if torch.cuda.is_available() else "cpu",
+                ),
+                "on" if arr.model.use_shared_prompt else "off",
+            )
         self.learner = Learner(self._settings(policy_path), ctx, policy_path)
         self.coordinator = self._coordinator(records) if records is not None else None
         ws = cfg.async_training.weight_sync
@@ -307,4 +320,5 @@ def served_check_tolerance(cfg: Config) -> float:
     given = cfg.async_training.weight_sync.served_check_tolerance
     if given is not None:
         return given
-    return 1e-3 if cfg.actor_rollout_ref.rollout.dtype == "float32" else 3e-2
+    dtype, _ = rollout_precision(cfg.actor_rollout_ref.rollout.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+    return 1e-3 if dtype == "float32" else 3e-2

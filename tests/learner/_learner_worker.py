@@ -301,6 +301,7 @@ def _precision_step(ctx: Any, param_dtype: str, groups: list[Any]) -> dict[str, 
             for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/loss", "actor/skipped_updates")
         },
         "_log_probs": log_probs,
+        "_adv_abs_max": max(abs(metrics["learner/batch/advantages_max"]), abs(metrics["learner/batch/advantages_min"])),
         "_mask": batch["response_mask"].bool(),
         "_grads": first[0],
     }
@@ -321,6 +322,7 @@ def scenario_precision(ctx: Any) -> dict[str, Any]:
     res["logprob_abs_diff_max"] = float(diff.max())
     res["logprob_abs_mean"] = float(lp32.abs()[mask].mean())
     res["grad_cosine"] = _cosine(runs["fp32"]["_grads"], runs["bf16"]["_grads"])
+    res["adv_abs_max"] = runs["fp32"]["_adv_abs_max"]
     return res
 
 

@@ -112,8 +112,16 @@ def test_cpu_bf16_mixed_precision_keeps_fp32_state_and_tracks_fp32(tmp_path: Pat
     assert 1e-5 < res["logprob_abs_diff_mean"] < 5e-3 and res["logprob_abs_diff_max"] < 2e-2
     assert res["grad_cosine"] > 0.999  # seen: 0.99997
     m32, m16 = res["fp32/metrics"], res["bf16/metrics"]
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/loss"):  # seen: <= 0.5% apart
-        assert m16[key] == pytest.approx(m32[key], rel=0.02, abs=1e-4), key
+    for key in ("actor/kl_loss", "actor/entropy", "critic/loss"):  # seen: <= 0.5% apart (none is near zero)
+        assert m16[key] == pytest.approx(m32[key], rel=0.02), key
+    # The policy loss is -mean(A * ratio) with advantages centred per group, so it sits near zero (seen: -0.00099 in
+    # bf16 against -0.00115 in fp32 on one host) and a relative tolerance says nothing. Its bound comes from bf16's
+    # rounding instead: each ratio's log moves by at most the old and the new log-prob's error (the measured largest
+    # log-prob difference, once at the step's start, once after the first mini-batch's slightly different update:
+    # 2x each), and the loss by at most max|A| times that.
+    bound = 4 * res["logprob_abs_diff_max"] * res["adv_abs_max"]
+    assert abs(m16["actor/pg_loss"] - m32["actor/pg_loss"]) <= bound, (m16["actor/pg_loss"], m32["actor/pg_loss"])
+    assert bound < 0.1 * res["adv_abs_max"]  # and the bound itself is tight enough to catch a wrong loss
 
 
 @pytest.mark.gpu

@@ -177,6 +177,7 @@ def test_every_setting_comes_from_its_config_key() -> None:
         "bypass_mode": (f"{RC}.bypass_mode", True, True),
         "max_consecutive_nonfinite": (f"{ARR}.actor.max_consecutive_nonfinite", 2, 2),
         "param_dtype": (f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype", "fp32", "fp32"),
+        "use_shared_prompt": (f"{ARR}.model.use_shared_prompt", False, False),
         "seed": ("trainer.seed", 5, 5),
     }
     needs = {  # other keys a value needs to be valid

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from _learner_testlib import settings, tiny_critic, tiny_policy
+from _learner_testlib import layout, settings, tiny_critic, tiny_policy
 
 from async_rl.learner import CriticSettings, Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup, collate_groups
@@ -39,8 +39,9 @@ def _episodes(obs_logprob: float = 0.0) -> list[SampledGroup]:
 
 
 def _one_step_settings(**overrides: Any) -> Any:
-    # the 4 rows are one mini-batch and one micro-batch: the update pass sees the batch's layout as it is
-    return settings(rollout_n=2, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4, **overrides)
+    # the 4 rows are one mini-batch and one padded micro-batch: the update pass sees the batch's layout as it is
+    # (the shared layout computes the same log-probs, see test_learner_shared_prompt.py)
+    return settings(rollout_n=2, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4, **layout("padded"), **overrides)
 
 
 def _grad_enabled_logits(model: torch.nn.Module) -> list[torch.Tensor]:

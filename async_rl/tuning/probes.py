@@ -25,6 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+CONTENDED_STEPS = 3
+"""Learner steps timed beside generation: the last may run past generation's end, so the median is of the others."""
+CONTEND_CAP_S = 900.0
+"""Longest the contended generation level waits for those steps (a real model's step takes tens of seconds)."""
+
 
 def _signal(params: dict[str, Any], name: str) -> None:
     """Leave a marker file for the other probe (the probes meet at markers so measurements never overlap)."""
@@ -85,12 +90,21 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
         cursor += 1
         return [int(t) for t in records[cursor % len(records)].token_ids]
 
-    async def run_level(groups: int, seconds: float) -> tuple[int, float, list[int]]:
-        deadline = time.perf_counter() + seconds
+    async def run_level(groups: int, seconds: float, until: str | None = None) -> tuple[int, float, list[int]]:
+        """Keep ``groups`` in flight for ``seconds``, and past that until marker ``until`` appears (at most
+        ``CONTEND_CAP_S``): a real model's learner step can outlast the planned seconds."""
+        start = time.perf_counter()
+        deadline = start + seconds
         lengths: list[int] = []
 
+        def going() -> bool:
+            now = time.perf_counter()
+            if now < deadline:
+                return True
+            return until is not None and not _seen(params, until) and now < start + CONTEND_CAP_S
+
         async def worker() -> None:
-            while time.perf_counter() < deadline:
+            while going():
                 for c in await engine.generate(next_prompt(), sampling):
                     lengths.append(len(c.token_ids))
 
@@ -113,7 +127,9 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
             _await(params, "learner_alone_done")
             await asyncio.sleep(1.0)  # let the learner's first contended step start
             _signal(params, "gen_started")
-            tokens, elapsed, _ = await run_level(int(params["contend_groups"]), float(params["contend_seconds"]))
+            tokens, elapsed, _ = await run_level(
+                int(params["contend_groups"]), float(params["contend_seconds"]), until="learner_contended_enough"
+            )
             _signal(params, "gen_done")
             contended = tokens / elapsed
             print(f"generation while the learner trains: {contended:.0f} tokens/s", flush=True)
@@ -216,8 +232,14 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
             _shared_step(ctx, learner, groups)
             if flag == b"time":
                 contended.append(time.perf_counter() - t0)
+                if len(contended) == CONTENDED_STEPS and ctx.is_rank0:
+                    _signal(params, "learner_contended_enough")  # generation may stop once its seconds are up
         if ctx.is_rank0:
-            print(f"learner while generation runs: {len(contended)} steps, median {statistics.median(contended):.3f} s")
+            if contended:
+                median = statistics.median(contended)
+                print(f"learner while generation runs: {len(contended)} steps, median {median:.3f} s")
+            else:
+                print("learner while generation runs: no step fitted in the generation probe's time")
     teardown(ctx)
     del torch
     if ctx.rank != 0:

@@ -142,6 +142,11 @@ class Learner:
                 compute_dtype=self.compute_dtype,
                 shared_prompt=self.layout == "shared",
             )
+            if self.layout == "shared" and not shared_prompt_enabled(self.ref):
+                raise ValueError(
+                    "the reference model cannot compute shared prompts while the policy does: use models of one"
+                    " family, or set actor_rollout_ref.model.use_shared_prompt=false"
+                )
         self.critic: Critic | None = None
         if s.needs_critic:
             assert s.critic is not None

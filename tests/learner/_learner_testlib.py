@@ -73,7 +73,7 @@ def layout(name: str) -> dict[str, bool]:
 
 def settings(**overrides: object) -> LearnerSettings:
     """The config's defaults for a small GRPO learner: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches
-    of 2, lr 1e-3, no importance weights, no gradient checkpointing, and no fixed prompt/response lengths (the
+    of 2, lr 1e-3, no importance weights, no gradient checkpointing, fp32, and no fixed prompt/response lengths (the
     scripted groups have prompts and responses of any length)."""
     base = LearnerSettings.defaults(
         adv_estimator="grpo",
@@ -91,5 +91,8 @@ def settings(**overrides: object) -> LearnerSettings:
         max_prompt_length=None,
         max_response_length=None,
         seed=0,
+        # fp32 on every host: these tests compare layouts and world sizes to 1e-6, and `auto` would be bf16 on a CPU
+        # with native bf16 (the bf16 path has tests of its own, with tolerances from bf16's rounding)
+        param_dtype="fp32",
     )
     return base.replace(**overrides)

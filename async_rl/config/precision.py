@@ -44,20 +44,22 @@ def native_bf16(device_type: str, cpuinfo: str | Path = CPUINFO) -> tuple[bool, 
     return False, "CPU without avx512_bf16/amx_bf16 (bf16 would be emulated)"
 
 
+def _resolve(value: str, names: tuple[str, str], device_type: str, cpuinfo: str | Path) -> tuple[str, str]:
+    """``value`` with ``auto`` replaced by ``names[0]`` (bf16) or ``names[1]`` (fp32) per :func:`native_bf16`."""
+    if value != "auto":
+        return value, "set in the config"
+    native, why = native_bf16(device_type, cpuinfo)
+    return names[0] if native else names[1], f"auto: {why}"
+
+
 def learner_precision(param_dtype: str, device_type: str, cpuinfo: str | Path = CPUINFO) -> tuple[str, str]:
     """``("bf16" | "fp32", reason)`` for the learner's ``param_dtype`` on ``device_type``."""
-    if param_dtype != "auto":
-        return param_dtype, "set in the config"
-    native, why = native_bf16(device_type, cpuinfo)
-    return ("bf16" if native else "fp32"), f"auto: {why}"
+    return _resolve(param_dtype, ("bf16", "fp32"), device_type, cpuinfo)
 
 
 def rollout_precision(dtype: str, device_type: str, cpuinfo: str | Path = CPUINFO) -> tuple[str, str]:
     """``(vLLM dtype, reason)`` for ``rollout.dtype`` on ``device_type``: ``auto`` -> bfloat16 or float32."""
-    if dtype != "auto":
-        return dtype, "set in the config"
-    native, why = native_bf16(device_type, cpuinfo)
-    return ("bfloat16" if native else "float32"), f"auto: {why}"
+    return _resolve(dtype, ("bfloat16", "float32"), device_type, cpuinfo)
 
 
 def precision_line(

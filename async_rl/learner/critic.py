@@ -17,7 +17,7 @@ from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
 from async_rl.learner.partition import Layout, plan_updates
-from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_values
+from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_values, row_groups
 from async_rl.learner.settings import CriticSettings
 from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
@@ -94,7 +94,7 @@ class Critic:
             rank=self.ctx.rank,
             shuffle=s.shuffle,
             seed=seed,
-            groups=batch["index"].tolist() if self.layout == "shared" else None,
+            groups=row_groups(batch, self.layout),
         )
         device = self.ctx.device
 

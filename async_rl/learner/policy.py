@@ -46,6 +46,7 @@ __all__ = [
     "forward_full_batch",
     "response_log_probs",
     "response_values",
+    "row_groups",
 ]
 
 
@@ -195,6 +196,11 @@ def _shared_inputs(
     )
 
 
+def row_groups(batch: RolloutBatch, layout: Layout) -> list[int] | None:
+    """Each row's group where the micro-batches must keep groups together (the shared layout), else None."""
+    return batch["index"].tolist() if layout == "shared" else None
+
+
 def _to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
     """Place per-response-token outputs (``[b, t]`` padded or ``[n]`` packed) into a zero ``[b, T]`` matrix."""
     b, width = mi.response_mask.shape
@@ -256,7 +262,7 @@ def forward_full_batch(
     Shares come from :func:`plan_forward` (equal row counts, balanced tokens), so the all-gather sees equal shapes.
     """
     lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
-    groups = batch["index"].tolist() if layout == "shared" else None
+    groups = row_groups(batch, layout)
     plans = [plan_forward(lengths, ctx.world_size, r, micro_size, groups=groups) for r in range(ctx.world_size)]
     outs = [fn(build_micro_inputs(batch, rows, layout=layout, device=ctx.device)).float() for rows in plans[ctx.rank]]
     local = torch.cat(outs, dim=0)

@@ -66,7 +66,7 @@ from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
 from async_rl.learner.partition import Layout, padding_waste, plan_updates
-from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs
+from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs, row_groups
 from async_rl.learner.settings import LearnerSettings
 from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
@@ -240,10 +240,6 @@ class Learner:
             micro_size=s.log_prob_micro_batch_size_per_gpu,
             layout=self.layout,
         )
-
-    def _groups(self, batch: RolloutBatch) -> list[int] | None:
-        """Each row's group when micro-batches keep groups together (shared prompts), else None."""
-        return batch["index"].tolist() if self.layout == "shared" else None
 
     def _rewards_and_advantages(self, batch: RolloutBatch, acc: dict[str, float]) -> None:
         s = self.settings
@@ -500,7 +496,7 @@ class Learner:
             rank=ctx.rank,
             shuffle=s.shuffle,
             seed=seed,
-            groups=self._groups(batch),
+            groups=row_groups(batch, self.layout),
         )
         skipped = run_updates(ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc, reuse), acc)
         micro_batches = [mb for epoch in plan.epochs for mini in epoch for mb in mini]

@@ -11,7 +11,14 @@ from typing import Annotated
 import msgspec
 
 from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc, noop
-from async_rl.config.names import ActorFailurePolicy, LogprobsMode, StalePolicy, UpdateMode, WeightSyncBackend
+from async_rl.config.names import (
+    ActorFailurePolicy,
+    CpuAllocator,
+    LogprobsMode,
+    StalePolicy,
+    UpdateMode,
+    WeightSyncBackend,
+)
 
 
 class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -189,6 +196,14 @@ class AsyncTrainingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     ] = "inflight"
     stale_policy: Annotated[StalePolicy, doc("Groups over the staleness bound are 'drop'ped or 'regrant'ed.")] = "drop"
     sync_every_n_steps: Annotated[PosInt, doc("Broadcast weights to actors every this many learner steps.")] = 1
+    cpu_allocator: Annotated[
+        CpuAllocator,
+        doc(
+            "C allocator of the learner ranks and the actors (their vLLM engines inherit it): 'auto' = tcmalloc when"
+            " a libtcmalloc is found (the entry point re-runs itself with LD_PRELOAD), else the system malloc with a"
+            " warning; 'tcmalloc' = an error when none is found; 'system' = leave LD_PRELOAD alone."
+        ),
+    ] = "auto"
     transport: Annotated[TransportConfig, doc("Rollout plane.")] = msgspec.field(default_factory=TransportConfig)
     weight_sync: Annotated[WeightSyncConfig, doc("Weight broadcast.")] = msgspec.field(default_factory=WeightSyncConfig)
     checkpoint: Annotated[CheckpointConfig, doc("Checkpointing.")] = msgspec.field(default_factory=CheckpointConfig)

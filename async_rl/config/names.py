@@ -39,6 +39,7 @@ ActorFailurePolicy = Literal["stop", "continue"]
 TruncateSide = Literal["left", "middle", "right"]
 ToolFormat = Literal["hermes"]
 SanityCheckMode = Literal["disable", "strict", "ignore_strippable"]
+CpuAllocator = Literal["auto", "tcmalloc", "system"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 KL_KINDS: tuple[str, ...] = get_args(KLKind)
@@ -71,6 +72,7 @@ __all__ = [
     "ActorFailurePolicy",
     "AdvEstimator",
     "BypassLossType",
+    "CpuAllocator",
     "Device",
     "ISLevel",
     "ISMode",

@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--emulate-response-len needs --emulate-tokens-per-s and must be >= 1, got {length}")
     import os
 
+    from async_rl.runtime.allocator import reexec_with_allocator
+
+    if argv is None:  # a real start (not a call from Python): re-run with tcmalloc preloaded when it should be
+        reexec_with_allocator(cfg.async_training.cpu_allocator, "async_rl.entrypoints.actor", announce=True)
+
     from async_rl.runtime.parent_watch import watch_parent
 
     watch_parent(forked_children=True)  # vLLM's engine and workers, when forked (when spawned: see the end of the file)

@@ -12,6 +12,8 @@ import sys
 import pytest
 from _e2e_helpers import ROOT, free_port
 
+from async_rl.runtime.allocator import find_tcmalloc, search_dirs
+
 STEPS = 4
 
 
@@ -56,3 +58,7 @@ def test_two_learner_nodes_and_a_separate_actor(tmp_path):
     assert all(m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0 for m in metrics)
     learner_logs = (tmp_path / "node0.log").read_text() + (tmp_path / "node1.log").read_text()
     assert "world_size=2" in learner_logs  # one FSDP2 group spanning both "nodes"
+    # the entry points re-ran themselves with tcmalloc preloaded where this host has it, and said which allocator
+    expected = "allocator: tcmalloc (LD_PRELOAD=" if find_tcmalloc(search_dirs(os.environ)) else "no tcmalloc found"
+    assert expected in (tmp_path / "node0.log").read_text()
+    assert expected in (tmp_path / "actor.log").read_text()

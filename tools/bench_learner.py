@@ -51,6 +51,7 @@ from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 GEOMETRIES = {  # groups, n, prompt tokens, response tokens (low, high), micro-batch
     "recipe": (16, 8, 46, (8, 12), 16),
     "long": (4, 8, 64, (256, 256), 8),
+    "calculator": (8, 8, 300, (64, 128), 8),  # the calculator-tool recipe's step, as tools/bench_memory.py runs it
 }
 
 

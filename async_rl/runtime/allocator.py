@@ -31,6 +31,9 @@ SYSTEM_DIRS = (
     "/usr/lib64",
     "/usr/lib",
     "/usr/local/lib",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib64",
 )
 REEXEC_MARK = "ASYNC_RL_ALLOCATOR_REEXEC"  # set in the re-run process: never re-run twice
 INSTALL_HINT = "apt-get install libtcmalloc-minimal4 (Debian/Ubuntu), dnf install gperftools-libs, or conda gperftools"

@@ -1,0 +1,119 @@
+"""Benchmark a learner rank's peak memory: the system malloc against tcmalloc, on a recipe's step and model.
+
+Usage: ``python tools/bench_memory.py --model DIR [--geometry recipe|calculator] [--steps 3]`` (``DIR``: e.g. the
+SmolLM2 directory ``python tools/prepare_model.py smollm2-135m-instruct --out DIR`` writes)
+
+Each allocator runs ``torchrun`` with 2 ranks (gloo on CPU, one thread per rank) that build the learner from the
+recipe's config (``configs/smollm2_arith_grpo.yaml`` for ``recipe``, ``configs/smollm2_calculator_tool_grpo.yaml`` for
+``calculator``) and train ``--steps`` steps of the geometry's batch, each followed by a gather of every weight as the
+weight sync does. It prints, per allocator, the peak resident memory of rank 0 (``ru_maxrss``), the bytes of that
+peak per token the rank trained in one step, and the median step time; then the system/tcmalloc ratio of the peaks
+(``learner_peak_memory_system_vs_tcmalloc``). Geometries (prompts x completions, tokens): ``recipe`` 16 x 8,
+46-token prompts, 8-12-token completions; ``calculator`` 8 x 8, 300-token prompts, 64-128-token episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from async_rl.runtime.allocator import find_tcmalloc, search_dirs  # noqa: E402
+from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "recipe": "configs/smollm2_arith_grpo.yaml",
+    "calculator": "configs/smollm2_calculator_tool_grpo.yaml",
+}
+
+
+def worker(params: dict[str, object]) -> None:
+    import torch
+    from bench_learner import shared_groups
+
+    from async_rl.config.cli import parse_cli
+    from async_rl.learner import Learner, init_distributed, teardown
+    from async_rl.learner.settings import LearnerSettings
+
+    torch.set_num_threads(1)
+    model = str(params["model"])
+    cfg, _ = parse_cli(
+        ["--config", str(ROOT / CONFIGS[str(params["geometry"])]), f"actor_rollout_ref.model.path={model}"]
+    )
+    ctx = init_distributed()
+    learner = Learner(LearnerSettings.from_config(cfg, total_training_steps=16), ctx, model)
+    groups = shared_groups(str(params["geometry"]), learner.vocab_size or 49152)
+    tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses) / ctx.world_size
+    times = []
+    for _ in range(int(str(params["steps"]))):
+        t0 = time.perf_counter()
+        learner.train_step(groups)
+        times.append(time.perf_counter() - t0)
+        for _name, _tensor in learner.iter_weights():  # the weight sync's gather, one tensor at a time
+            pass
+    if ctx.is_rank0:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        out = {"peak_bytes": peak, "tokens": tokens, "step_s": statistics.median(times)}
+        Path(str(params["out"])).write_text(json.dumps(out))
+    teardown(ctx)
+
+
+def run(args: argparse.Namespace, library: str | None, out: Path) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
+    params = {"model": args.model, "geometry": args.geometry, "steps": args.steps, "out": str(out)}
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", BENCH_MEMORY_WORKER=json.dumps(params))
+    if library is not None:
+        env["LD_PRELOAD"] = library
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result: dict[str, float] = json.loads(out.read_text())
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="HF directory of the model (e.g. SmolLM2)")
+    p.add_argument("--geometry", choices=sorted(CONFIGS), default="recipe")
+    p.add_argument("--steps", type=int, default=3, help="steps per allocator (the peak is over all of them)")
+    args = p.parse_args()
+    params = os.environ.get("BENCH_MEMORY_WORKER")
+    if params:
+        worker(json.loads(params))
+        return
+    library = find_tcmalloc(search_dirs(os.environ))
+    if library is None:
+        print("no libtcmalloc on this host (apt-get install libtcmalloc-minimal4): nothing to compare")
+        return
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, lib in (("system", None), ("tcmalloc", library)):
+            results[name] = run(args, lib, Path(tmp) / f"{name}.json")
+    print(f"== learner peak memory, rank 0 of 2 ({args.geometry}, {args.steps} steps, {args.model}) ==")
+    for name, r in results.items():
+        per_token = r["peak_bytes"] / r["tokens"]
+        line = f"{name:8s} peak {r['peak_bytes'] / 2**20:,.0f} MiB  {per_token / 1e6:.2f} MB/token trained"
+        print(f"{line}  step {r['step_s']:.1f} s")
+    ratio = results["system"]["peak_bytes"] / results["tcmalloc"]["peak_bytes"]
+    print(f"system/tcmalloc peak: {ratio:.2f}x")
+    s, t = results["system"], results["tcmalloc"]
+    detail = (
+        f"{args.geometry}: peak {s['peak_bytes'] / 2**20:,.0f} -> {t['peak_bytes'] / 2**20:,.0f} MiB per rank"
+        f" ({s['peak_bytes'] / s['tokens'] / 1e6:.2f} -> {t['peak_bytes'] / t['tokens'] / 1e6:.2f} MB/token);"
+        f" step {s['step_s']:.1f} -> {t['step_s']:.1f} s"
+    )
+    emit("memory", [BenchLine("learner_peak_memory_system_vs_tcmalloc", ratio, None, detail)])
+
+
+if __name__ == "__main__":
+    main()

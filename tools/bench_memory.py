@@ -82,15 +82,15 @@ def run(args: argparse.Namespace, library: str | None, out: Path) -> dict[str, f
 
 
 def main() -> None:
+    params = os.environ.get("BENCH_MEMORY_WORKER")
+    if params:  # a torchrun rank of run(): its options travel in the environment
+        worker(json.loads(params))
+        return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF directory of the model (e.g. SmolLM2)")
     p.add_argument("--geometry", choices=sorted(CONFIGS), default="recipe")
     p.add_argument("--steps", type=int, default=3, help="steps per allocator (the peak is over all of them)")
     args = p.parse_args()
-    params = os.environ.get("BENCH_MEMORY_WORKER")
-    if params:
-        worker(json.loads(params))
-        return
     library = find_tcmalloc(search_dirs(os.environ))
     if library is None:
         print("no libtcmalloc on this host (apt-get install libtcmalloc-minimal4): nothing to compare")

@@ -66,6 +66,8 @@ def test_plans(tmp_path):
     # re-run once and still not loaded: warn, never loop
     library, line, warn = plan_allocator("auto", {REEXEC_MARK: "1"}, dirs)
     assert (library, warn) == (None, True) and "did not take effect" in line
+    with pytest.raises(RuntimeError, match="cpu_allocator=tcmalloc: .*did not take effect"):
+        plan_allocator("tcmalloc", {REEXEC_MARK: "1"}, dirs)
     # none found: auto warns with how to install it, tcmalloc refuses naming the key
     library, line, warn = plan_allocator("auto", {}, empty)
     assert (library, warn) == (None, True) and "apt-get install libtcmalloc-minimal4" in line

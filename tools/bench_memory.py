@@ -6,10 +6,11 @@ SmolLM2 directory ``python tools/prepare_model.py smollm2-135m-instruct --out DI
 Each allocator runs ``torchrun`` with 2 ranks (gloo on CPU, one thread per rank) that build the learner from the
 recipe's config (``configs/smollm2_arith_grpo.yaml`` for ``recipe``, ``configs/smollm2_calculator_tool_grpo.yaml`` for
 ``calculator``) and train ``--steps`` steps of the geometry's batch, each followed by a gather of every weight as the
-weight sync does. It prints, per allocator, the peak resident memory of rank 0 (``ru_maxrss``), the bytes of that
-peak per token the rank trained in one step, and the median step time; then the system/tcmalloc ratio of the peaks
-(``learner_peak_memory_system_vs_tcmalloc``). Geometries (prompts x completions, tokens): ``recipe`` 16 x 8,
-46-token prompts, 8-12-token completions; ``calculator`` 8 x 8, 300-token prompts, 64-128-token episodes.
+weight sync does. It prints, per allocator, the peak resident memory of rank 0 (``ru_maxrss``, what a run reports as
+``learner/peak_memory_mib``), the bytes of that peak per token the rank trained in one step, and the median step
+time; then the system/tcmalloc ratio of the peaks (``learner_peak_memory_system_vs_tcmalloc``). Geometries (prompts
+x completions, tokens): ``recipe`` 16 x 8, 46-token prompts, 8-12-token completions; ``calculator`` 8 x 8,
+300-token prompts, 64-128-token episodes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,6 +45,7 @@ def worker(params: dict[str, object]) -> None:
     from async_rl.config.cli import parse_cli
     from async_rl.learner import Learner, init_distributed, teardown
     from async_rl.learner.settings import LearnerSettings
+    from async_rl.runtime.trainer import peak_memory_mib
 
     torch.set_num_threads(1)
     model = str(params["model"])
@@ -63,7 +64,7 @@ def worker(params: dict[str, object]) -> None:
         for _name, _tensor in learner.iter_weights():  # the weight sync's gather, one tensor at a time
             pass
     if ctx.is_rank0:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        peak = peak_memory_mib(ctx.device) * 2**20  # what the run's learner/peak_memory_mib reports
         out = {"peak_bytes": peak, "tokens": tokens, "step_s": statistics.median(times)}
         Path(str(params["out"])).write_text(json.dumps(out))
     teardown(ctx)

@@ -29,7 +29,8 @@ def _adapter(model_dir: str, rank: int, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from async_rl.learner.lora import LoRASpec, adapter_config, apply_lora, lora_modules, peft_name, save_adapter
+    from async_rl.learner.lora import apply_lora, lora_modules
+    from async_rl.peft_format import LoRASpec, adapter_config, peft_name, save_adapter
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     spec = LoRASpec(rank=rank, alpha=2.0 * rank, target_modules="all-linear")

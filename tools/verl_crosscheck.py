@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from async_rl import algorithms as ours  # noqa: E402
+from async_rl.config.correction import parse_is_threshold, parse_rs_spec  # noqa: E402
 
 B, T, GROUP = 16, 12, 4
 
@@ -302,8 +303,8 @@ def check_reinforce(rep: Report, verl: Any, x: dict[str, Any]) -> None:
             x["rollout"], lp_verl, x["adv"], mask, "token-mean", cfg
         )
         lp_ours = x["log_prob"].clone().requires_grad_(True)
-        w, _ = ours.rollout_is_weights(lp_ours.detach(), x["rollout"], mask, level="token", threshold=2.0)
-        kept, _ = ours.rejection_mask(lp_ours.detach(), x["rollout"], mask, options="token_k1", thresholds="0.5_2.0")
+        w, _ = ours.rollout_is_weights(lp_ours.detach(), x["rollout"], mask, level="token", upper=2.0, lower=None)
+        kept, _ = ours.rejection_mask(lp_ours.detach(), x["rollout"], mask, bounds=parse_rs_spec("token_k1", "0.5_2.0"))
         mine, _ = ours.reinforce_loss(lp_ours, x["adv"], kept, is_weights=w)
         rep.close(f"{label} loss", mine, theirs)
         mine.backward()
@@ -469,7 +470,13 @@ def check_rollout_is(rep: Report, verl: Any, x: dict[str, Any]) -> None:
                     level: str = level, threshold: Any = threshold, normalize: bool = normalize, label: str = label
                 ) -> None:
                     mine, m_metrics = ours.rollout_is_weights(
-                        x["old"], x["rollout"], mask, level=level, threshold=threshold, batch_normalize=normalize
+                        x["old"],
+                        x["rollout"],
+                        mask,
+                        level=level,
+                        upper=parse_is_threshold(threshold)[0],
+                        lower=parse_is_threshold(threshold)[1],
+                        batch_normalize=normalize,
                     )
                     theirs, v_metrics = verl.rc.compute_rollout_correction_weights(
                         log_ratio, mask, level, threshold, normalize
@@ -510,7 +517,9 @@ def check_rejection(rep: Report, verl: Any, x: dict[str, Any]) -> None:
         label = f"rejection_mask {options} thresholds={thresholds!r}"
 
         def _case(options: str = options, thresholds: Any = thresholds, label: str = label) -> None:
-            mine, m_metrics = ours.rejection_mask(x["old"], x["rollout"], mask, options=options, thresholds=thresholds)
+            mine, m_metrics = ours.rejection_mask(
+                x["old"], x["rollout"], mask, bounds=parse_rs_spec(options, thresholds)
+            )
             theirs, v_metrics = verl.rc.compute_rollout_rejection_mask(log_ratio, mask, options, thresholds)
             rep.exact(f"{label} mask", mine, theirs)
             kept = float((mine * mask).sum() / mask.sum())

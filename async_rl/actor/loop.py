@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateMode
 from async_rl.actor.episodes import EpisodeRunner
-from async_rl.learner.lora import LoRASpec, adapter_config
+from async_rl.peft_format import LoRASpec, adapter_config
 from async_rl.rewards import OverlongShaping, RewardResult
 from async_rl.transport.protocol import (
     Completion,

@@ -11,7 +11,7 @@ One difference: a prompt-log-probs request batched with others makes vLLM's own 
 per prompt token, indices per request); here that layer, which carries no adapter weights, computes (zero) anyway.
 
 :func:`install` replaces the six functions in vLLM's modules; the weight-sync worker extension calls it in vLLM's
-worker process on CPU (``weight_sync/vllm_ext.py``). On GPUs vLLM uses its Triton kernels and nothing is replaced.
+worker process on CPU (``actor/vllm_ext.py``). On GPUs vLLM uses its Triton kernels and nothing is replaced.
 """
 
 from __future__ import annotations

@@ -35,11 +35,8 @@ from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, mas
 from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss, reinforce_loss
 from async_rl.algorithms.rollout_correction import (
     ROLLOUT_IS_LEVELS,
-    RS_OPTIONS,
+    RSBounds,
     normalize_is_weights,
-    parse_is_threshold,
-    parse_rs_options,
-    parse_rs_thresholds,
     rejection_mask,
     rollout_is_weights,
 )
@@ -59,7 +56,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "ROLLOUT_IS_LEVELS",
-    "RS_OPTIONS",
+    "RSBounds",
     "AdaptiveKLController",
     "AdvantageEstimatorSpec",
     "AdvantageInputs",
@@ -85,9 +82,6 @@ __all__ = [
     "masked_whiten",
     "needs_critic",
     "normalize_is_weights",
-    "parse_is_threshold",
-    "parse_rs_options",
-    "parse_rs_thresholds",
     "policy_loss",
     "reinforce_loss",
     "rejection_mask",

@@ -20,21 +20,17 @@ take its output as ``is_weights``. Everything runs without gradient tracking.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from async_rl.algorithms._checks import check_choice, check_same_shape, float_mask
 from async_rl.algorithms.masking import masked_extreme, masked_sum, safe_count
-from async_rl.config.correction import RS_OPTIONS, parse_is_threshold, parse_rs_options, parse_rs_thresholds
 
 __all__ = [
     "ROLLOUT_IS_LEVELS",
-    "RS_OPTIONS",
+    "RSBounds",
     "normalize_is_weights",
-    "parse_is_threshold",
-    "parse_rs_options",
-    "parse_rs_thresholds",
     "rejection_mask",
     "rollout_is_weights",
 ]
@@ -46,6 +42,15 @@ ROLLOUT_IS_LEVELS: frozenset[str] = frozenset({"token", "sequence", "geometric"}
 
 _LOG_CLAMP = 20.0
 _NORM_EPS = 1e-8
+
+RSBounds = Mapping[str, tuple[float | None, float]]
+"""Rejection-sampling options and their ``(lower, upper)`` bounds, in order (``config.correction.parse_rs_spec``
+builds it from verl's ``rollout_rs`` / ``rollout_rs_threshold`` strings): an option is ``<family>_<kX>`` with family
+``token``, ``seq_sum``, ``seq_mean`` or ``seq_max`` and ``kX`` one of ``k1``, ``k2``, ``k3``; ``lower`` is set for k1
+and None for k2/k3."""
+
+_RS_FAMILIES = ("token", "seq_sum", "seq_mean", "seq_max")
+_RS_ESTIMATORS = ("k1", "k2", "k3")
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 """Sums a small 1-D tensor over data-parallel ranks and returns it, e.g. ``lambda t: ctx.all_reduce(t, "sum")``."""
@@ -61,8 +66,9 @@ def rollout_is_weights(
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    level: str = "token",
-    threshold: float | str = 2.0,
+    level: str,
+    upper: float,
+    lower: float | None,
     batch_normalize: bool = False,
     all_reduce: AllReduce | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -71,9 +77,10 @@ def rollout_is_weights(
     With ``d = old_log_prob - rollout_log_prob`` on valid tokens (0 on padding): ``level="token"`` gives
     ``raw_t = exp(clamp(d_t, -20, 20))``; ``level="sequence"`` gives ``raw_i = exp(clamp(sum_t d_t, -20, 20))`` on
     every token of row i, ``level="geometric"`` the same with the mean over the row's valid tokens instead of the sum
-    (not in verl). Padding gets weight 0. ``threshold`` (see ``parse_is_threshold``): a single upper bound
-    truncates, ``w = min(raw, upper)`` (TIS); ``"lower_upper"`` keeps ``raw`` where ``lower <= raw <= upper`` and
-    zeroes it elsewhere (IcePop; kept weights are not set to 1).
+    (not in verl). Padding gets weight 0. ``lower=None`` truncates at ``upper``, ``w = min(raw, upper)`` (TIS); a
+    ``lower`` keeps ``raw`` where ``lower <= raw <= upper`` and zeroes it elsewhere (IcePop; kept weights are not set
+    to 1). ``config.correction.parse_is_threshold`` reads both from verl's ``rollout_is_threshold`` (``2.0`` or
+    ``"0.5_2.0"``).
 
     ``batch_normalize`` then divides every weight by their mean ``m`` (if ``m > 1e-8``; otherwise the weights are
     left as they are): at token level the mean over valid tokens, at the per-row levels (sequence, geometric) the
@@ -93,7 +100,8 @@ def rollout_is_weights(
     check_same_shape("rollout_log_prob", rollout_log_prob, "old_log_prob", old_log_prob)
     check_same_shape("response_mask", response_mask, "old_log_prob", old_log_prob)
     check_choice("level", level, ROLLOUT_IS_LEVELS)
-    upper, lower = parse_is_threshold(threshold)
+    if not upper > 0 or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"IS bounds need 0 < lower <= upper (or lower None), got lower={lower!r} upper={upper!r}")
     if not isinstance(batch_normalize, bool):
         raise ValueError(f"batch_normalize must be a bool, got {batch_normalize!r}")
 
@@ -183,16 +191,15 @@ def rejection_mask(
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    options: str,
-    thresholds: str | float,
+    bounds: RSBounds,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Response mask with out-of-bounds tokens / sequences set to 0, and 0-d metrics (verl 0.9.1 semantics).
 
     ``d = clamp(old_log_prob - rollout_log_prob, -20, 20)`` on valid tokens (0 on padding) is ``log r``. Per token:
     ``k1 = -d`` (= ``log(pi_rollout / pi_train)``), ``k2 = 0.5 * d^2``, ``k3 = exp(d) - 1 - d``. Each option of
-    ``options`` (see ``parse_rs_options``) takes a statistic: ``token_kX`` the token's own ``kX``; ``seq_sum_kX`` /
+    ``bounds`` (see :data:`RSBounds`) takes a statistic: ``token_kX`` the token's own ``kX``; ``seq_sum_kX`` /
     ``seq_mean_kX`` / ``seq_max_kX`` the sum / mean / max of ``kX`` over the row's valid tokens (0 for an empty row),
-    shared by the whole row. With its bounds from ``parse_rs_thresholds``, a statistic passes when
+    shared by the whole row. With its ``(lower, upper)``, a statistic passes when
     ``log(lower) <= stat <= log(upper)`` for k1 and ``stat <= upper`` for k2/k3. So k1 bounds apply to
     ``pi_rollout / pi_train = 1 / r`` (``"0.5_4.0"`` keeps ``0.25 <= r <= 2``); with the default ``lower = 1 / upper``
     the interval is symmetric and the direction does not matter. A NaN statistic fails. A token is kept when it
@@ -205,8 +212,14 @@ def rejection_mask(
     """
     check_same_shape("rollout_log_prob", rollout_log_prob, "old_log_prob", old_log_prob)
     check_same_shape("response_mask", response_mask, "old_log_prob", old_log_prob)
-    names = parse_rs_options(options)
-    bounds = parse_rs_thresholds(names, thresholds)
+    if not bounds:
+        raise ValueError("rejection_mask needs at least one option")
+    for option, (low, up) in bounds.items():
+        family, _, estimator = option.rpartition("_")
+        if family not in _RS_FAMILIES or estimator not in _RS_ESTIMATORS:
+            raise ValueError(f"unknown rejection option {option!r}: <{'|'.join(_RS_FAMILIES)}>_<k1|k2|k3>")
+        if not up > 0 or (estimator == "k1") != (low is not None) or (low is not None and not 0 < low <= up):
+            raise ValueError(f"bad bounds for {option!r}: (lower, upper) = ({low!r}, {up!r})")
 
     mask = float_mask(response_mask, old_log_prob)
     valid = mask != 0
@@ -226,7 +239,7 @@ def rejection_mask(
 
     keep_all = torch.ones_like(valid)
     metrics: dict[str, torch.Tensor] = {}
-    for option in names:
+    for option in bounds:
         family, estimator = option.rsplit("_", 1)
         values = per_token[estimator]
         if family == "token":

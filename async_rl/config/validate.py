@@ -319,7 +319,7 @@ def _filter_groups_warnings(cfg: Config) -> list[str]:
 
 
 def _check_model_paths(cfg: Config, errors: list[str]) -> None:
-    from async_rl.models.pretrained import PRETRAINED  # no torch import
+    from async_rl.models.catalog import PRETRAINED
 
     known = ["builtin:tiny-arith", *(f"builtin:{name}" for name in sorted(PRETRAINED))]
     for key, path in (

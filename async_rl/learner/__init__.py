@@ -8,10 +8,10 @@ through :func:`iter_full_state` (weight sync) and :func:`export_hf`; state is sa
 
 from async_rl.learner.batching import Response, RolloutBatch, SampledGroup, collate_groups, collate_rows
 from async_rl.learner.checkpoint import latest, list_checkpoints, load_learner, save_learner
-from async_rl.learner.dist import DistContext, init_distributed, local_context, log_rank0, teardown
+from async_rl.learner.dist import DistContext, init_distributed, local_context, log_rank0, share_batch, teardown
 from async_rl.learner.export import export_hf, iter_full_state
 from async_rl.learner.settings import CriticSettings, LearnerSettings, OptimSettings
-from async_rl.learner.step import Learner, share_batch
+from async_rl.learner.step import Learner
 
 __all__ = [
     "CriticSettings",

@@ -13,6 +13,7 @@ import datetime
 import logging
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["DistContext", "init_distributed", "local_context", "log_rank0", "pick_device", "teardown"]
+from async_rl.learner.batching import RolloutBatch
+
+__all__ = [
+    "DistContext",
+    "init_distributed",
+    "local_context",
+    "log_rank0",
+    "pick_device",
+    "share_batch",
+    "teardown",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -185,3 +196,17 @@ def log_rank0(ctx: DistContext, log: logging.Logger, msg: str, *args: Any, level
     """Log only on rank 0 (every rank holds the same facts; N copies of each line help nobody)."""
     if ctx.is_rank0:
         log.log(level, msg, *args)
+
+
+def share_batch(
+    ctx: DistContext, batch: RolloutBatch | None, group_ids: Sequence[int] | None
+) -> tuple[RolloutBatch, list[int]]:
+    """Broadcast rank 0's collated batch and its group ids to every rank as tensors (others pass ``None``)."""
+    tensors = None
+    if ctx.is_rank0:
+        if batch is None or group_ids is None:
+            raise ValueError("rank 0 must pass the batch and its group ids")
+        tensors = {**batch.tensors, "_group_ids": torch.tensor([int(g) for g in group_ids], dtype=torch.long)}
+    shared = ctx.broadcast_tensors(tensors)
+    ids = [int(g) for g in shared.pop("_group_ids").tolist()]
+    return RolloutBatch(shared), ids

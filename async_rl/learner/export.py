@@ -28,7 +28,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from async_rl.learner.dist import DistContext
-from async_rl.learner.lora import is_adapter_name, lora_modules, merged_weight, peft_name, save_adapter
+from async_rl.learner.lora import lora_modules, merged_weight
+from async_rl.peft_format import is_adapter_name, peft_name, save_adapter
 from async_rl.weight_sync.protocol import TensorSpec, dtype_name
 
 __all__ = ["clean_name", "export_adapter", "export_hf", "full_state_manifest", "iter_full_state"]

@@ -31,8 +31,9 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from async_rl.learner.dist import DistContext, log_rank0
-from async_rl.learner.lora import LoRASpec, apply_lora
+from async_rl.learner.lora import apply_lora
 from async_rl.learner.shared_prompt import use_shared_prompt_attention
+from async_rl.peft_format import LoRASpec
 
 __all__ = ["COMPUTE_DTYPES", "ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
 

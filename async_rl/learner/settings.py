@@ -22,14 +22,15 @@ from typing import Any, TypeVar, get_args
 
 import torch
 
+from async_rl.algorithms.rollout_correction import RSBounds
 from async_rl.config import Config, default_config
 from async_rl.config.common import OptimConfig
 from async_rl.config.correction import parse_is_threshold, parse_rs_spec
 from async_rl.config.critic import CriticConfig
 from async_rl.config.names import LOSS_AGG_MODES, BypassLossType, ISLevel, LRSchedule, ParamDtype, needs_critic
 from async_rl.config.precision import CPUINFO, cpu_bf16_flags, learner_precision
-from async_rl.learner.lora import LoRASpec
 from async_rl.learner.partition import Layout
+from async_rl.peft_format import LoRASpec
 
 __all__ = [
     "ADAMW_EPS",
@@ -286,9 +287,20 @@ class LearnerSettings:
             raise ValueError(f"param_dtype must be one of {_PARAM_DTYPES}, got {self.param_dtype!r}")
         if self.bypass_loss_type not in _BYPASS_LOSS_TYPES:
             raise ValueError(f"bypass_loss_type must be one of {_BYPASS_LOSS_TYPES}, got {self.bypass_loss_type!r}")
-        parse_is_threshold(self.rollout_is_threshold)  # the same rules as the config's, at construction
-        if self.rollout_rs is not None:
-            parse_rs_spec(self.rollout_rs, self.rollout_rs_threshold)
+        self.is_bounds  # noqa: B018  (parsed here, so a bad threshold fails at construction, by the config's rules)
+        self.rs_bounds  # noqa: B018
+
+    @functools.cached_property
+    def is_bounds(self) -> tuple[float, float | None]:
+        """``(upper, lower)`` of ``rollout_is_threshold``, parsed once (``lower`` None: truncation)."""
+        return parse_is_threshold(self.rollout_is_threshold)
+
+    @functools.cached_property
+    def rs_bounds(self) -> RSBounds | None:
+        """``rollout_rs`` / ``rollout_rs_threshold`` parsed once into options and bounds; None without rejection."""
+        if self.rollout_rs is None:
+            return None
+        return parse_rs_spec(self.rollout_rs, self.rollout_rs_threshold)
 
     @property
     def needs_ref(self) -> bool:

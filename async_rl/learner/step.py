@@ -61,7 +61,7 @@ from async_rl.learner.checkpoint import load_learner, save_learner
 from async_rl.learner.critic import Critic
 from async_rl.learner.dist import DistContext, log_rank0
 from async_rl.learner.export import clean_name, full_state_manifest, iter_full_state
-from async_rl.learner.lora import adapter_config, adapters_disabled, lora_modules, peft_name
+from async_rl.learner.lora import adapters_disabled, lora_modules
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
@@ -71,28 +71,15 @@ from async_rl.learner.settings import LearnerSettings
 from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
+from async_rl.peft_format import adapter_config, peft_name
 from async_rl.transport.protocol import AdapterPlan
 from async_rl.weight_sync.protocol import TensorSpec
 
-__all__ = ["Learner", "share_batch"]
+__all__ = ["Learner"]
 
 logger = logging.getLogger(__name__)
 
 _EXTREME_SUFFIXES = {"_max": "max", "_min": "min"}
-
-
-def share_batch(
-    ctx: DistContext, batch: RolloutBatch | None, group_ids: Sequence[int] | None
-) -> tuple[RolloutBatch, list[int]]:
-    """Broadcast rank 0's collated batch and its group ids to every rank as tensors (others pass ``None``)."""
-    tensors = None
-    if ctx.is_rank0:
-        if batch is None or group_ids is None:
-            raise ValueError("rank 0 must pass the batch and its group ids")
-        tensors = {**batch.tensors, "_group_ids": torch.tensor([int(g) for g in group_ids], dtype=torch.long)}
-    shared = ctx.broadcast_tensors(tensors)
-    ids = [int(g) for g in shared.pop("_group_ids").tolist()]
-    return RolloutBatch(shared), ids
 
 
 class Learner:
@@ -271,11 +258,8 @@ class Learner:
         Every rank holds the whole batch, so the batch means need no collective."""
         s = self.settings
         old, behaviour = batch["old_log_probs"], batch["rollout_log_probs"]
-        if s.rollout_rs is not None:
-            assert s.rollout_rs_threshold is not None  # config validation
-            kept, rs_metrics = rejection_mask(
-                old, behaviour, batch["loss_mask"], options=s.rollout_rs, thresholds=s.rollout_rs_threshold
-            )
+        if s.rs_bounds is not None:
+            kept, rs_metrics = rejection_mask(old, behaviour, batch["loss_mask"], bounds=s.rs_bounds)
             batch["loss_mask"] = kept
             out.update({f"learner/rollout_corr/{k}": float(v) for k, v in rs_metrics.items()})
         if s.rollout_is is None:
@@ -295,7 +279,8 @@ class Learner:
             behaviour,
             mask,
             level=s.rollout_is,
-            threshold=s.rollout_is_threshold,
+            upper=s.is_bounds[0],
+            lower=s.is_bounds[1],
             batch_normalize=s.is_batch_normalize,
         )
 
@@ -362,9 +347,8 @@ class Learner:
             loss, metrics = ppo(old_log_prob, s.loss_mode, weights, mask)
             return loss, metrics, corr, mask
         current = log_prob.detach()
-        if s.rollout_rs is not None:
-            assert s.rollout_rs_threshold is not None  # config validation
-            mask, corr = rejection_mask(current, rollout, mask, options=s.rollout_rs, thresholds=s.rollout_rs_threshold)
+        if s.rs_bounds is not None:
+            mask, corr = rejection_mask(current, rollout, mask, bounds=s.rs_bounds)
             mask = mask.bool()
         if s.bypass_loss_type == "ppo_clip":
             loss, metrics = ppo(rollout, "vanilla", None, mask)

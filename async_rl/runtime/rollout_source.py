@@ -7,7 +7,7 @@ is collective:
    rank follows its decisions (wait, re-publish the weights to a new actor, give up, stop on a signal);
 2. rank 0 collates the transport's groups straight from their wire arrays (numpy views of the received bytes, no
    Python lists) into the learner's padded tensors (:func:`collate_wire_groups`);
-3. the tensors are broadcast to every rank (:func:`async_rl.learner.step.share_batch`).
+3. the tensors are broadcast to every rank (:func:`async_rl.learner.dist.share_batch`).
 
 The result, :class:`StepRollouts`, holds the batch (every rank) and the transport groups (rank 0, for the ledger,
 the rollout metrics and the audit log). ``None`` means the data ran out.
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from async_rl.learner.batching import RolloutBatch, Row, collate_rows
-from async_rl.learner.step import share_batch
+from async_rl.learner.dist import share_batch
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
 from async_rl.transport.protocol import RolloutGroup, unpack_array
 

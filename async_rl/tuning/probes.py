@@ -167,7 +167,7 @@ def _synthetic_groups(records: list[Any], lengths: list[int], num: int, n: int, 
 
 def _shared_step(ctx: Any, learner: Any, groups: list[Any]) -> None:
     """One step as a training run takes it: rank 0 collates, the ranks get the tensors, every rank trains."""
-    from async_rl.learner.step import share_batch
+    from async_rl.learner.dist import share_batch
 
     rank0 = ctx.is_rank0
     batch, ids = share_batch(

@@ -2,8 +2,8 @@
 
 Learner rank 0: ``open_group(..., rank=0)`` then ``WeightSender(group).send(named_tensors, version=v, manifest=specs)``.
 Actor: build ``vllm.LLM(**vllm_engine_kwargs(), ...)``, then ``EngineWeightSync(llm).join(...)`` once and
-``.update(version=v)`` per update. ``vllm_ext`` (imported only inside vLLM workers) holds the engine registered with
-vLLM's weight-transfer registry; this package's top level never imports vLLM.
+``.update(version=v)`` per update. ``async_rl.actor.vllm_ext`` (imported only inside vLLM workers) holds the engine
+registered with vLLM's weight-transfer registry; this package never imports vLLM or a role.
 """
 
 from async_rl.weight_sync.buckets import Bucket, TensorAssembler, fill_buckets, plan_buckets

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["AsyncEngineWeightSync", "EngineWeightSync", "init_info", "update_info", "vllm_engine_kwargs"]
 
 ENGINE_NAME = "async_rl_broadcast"  # same string as vllm_ext.ENGINE_NAME (kept here to avoid importing vLLM)
-EXTENSION_CLS = "async_rl.weight_sync.vllm_ext.WeightSyncWorkerExtension"
+EXTENSION_CLS = "async_rl.actor.vllm_ext.WeightSyncWorkerExtension"
 
 
 def vllm_engine_kwargs() -> dict[str, Any]:

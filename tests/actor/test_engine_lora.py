@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from async_rl.actor.engine import EngineSettings, GenerationEngine, lora_engine_kwargs
-from async_rl.learner.lora import LoRASpec, adapter_config
 from async_rl.models.tiny import build_tiny_model
+from async_rl.peft_format import LoRASpec, adapter_config
 from async_rl.transport.protocol import GroupSampling, WeightSyncPlan
 from async_rl.weight_sync import vllm_engine_kwargs
 from async_rl.weight_sync.client import AsyncEngineWeightSync

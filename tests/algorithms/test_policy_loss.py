@@ -142,7 +142,7 @@ def test_micro_batches_with_global_counts_match_full_batch(b: int, mode: str, lo
     adv = torch.randn(b, 5, generator=gen, dtype=torch.float64)
     mask = (torch.rand(b, 5, generator=gen) > 0.3).to(torch.float64)
     mask[:, 0] = 1.0
-    w, _ = rollout_is_weights(old, rollout, mask, threshold=2.0)
+    w, _ = rollout_is_weights(old, rollout, mask, level="token", upper=2.0, lower=None)
     full, _ = policy_loss(old, log_prob, adv, mask, is_weights=w, loss_agg_mode=mode, loss_mode=loss_mode)
     total = torch.zeros((), dtype=torch.float64)
     for rows in (slice(0, b // 2), slice(b // 2, b)):
@@ -183,7 +183,7 @@ def test_is_weights_scale_each_token_and_are_detached() -> None:
     old = torch.zeros(2, 2)
     rollout = torch.tensor([[-LN2, 0.0], [-math.log(3.0), 9.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    w, _ = rollout_is_weights(old, rollout, mask, threshold="0.5_2.5")
+    w, _ = rollout_is_weights(old, rollout, mask, level="token", upper=2.5, lower=0.5)
     torch.testing.assert_close(w, torch.tensor([[2.0, 1.0], [0.0, 0.0]]))
     log_prob = torch.zeros(2, 2, requires_grad=True)
     loss, metrics = policy_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w)
@@ -206,14 +206,12 @@ def test_is_weights_scale_each_token_and_are_detached() -> None:
     seed=st.integers(0, 10_000),
     loss_mode=st.sampled_from(sorted(POLICY_LOSSES)),
     level=st.sampled_from(sorted(ROLLOUT_IS_LEVELS)),
-    threshold=st.one_of(
-        st.floats(1.0, 10.0), st.tuples(st.floats(0.1, 1.0), st.floats(1.0, 10.0)).map(lambda b: f"{b[0]}_{b[1]}")
-    ),
+    bounds=st.tuples(st.floats(1.0, 10.0), st.one_of(st.none(), st.floats(0.1, 1.0))),
     batch_normalize=st.booleans(),
     agg=st.sampled_from(sorted(LOSS_AGG_MODES)),
 )
 def test_on_policy_is_weights_leave_the_loss_bitwise_unchanged(
-    seed: int, loss_mode: str, level: str, threshold: float | str, batch_normalize: bool, agg: str
+    seed: int, loss_mode: str, level: str, bounds: tuple[float, float | None], batch_normalize: bool, agg: str
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
     old = torch.randn(3, 4, generator=gen)
@@ -221,7 +219,7 @@ def test_on_policy_is_weights_leave_the_loss_bitwise_unchanged(
     adv = torch.randn(3, 4, generator=gen)
     mask = (torch.rand(3, 4, generator=gen) > 0.3).float()
     w, is_m = rollout_is_weights(
-        old, old.clone(), mask, level=level, threshold=threshold, batch_normalize=batch_normalize
+        old, old.clone(), mask, level=level, upper=bounds[0], lower=bounds[1], batch_normalize=batch_normalize
     )
     assert torch.equal(w, mask)  # exactly 1 on valid tokens (TIS caps and IcePop bounds enclose 1), 0 on padding
     if mask.sum() > 0:
@@ -240,7 +238,7 @@ def test_geo_mean_is_weight_is_a_geometric_mean_in_mask_mode() -> None:
     # rollout so that d = old - rollout = [[-1, 0], [.5, 0]]: token weights [[e^-1, 1], [e^.5, 1]];
     # IcePop "0.5_2" zeroes e^-1 = .368 and keeps e^.5 = 1.6487
     rollout = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 0.0, 0.0]])
-    w, _ = rollout_is_weights(old, rollout, mask, threshold="0.5_2.0")
+    w, _ = rollout_is_weights(old, rollout, mask, level="token", upper=2.0, lower=0.5)
     loss, _ = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
     # Without weights (see test_policy_loss): row 0 -> -e^.05, row 1 -> +e^.2.
     # Row weights exp(mean log(w + 1e-10)): row 0 exp((log 1e-10 + log 1) / 2) = 1e-5 (the zeroed token nearly zeroes

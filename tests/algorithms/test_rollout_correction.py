@@ -1,4 +1,5 @@
-"""Rollout correction (verl 0.9.1 semantics): IS threshold parsing, TIS / IcePop weights, rejection masks.
+"""Rollout correction (verl 0.9.1 semantics): TIS / IcePop weights, rejection masks. The threshold strings are
+parsed at the config boundary (``async_rl.config.correction``, tested in tests/config); the math takes numbers.
 
 What was compared against verl 0.9.1 ``verl/trainer/ppo/rollout_corr_helper.py`` and how: every expected value below
 was derived by hand from verl's definitions, read in ``_parse_rollout_is_threshold``,
@@ -22,89 +23,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_rl.algorithms import (
-    ROLLOUT_IS_LEVELS,
-    RS_OPTIONS,
-    normalize_is_weights,
-    parse_is_threshold,
-    parse_rs_options,
-    parse_rs_thresholds,
-    rejection_mask,
-    rollout_is_weights,
-)
-
-# ---------------------------------------------------------------------------------------------- threshold parsing
-
-
-def test_parse_is_threshold() -> None:
-    assert parse_is_threshold(2.0) == (2.0, None)
-    assert parse_is_threshold(3) == (3.0, None)
-    assert parse_is_threshold("2.0") == (2.0, None)
-    assert parse_is_threshold(" 0.5_5.0 ") == (5.0, 0.5)
-    assert parse_is_threshold("2_2") == (2.0, 2.0)
-    assert parse_is_threshold("0.5") == (0.5, None)  # verl accepts a cap below 1
-
-
-@pytest.mark.parametrize(
-    ("spec", "match"),
-    [
-        (True, "bool"),
-        (None, "number or a string"),
-        ([2.0], "number or a string"),
-        ("", "empty"),
-        ("abc", "not a number"),
-        ("0.5_x", "not a number"),
-        ("0.5_5_6", "not a number"),
-        (0, "upper bound must be > 0"),
-        (-1.0, "upper bound must be > 0"),
-        ("nan", "upper bound must be > 0"),
-        ("0_2", "0 < lower <= upper"),
-        ("-1_2", "0 < lower <= upper"),
-        ("3_2", "0 < lower <= upper"),
-        ("1_0", "upper bound must be > 0"),
-    ],
-)
-def test_parse_is_threshold_errors(spec: object, match: str) -> None:
-    with pytest.raises(ValueError, match=f"threshold.*{match}|{match}"):
-        parse_is_threshold(spec)  # type: ignore[arg-type]
-
-
-def test_parse_rs_options_and_thresholds() -> None:
-    assert len(RS_OPTIONS) == 11
-    assert parse_rs_options(" token_k1, seq_mean_k3 ,token_k1") == ("token_k1", "seq_mean_k3")
-    # one threshold shared: k1 single float -> lower = 1 / upper; others upper only
-    assert parse_rs_thresholds(("token_k1", "seq_max_k2"), 2.0) == {"token_k1": (0.5, 2.0), "seq_max_k2": (None, 2.0)}
-    assert parse_rs_thresholds(("seq_sum_k1", "token_k3"), "0.8_3.0, 0.1") == {
-        "seq_sum_k1": (0.8, 3.0),
-        "token_k3": (None, 0.1),
-    }
-    with pytest.raises(ValueError, match="options entry.*seq_max_k1"):
-        parse_rs_options("seq_max_k1")
-    with pytest.raises(ValueError, match="options"):
-        parse_rs_options(" , ")
-    with pytest.raises(ValueError, match="options"):
-        parse_rs_options(None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="thresholds has 2 entries.*exactly 3"):
-        parse_rs_thresholds(("token_k1", "token_k2", "token_k3"), "1.5,2.0")
-    with pytest.raises(ValueError, match="token_k2.*single upper bound"):
-        parse_rs_thresholds(("token_k2",), "0.1_0.2")
-    with pytest.raises(ValueError, match="token_k1.*lower <= upper"):
-        parse_rs_thresholds(("token_k1",), "2_1")
-    with pytest.raises(ValueError, match="token_k1.*positive"):
-        parse_rs_thresholds(("token_k1",), "0_1")
-    with pytest.raises(ValueError, match="token_k1.*> 0"):
-        parse_rs_thresholds(("token_k1",), 0.0)
-    with pytest.raises(ValueError, match="seq_sum_k3.*> 0"):
-        parse_rs_thresholds(("seq_sum_k3",), "-1")
-    with pytest.raises(ValueError, match="thresholds must be a number"):
-        parse_rs_thresholds(("token_k2",), True)
-    with pytest.raises(ValueError, match="thresholds must contain"):
-        parse_rs_thresholds(("token_k2",), " , ")
-    with pytest.raises(ValueError, match="not a number"):
-        parse_rs_thresholds(("token_k2",), "abc")
-    with pytest.raises(ValueError, match="not a number"):  # verl would read this as lower .5, upper 56
-        parse_rs_thresholds(("token_k1",), "0.5_5_6")
-
+from async_rl.algorithms import ROLLOUT_IS_LEVELS, normalize_is_weights, rejection_mask, rollout_is_weights
+from async_rl.config.correction import parse_rs_spec
 
 # ------------------------------------------------------------------------------------------------------ IS weights
 
@@ -115,7 +35,7 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 
 
 def test_token_tis_weights_and_metrics() -> None:
-    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold=2.0)
+    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", upper=2.0, lower=None)
     e = math.exp
     expected = torch.tensor([[2.0, e(-1.0), 0.0], [e(0.2), e(0.3), e(0.1)]])  # e^1 = 2.718 truncated to 2
     torch.testing.assert_close(w, expected)
@@ -133,7 +53,7 @@ def test_token_tis_weights_and_metrics() -> None:
 
 
 def test_token_icepop_zeroes_outside_bounds() -> None:
-    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold="0.5_2.0")
+    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", upper=2.0, lower=0.5)
     e = math.exp
     # e (> 2) and e^-1 (< .5) are zeroed, not truncated; kept weights keep their value
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [e(0.2), e(0.3), e(0.1)]]))
@@ -147,7 +67,7 @@ def test_sequence_icepop_zeroes_whole_rows() -> None:
     old = torch.zeros(2, 3)
     rollout = torch.tensor([[-ln2, -ln2, 0.0], [0.0, 5.0, -5.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    w, m = rollout_is_weights(old, rollout, mask, level="sequence", threshold="0.5_3.0")
+    w, m = rollout_is_weights(old, rollout, mask, level="sequence", upper=3.0, lower=0.5)
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
     assert m["rollout_is_oob_ratio"].item() == pytest.approx(0.75)  # of valid tokens
     assert m["rollout_is_ratio_fraction_high"].item() == pytest.approx(0.5)  # of non-empty rows
@@ -163,7 +83,7 @@ def test_truncated_weights_are_bounded_with_ess_in_unit_interval(seed: int, leve
     rollout = (old + torch.randn(4, 5, generator=gen)).requires_grad_(True)
     mask = (torch.rand(4, 5, generator=gen) > 0.2).float()
     mask[0, 0] = 1.0
-    w, m = rollout_is_weights(old, rollout, mask, level=level, threshold=4.0)
+    w, m = rollout_is_weights(old, rollout, mask, level=level, upper=4.0, lower=None)
     assert 0.0 < m["rollout_is_eff_sample_size"].item() <= 1.0
     assert 0.0 <= w.min().item() and w.max().item() <= 4.0
     assert bool((w[mask.bool()] > 0).all())  # truncation never zeroes a valid token
@@ -172,14 +92,14 @@ def test_truncated_weights_are_bounded_with_ess_in_unit_interval(seed: int, leve
 
 def test_sequence_level_weights_and_batch_normalize() -> None:
     # row sums of d: 0 -> weight 1; .6 -> e^.6 = 1.822 truncated to 1.5
-    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="sequence", threshold=1.5)
+    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="sequence", upper=1.5, lower=None)
     torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 0.0], [1.5, 1.5, 1.5]]))
     assert m["rollout_is_ratio_fraction_high"].item() == pytest.approx(0.5)  # one of two rows
     assert m["rollout_is_ratio_fraction_low"].item() == 0.0
     assert m["rollout_is_max"].item() == pytest.approx(math.exp(0.6), rel=1e-6)  # the raw row weight
     assert m["rollout_is_min"].item() == pytest.approx(1.0)
     # normalised by the mean of the *row* weights (1 + 1.5) / 2 = 1.25, not the token mean 6.5 / 5 = 1.3
-    wn, mn = rollout_is_weights(OLD, ROLLOUT, MASK, level="sequence", threshold=1.5, batch_normalize=True)
+    wn, mn = rollout_is_weights(OLD, ROLLOUT, MASK, level="sequence", upper=1.5, lower=None, batch_normalize=True)
     torch.testing.assert_close(wn, torch.tensor([[0.8, 0.8, 0.0], [1.2, 1.2, 1.2]]))
     assert mn["rollout_is_batch_norm_factor"].item() == pytest.approx(1.25)
     # a fully padded row is not a sequence: same factor
@@ -189,7 +109,8 @@ def test_sequence_level_weights_and_batch_normalize() -> None:
         torch.cat([ROLLOUT, pad]),
         torch.cat([MASK, pad]),
         level="sequence",
-        threshold=1.5,
+        upper=1.5,
+        lower=None,
         batch_normalize=True,
     )
     assert mp["rollout_is_batch_norm_factor"].item() == pytest.approx(1.25)
@@ -200,7 +121,8 @@ def test_sequence_level_weights_and_batch_normalize() -> None:
         ROLLOUT,
         MASK,
         level="sequence",
-        threshold=1.5,
+        upper=1.5,
+        lower=None,
         batch_normalize=True,
         all_reduce=lambda t: t + torch.tensor([3.5, 2.0], dtype=t.dtype),
     )
@@ -209,12 +131,12 @@ def test_sequence_level_weights_and_batch_normalize() -> None:
 
 
 def test_token_batch_normalize_and_all_zero_weights() -> None:
-    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold=2.0, batch_normalize=True)
+    w, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", upper=2.0, lower=None, batch_normalize=True)
     assert ((w * MASK).sum() / MASK.sum()).item() == pytest.approx(1.0, rel=1e-6)
     e = math.exp
     assert m["rollout_is_batch_norm_factor"].item() == pytest.approx((2 + e(-1) + e(0.2) + e(0.3) + e(0.1)) / 5)
     # every weight zeroed by IcePop: the mean is 0 <= 1e-8, so the weights are left as they are (factor 1)
-    wz, mz = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold="3_4", batch_normalize=True)
+    wz, mz = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", upper=4.0, lower=3.0, batch_normalize=True)
     assert torch.equal(wz, torch.zeros_like(wz))
     assert mz["rollout_is_batch_norm_factor"].item() == 1.0
     assert mz["rollout_is_eff_sample_size"].item() == 0.0
@@ -230,13 +152,13 @@ def test_normalize_is_weights_for_precomputed_weights() -> None:
     assert ft.item() == pytest.approx(6.5 / 5)
     torch.testing.assert_close(wt, w / 1.3)
     # "geometric" (the other per-row level) normalises like "sequence"
-    geo, _ = rollout_is_weights(OLD, ROLLOUT, MASK, level="geometric", threshold=1.5)
+    geo, _ = rollout_is_weights(OLD, ROLLOUT, MASK, level="geometric", upper=1.5, lower=None)
     _, fg = normalize_is_weights(geo, MASK, level="geometric")
     # row log-ratio means 0 and .2 -> weights 1 and e^.2 = 1.2214 (under the cap)
     assert fg.item() == pytest.approx((1 + math.exp(0.2)) / 2, rel=1e-6)
     # the helper is what rollout_is_weights(batch_normalize=True) applies
-    raw, _ = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold=2.0)
-    normed, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", threshold=2.0, batch_normalize=True)
+    raw, _ = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", upper=2.0, lower=None)
+    normed, m = rollout_is_weights(OLD, ROLLOUT, MASK, level="token", upper=2.0, lower=None, batch_normalize=True)
     again, f = normalize_is_weights(raw, MASK)
     torch.testing.assert_close(normed, again)
     assert m["rollout_is_batch_norm_factor"].item() == f.item()
@@ -247,17 +169,17 @@ def test_normalize_is_weights_for_precomputed_weights() -> None:
 
 
 def test_identical_log_probs_give_unit_weights_and_bad_arguments() -> None:
-    w, m = rollout_is_weights(OLD, OLD, MASK, level="sequence", threshold="0.5_2.0")
+    w, m = rollout_is_weights(OLD, OLD, MASK, level="sequence", upper=2.0, lower=0.5)
     assert torch.equal(w, MASK)
     assert m["rollout_is_eff_sample_size"].item() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="level.*sequence.*token"):
-        rollout_is_weights(OLD, OLD, MASK, level="batch", threshold=2.0)
+        rollout_is_weights(OLD, OLD, MASK, level="batch", upper=2.0, lower=None)
     with pytest.raises(ValueError, match="rollout_log_prob"):
-        rollout_is_weights(OLD, OLD[:1], MASK, threshold=2.0)
-    with pytest.raises(ValueError, match="threshold"):
-        rollout_is_weights(OLD, OLD, MASK, threshold="2_1")
+        rollout_is_weights(OLD, OLD[:1], MASK, level="token", upper=2.0, lower=None)
+    with pytest.raises(ValueError, match="0 < lower <= upper"):
+        rollout_is_weights(OLD, OLD, MASK, level="token", upper=1.0, lower=2.0)
     with pytest.raises(ValueError, match="batch_normalize"):
-        rollout_is_weights(OLD, OLD, MASK, threshold=2.0, batch_normalize=1)  # type: ignore[arg-type]
+        rollout_is_weights(OLD, OLD, MASK, level="token", upper=2.0, lower=None, batch_normalize=1)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------- rejection mask
@@ -307,7 +229,7 @@ CASES = [
 
 @pytest.mark.parametrize(("option", "threshold", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_each_rejection_option(option: str, threshold: str | float, expected: torch.Tensor) -> None:
-    new_mask, m = rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, options=option, thresholds=threshold)
+    new_mask, m = rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, bounds=parse_rs_spec(option, threshold))
     torch.testing.assert_close(new_mask, expected)
     rejected_tokens = (RS_MASK - expected).sum().item()
     rejected_rows = sum(1 for i in range(3) if (RS_MASK[i] - expected[i]).sum().item() > 0)  # of the 3 non-empty rows
@@ -318,7 +240,9 @@ def test_each_rejection_option(option: str, threshold: str | float, expected: to
 
 
 def test_options_are_anded_with_per_option_thresholds() -> None:
-    new_mask, m = rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, options="token_k1, seq_max_k3", thresholds="0.9_1.5,0.11")
+    new_mask, m = rejection_mask(
+        RS_OLD, RS_ROLLOUT, RS_MASK, bounds=parse_rs_spec("token_k1, seq_max_k3", "0.9_1.5,0.11")
+    )
     # token_k1 rejects row 1 token 0 and all of row 2; seq_max_k3 rejects row 1: only row 0 survives
     torch.testing.assert_close(new_mask, _rows(0))
     assert m["rollout_rs_token_k1_masked_fraction"].item() == pytest.approx(5 / 9)
@@ -326,35 +250,39 @@ def test_options_are_anded_with_per_option_thresholds() -> None:
     assert m["rollout_rs_masked_fraction"].item() == pytest.approx(6 / 9)
     assert m["rollout_rs_seq_masked_fraction"].item() == pytest.approx(2 / 3)
     # a shared threshold is broadcast to every option
-    shared, _ = rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, options="seq_sum_k2,seq_max_k2", thresholds=0.1)
+    shared, _ = rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, bounds=parse_rs_spec("seq_sum_k2,seq_max_k2", 0.1))
     torch.testing.assert_close(shared, _rows(0))
 
 
 def test_rejection_keeps_dtype_clamps_and_rejects_nan() -> None:
     bool_mask = RS_MASK.bool()
-    new_mask, _ = rejection_mask(RS_OLD, RS_ROLLOUT, bool_mask, options="seq_max_k2", thresholds=0.1)
+    new_mask, _ = rejection_mask(RS_OLD, RS_ROLLOUT, bool_mask, bounds=parse_rs_spec("seq_max_k2", 0.1))
     assert new_mask.dtype == torch.bool
     assert torch.equal(new_mask, _rows(0).bool())
     # log-ratio 50 is clamped to 20: k2 = 200 (not 1250) passes an upper bound of 300
     big = torch.tensor([[50.0]])
-    kept, _ = rejection_mask(torch.zeros(1, 1), -big, torch.ones(1, 1), options="token_k2", thresholds=300.0)
+    kept, _ = rejection_mask(torch.zeros(1, 1), -big, torch.ones(1, 1), bounds=parse_rs_spec("token_k2", 300.0))
     assert kept.item() == 1.0
     nan = torch.tensor([[float("nan"), 0.0]])
-    out, _ = rejection_mask(torch.zeros(1, 2), nan, torch.ones(1, 2), options="token_k3", thresholds=1.0)
+    out, _ = rejection_mask(torch.zeros(1, 2), nan, torch.ones(1, 2), bounds=parse_rs_spec("token_k3", 1.0))
     assert out.tolist() == [[0.0, 1.0]]
-    with pytest.raises(ValueError, match="options"):
-        rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, options="seq_k2", thresholds=0.1)
+    with pytest.raises(ValueError, match="unknown rejection option 'seq_k2'"):
+        rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, bounds={"seq_k2": (None, 0.1)})
+    with pytest.raises(ValueError, match="bad bounds for 'token_k1'"):
+        rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, bounds={"token_k1": (None, 2.0)})  # k1 needs a lower bound
+    with pytest.raises(ValueError, match="at least one option"):
+        rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK, bounds={})
     with pytest.raises(ValueError, match="response_mask"):
-        rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK[:2], options="token_k2", thresholds=0.1)
+        rejection_mask(RS_OLD, RS_ROLLOUT, RS_MASK[:2], bounds=parse_rs_spec("token_k2", 0.1))
 
 
 def test_geometric_level_is_the_per_token_geometric_mean() -> None:
     """Not in verl (this project's extension): one weight per row, exp(mean of d over its valid tokens)."""
     old = torch.tensor([[0.3, -0.1, 0.4, 9.0], [0.2, -7.0, 5.0, 9.0]])  # padding holds garbage
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    w, _ = rollout_is_weights(old, torch.zeros_like(old), mask, level="geometric", threshold=2.0)
+    w, _ = rollout_is_weights(old, torch.zeros_like(old), mask, level="geometric", upper=2.0, lower=None)
     # row 0: mean(0.3, -0.1, 0.4) = 0.2 -> e^0.2 = 1.2214 on its 3 tokens; row 1: e^0.2 as well; padding 0
     e02 = 1.2214027581601699
     assert w.flatten().tolist() == pytest.approx([e02, e02, e02, 0.0, e02, 0.0, 0.0, 0.0])
-    capped, _ = rollout_is_weights(old, torch.zeros_like(old), mask, level="geometric", threshold=1.1)
+    capped, _ = rollout_is_weights(old, torch.zeros_like(old), mask, level="geometric", upper=1.1, lower=None)
     assert capped[0, 0].item() == pytest.approx(1.1)

@@ -12,7 +12,13 @@ from __future__ import annotations
 import pytest
 
 from async_rl.config import ConfigError, load_config
-from async_rl.config.correction import RS_OPTIONS, parse_is_threshold, parse_rs_spec
+from async_rl.config.correction import (
+    RS_OPTIONS,
+    parse_is_threshold,
+    parse_rs_options,
+    parse_rs_spec,
+    parse_rs_thresholds,
+)
 from async_rl.learner.settings import LearnerSettings
 
 RC = "algorithm.rollout_correction"
@@ -118,3 +124,76 @@ def test_greedy_training_rollouts_are_a_config_error() -> None:
         load_config(None, ["actor_rollout_ref.rollout.temperature=0"])
     assert "actor_rollout_ref.rollout.temperature must be > 0" in str(info.value)
     load_config(None, ["actor_rollout_ref.rollout.val_kwargs.temperature=0"])  # greedy validation stays fine
+
+
+# ---------------------------------------------------------------------------------------------- threshold parsing
+
+
+def test_parse_is_threshold() -> None:
+    assert parse_is_threshold(2.0) == (2.0, None)
+    assert parse_is_threshold(3) == (3.0, None)
+    assert parse_is_threshold("2.0") == (2.0, None)
+    assert parse_is_threshold(" 0.5_5.0 ") == (5.0, 0.5)
+    assert parse_is_threshold("2_2") == (2.0, 2.0)
+    assert parse_is_threshold("0.5") == (0.5, None)  # verl accepts a cap below 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        (True, "bool"),
+        (None, "number or a string"),
+        ([2.0], "number or a string"),
+        ("", "empty"),
+        ("abc", "not a number"),
+        ("0.5_x", "not a number"),
+        ("0.5_5_6", "not a number"),
+        (0, "upper bound must be > 0"),
+        (-1.0, "upper bound must be > 0"),
+        ("nan", "upper bound must be > 0"),
+        ("0_2", "0 < lower <= upper"),
+        ("-1_2", "0 < lower <= upper"),
+        ("3_2", "0 < lower <= upper"),
+        ("1_0", "upper bound must be > 0"),
+    ],
+)
+def test_parse_is_threshold_errors(spec: object, match: str) -> None:
+    with pytest.raises(ValueError, match=f"threshold.*{match}|{match}"):
+        parse_is_threshold(spec)  # type: ignore[arg-type]
+
+
+def test_parse_rs_options_and_thresholds() -> None:
+    assert len(RS_OPTIONS) == 11
+    assert parse_rs_options(" token_k1, seq_mean_k3 ,token_k1") == ("token_k1", "seq_mean_k3")
+    # one threshold shared: k1 single float -> lower = 1 / upper; others upper only
+    assert parse_rs_thresholds(("token_k1", "seq_max_k2"), 2.0) == {"token_k1": (0.5, 2.0), "seq_max_k2": (None, 2.0)}
+    assert parse_rs_thresholds(("seq_sum_k1", "token_k3"), "0.8_3.0, 0.1") == {
+        "seq_sum_k1": (0.8, 3.0),
+        "token_k3": (None, 0.1),
+    }
+    with pytest.raises(ValueError, match="options entry.*seq_max_k1"):
+        parse_rs_options("seq_max_k1")
+    with pytest.raises(ValueError, match="options"):
+        parse_rs_options(" , ")
+    with pytest.raises(ValueError, match="options"):
+        parse_rs_options(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="thresholds has 2 entries.*exactly 3"):
+        parse_rs_thresholds(("token_k1", "token_k2", "token_k3"), "1.5,2.0")
+    with pytest.raises(ValueError, match="token_k2.*single upper bound"):
+        parse_rs_thresholds(("token_k2",), "0.1_0.2")
+    with pytest.raises(ValueError, match="token_k1.*lower <= upper"):
+        parse_rs_thresholds(("token_k1",), "2_1")
+    with pytest.raises(ValueError, match="token_k1.*positive"):
+        parse_rs_thresholds(("token_k1",), "0_1")
+    with pytest.raises(ValueError, match="token_k1.*> 0"):
+        parse_rs_thresholds(("token_k1",), 0.0)
+    with pytest.raises(ValueError, match="seq_sum_k3.*> 0"):
+        parse_rs_thresholds(("seq_sum_k3",), "-1")
+    with pytest.raises(ValueError, match="thresholds must be a number"):
+        parse_rs_thresholds(("token_k2",), True)
+    with pytest.raises(ValueError, match="thresholds must contain"):
+        parse_rs_thresholds(("token_k2",), " , ")
+    with pytest.raises(ValueError, match="not a number"):
+        parse_rs_thresholds(("token_k2",), "abc")
+    with pytest.raises(ValueError, match="not a number"):  # verl would read this as lower .5, upper 56
+        parse_rs_thresholds(("token_k1",), "0.5_5_6")

@@ -191,7 +191,7 @@ def scenario_resume(ctx: Any, out: Path, phase: str) -> dict[str, Any]:
 
 def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
     """LoRA under FSDP2: adapter gradients vs one process, a frozen base, and resume of adapter + optimizer."""
-    from async_rl.learner.lora import LoRASpec
+    from async_rl.peft_format import LoRASpec
 
     res: dict[str, Any] = {}
     s = settings(lora=LoRASpec(rank=4, alpha=8.0, target_modules="all-linear"), use_kl_loss=True, seed=5)

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from async_rl.config import default_config, load_config
-from async_rl.learner.lora import LoRASpec
 from async_rl.learner.optim import lr_factor
 from async_rl.learner.settings import CriticSettings, LearnerSettings, OptimSettings
+from async_rl.peft_format import LoRASpec
 
 ARR = "actor_rollout_ref"
 RC = "algorithm.rollout_correction"

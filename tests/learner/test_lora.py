@@ -11,15 +11,8 @@ from _learner_testlib import VOCAB, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
 from async_rl.learner.export import export_adapter, export_hf
-from async_rl.learner.lora import (
-    LoRALinear,
-    LoRASpec,
-    adapters_disabled,
-    apply_lora,
-    lora_modules,
-    merge_adapters,
-    peft_name,
-)
+from async_rl.learner.lora import LoRALinear, adapters_disabled, apply_lora, lora_modules, merge_adapters
+from async_rl.peft_format import LoRASpec, peft_name
 
 SPEC = LoRASpec(rank=4, alpha=8.0, target_modules="all-linear")
 IDS = torch.randint(1, VOCAB, (3, 11), generator=torch.Generator().manual_seed(7))

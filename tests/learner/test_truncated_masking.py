@@ -11,7 +11,7 @@ from _learner_testlib import layout, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_truncated
-from async_rl.learner.step import share_batch
+from async_rl.learner.dist import share_batch
 from async_rl.learner.update import mini_batch_counts
 from async_rl.runtime.rollout_source import collate_wire_groups
 from async_rl.transport.protocol import RolloutGroup as WireGroup

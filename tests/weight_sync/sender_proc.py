@@ -34,7 +34,8 @@ def lora_model(model_dir: str, seed: int, rank: int) -> torch.nn.Module:
     """The checkpoint with an all-linear LoRA adapter (alpha = 2 x rank) whose A and B are drawn from ``seed``."""
     from transformers import AutoModelForCausalLM
 
-    from async_rl.learner.lora import LoRASpec, apply_lora, lora_modules
+    from async_rl.learner.lora import apply_lora, lora_modules
+    from async_rl.peft_format import LoRASpec
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     apply_lora(model, LoRASpec(rank=rank, alpha=2.0 * rank, target_modules="all-linear"), seed=seed)
@@ -47,7 +48,7 @@ def lora_model(model_dir: str, seed: int, rank: int) -> torch.nn.Module:
 
 def lora_weights(model_dir: str, seed: int, rank: int) -> dict[str, torch.Tensor]:
     """What mode ``lora`` sends: the adapter of :func:`lora_model` under PEFT's names."""
-    from async_rl.learner.lora import peft_name
+    from async_rl.peft_format import peft_name
 
     state = lora_model(model_dir, seed, rank).state_dict()
     return {str(peft_name(k)): v for k, v in state.items() if peft_name(k) is not None}

@@ -49,7 +49,7 @@ class _FakeLLM:
 
 def test_engine_kwargs_select_the_registered_engine() -> None:
     kwargs = vllm_engine_kwargs()
-    assert kwargs["worker_extension_cls"] == "async_rl.weight_sync.vllm_ext.WeightSyncWorkerExtension"
+    assert kwargs["worker_extension_cls"] == "async_rl.actor.vllm_ext.WeightSyncWorkerExtension"
     assert kwargs["weight_transfer_config"] == {"backend": "async_rl_broadcast"}
 
 

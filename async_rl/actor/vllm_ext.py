@@ -1,4 +1,5 @@
-"""vLLM side of the weight sync: a weight-transfer engine registered with vLLM 0.32's native registry.
+"""vLLM side of the weight sync, run in the actor's vLLM workers: a weight-transfer engine registered with vLLM 0.32's
+native registry.
 
 vLLM 0.32 lets a trainer push weights into a running engine through ``init_weight_transfer_engine`` /
 ``start_weight_update`` / ``update_weights`` / ``finish_weight_update`` (on ``LLM`` and ``AsyncLLM``), dispatching
@@ -214,7 +215,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
     def _receive_adapter(self, group: WeightSyncGroup, update_info: BroadcastUpdateInfo) -> None:
         """A LoRA update: receive the adapter's tensors (digest-checked like any update) and write them as a PEFT
         adapter directory. The served model is untouched, so a failure leaves the weights valid."""
-        from async_rl.learner.lora import save_adapter
+        from async_rl.peft_format import save_adapter
 
         if update_info.adapter_config is None:
             raise WeightSyncError("a LoRA update needs its adapter_config")

@@ -167,6 +167,8 @@ def launch_command(run_dir: Path, shape: Shape, *, tokens_per_s: float, stalenes
         f"actor_rollout_ref.actor.ppo_mini_batch_size={shape.batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={shape.micro_batch}",
         f"async_training.max_staleness={staleness}",
+        "trainer.val_before_train=false",  # the demo config validates; an emulated actor's rounds would be timed too
+        "trainer.test_freq=-1",
     ]
 
 

@@ -6,9 +6,11 @@ Nothing is downloaded. In order:
    arithmetic problems, so it starts imperfect but able;
 2. measure greedy exact-match accuracy on held-out problems;
 3. train it with asynchronous GRPO through ``launchers/local.py``: one vLLM actor (CPU build) streaming rollout
-   groups over ZeroMQ to a 2-rank FSDP2 learner (gloo), weights broadcast after every step, staleness bound K >= 1;
+   groups over ZeroMQ to a 2-rank FSDP2 learner (gloo), weights broadcast after every step, staleness bound K >= 1.
+   The system validates on the actor as it trains (``trainer.test_freq``; the config samples 4 answers to each of 200
+   held-out problems at the training temperature, ``val/mean@4``), each round pinned to one policy version;
 4. measure held-out greedy accuracy again on the exported final model, print a summary (reward over the first and
-   last 10% of steps) and the path of the plot.
+   last 10% of steps, the validation curve) and the path of the plot, whose validation panels show that curve.
 
 ::
 
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from async_rl.data import make_arith_problems
     from async_rl.demo.warmstart import greedy_accuracy, prepare_warm_model
     from async_rl.runtime.metrics import read_metrics
-    from async_rl.runtime.plot import format_summary, plot_run, summarize_run
+    from async_rl.runtime.plot import VAL_REWARD_KEY, format_summary, plot_run, summarize_run, validation_records
 
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -96,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = summarize_run(records)
     plot = plot_run(run_dir / "metrics.jsonl", run_dir / "reward.png")
+    curve = [[rec["step"], rec[VAL_REWARD_KEY]] for rec in validation_records(records) if VAL_REWARD_KEY in rec]
     result = {
+        "heldout_validation": curve,
         "heldout_greedy_accuracy_before": before,
         "heldout_greedy_accuracy_after": after,
         "reward_first_10pct": summary.get("reward_first_mean"),
@@ -110,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print()
     print(format_summary(summary))
+    if curve:
+        vk = cfg.actor_rollout_ref.rollout.val_kwargs
+        how = f"mean of {vk.n} samples at temperature {vk.temperature:g}" if vk.do_sample else "greedy"
+        points = ", ".join(f"{value:.3f} (step {step})" for step, value in curve)
+        print(f"held-out reward validated on the actor ({how}): {points}")
     print(f"held-out greedy accuracy: {before:.3f} before RL -> {after:.3f} after")
     print(f"total wall clock {result['wall_clock_s']} s; plot: {plot}; summary: {out / 'summary.json'}")
     return 0

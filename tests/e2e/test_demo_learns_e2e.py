@@ -1,5 +1,6 @@
 """The demo path end to end, shortened: warm-start the tiny model, then asynchronous GRPO through the launcher (real
-vLLM CPU actor, 2-rank FSDP2 learner on gloo, ZeroMQ, weight broadcast every step, K = 2), and the reward rises.
+vLLM CPU actor, 2-rank FSDP2 learner on gloo, ZeroMQ, weight broadcast every step, K = 2): the reward rises, and so
+does the held-out reward the system validates on the actor (4 samples per held-out problem at T = 1).
 
 Same recipe as ``make demo`` (configs/demo_grpo.yaml) with fewer RL steps; the full demo's margin is in the README.
 """
@@ -42,8 +43,15 @@ def test_short_demo_run_raises_the_reward(tmp_path, assert_nothing_lost):
     # Mean reward of the last 6 steps vs the first 6: ~+0.15 in runs here (0.2 -> 0.35); demand a clear rise.
     assert summary["reward_delta"] >= 0.05, summary
     assert Path(summary["plot"]).stat().st_size > 10_000
+    # validation rounds before training, every 25 versions and on the last (configs/demo_grpo.yaml: test_freq 25)
+    curve = dict(summary["heldout_validation"])
+    assert sorted(curve) == [0, 25, 50, STEPS], curve
+    # held-out mean@4 went 0.22 -> 0.49 by step 50 in runs here; demand a clear rise on problems never trained on
+    assert curve[STEPS] >= curve[0] + 0.1, curve
+    assert "held-out reward validated on the actor (mean of 4 samples at temperature 1)" in proc.stdout
 
-    metrics = read_jsonl(out / "run" / "metrics.jsonl")
+    records = read_jsonl(out / "run" / "metrics.jsonl")
+    metrics = [m for m in records if "val/version" not in m]  # the training steps; validation rounds are their own
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(m["rollout/staleness_max"] <= K for m in metrics)  # every trained group within the bound
     assert all(m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0 for m in metrics)

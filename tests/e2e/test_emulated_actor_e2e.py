@@ -34,6 +34,8 @@ def test_emulated_actor_drives_the_real_pipeline_at_its_rate(tmp_path: Path) -> 
         f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N // 2}",
         f"async_training.max_staleness={K}",
+        "trainer.val_before_train=false",  # no validation rounds at the emulated 256 tokens/s
+        "trainer.test_freq=-1",
     ]
     cmd = launcher_command("demo_grpo.yaml", run_dir, steps=STEPS, flags=flags, overrides=overrides)
     # subprocess.run kills only the launcher on timeout; the launcher's own SIGTERM handling stops its parts.

@@ -6,8 +6,8 @@ A key is either exact (``learner/actor/pg_loss``) or a family with ``{placeholde
 (written by the learner's rank 0, ``runtime/metrics.py``), the JSON line an actor prints when it exits (``actor``), or
 the actor's rollout-client counters (``client``).
 
-The README's metrics tables are this catalog printed (``python -m async_rl.metric_catalog --update-readme
-README.md`` writes them between their marker comments; ``--markdown step`` prints one), a test keeps the two equal,
+The metrics tables of docs/metrics.md are this catalog printed (``python -m async_rl.metric_catalog --update-doc
+docs/metrics.md`` writes them between their marker comments; ``--markdown step`` prints one), a test keeps the two equal,
 and the end-to-end tests fail on any logged key the catalog does not name; ``--check RUN/metrics.jsonl`` does the
 same for a run. Readers of the records (plot, console, tools) take their keys through
 :func:`metric_key`, so a key that is renamed or misspelt fails on import instead of silently plotting nothing.
@@ -40,11 +40,11 @@ __all__ = [
     "lag_histogram",
     "markdown",
     "metric_key",
-    "readme_blocks",
+    "doc_blocks",
     "record_kind",
     "staleness",
     "unknown_keys",
-    "update_readme",
+    "update_doc",
 ]
 
 # How a metric's value is made from its parts. MetricAccumulator (learner/metrics.py) implements the first five.
@@ -451,7 +451,7 @@ def _cell(text: str) -> str:
 
 
 def markdown(record: str) -> str:
-    """The README table of ``record``'s metrics (``reductions`` for the table of reductions), catalog order."""
+    """The docs table of ``record``'s metrics (``reductions`` for the table of reductions), catalog order."""
     if record == "reductions":
         rows = [f"| `{name}` | {_cell(text)} |" for name, text in REDUCTIONS.items()]
         return "\n".join(["| reduction | how the value is made |", "|---|---|", *rows])
@@ -461,18 +461,18 @@ def markdown(record: str) -> str:
     return "\n".join(["| key | reduction | meaning |", "|---|---|---|", *rows])
 
 
-# A generated table in the README sits between these two lines (NAME: ``reductions`` or a record).
-README_BLOCK = re.compile(r"<!-- metric-catalog: (\w+) -->\n(.*?)<!-- /metric-catalog -->", re.DOTALL)
+# A generated table in docs/metrics.md sits between these two lines (NAME: ``reductions`` or a record).
+DOC_BLOCK = re.compile(r"<!-- metric-catalog: (\w+) -->\n(.*?)<!-- /metric-catalog -->", re.DOTALL)
 
 
-def readme_blocks(text: str) -> dict[str, str]:
-    """``{name: table}`` of the generated blocks in a README's ``text`` (the table without its last newline)."""
-    return {m.group(1): m.group(2).removesuffix("\n") for m in README_BLOCK.finditer(text)}
+def doc_blocks(text: str) -> dict[str, str]:
+    """``{name: table}`` of the generated blocks in a page's ``text`` (the table without its last newline)."""
+    return {m.group(1): m.group(2).removesuffix("\n") for m in DOC_BLOCK.finditer(text)}
 
 
-def update_readme(text: str) -> str:
+def update_doc(text: str) -> str:
     """``text`` with every generated block replaced by the catalog's current table."""
-    return README_BLOCK.sub(
+    return DOC_BLOCK.sub(
         lambda m: f"<!-- metric-catalog: {m.group(1)} -->\n{markdown(m.group(1))}\n<!-- /metric-catalog -->", text
     )
 
@@ -488,20 +488,20 @@ def _check_file(path: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--markdown NAME`` prints a README table, ``--update-readme README.md`` rewrites its generated tables, and
+    """``--markdown NAME`` prints a docs table, ``--update-doc docs/metrics.md`` rewrites its generated tables, and
     ``--check FILE...`` lists the keys of metrics.jsonl files that the catalog does not name (exit status 1)."""
-    parser = argparse.ArgumentParser(description="The metric catalog: README tables, and a check of a run's keys.")
+    parser = argparse.ArgumentParser(description="The metric catalog: docs tables, and a check of a run's keys.")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--markdown", metavar="NAME", choices=["reductions", *RECORDS], help="print one table")
-    group.add_argument("--update-readme", metavar="README", type=Path, help="rewrite the generated tables")
+    group.add_argument("--update-doc", metavar="DOC", type=Path, help="rewrite the generated tables")
     group.add_argument("--check", metavar="FILE", type=Path, nargs="+", help="metrics.jsonl files to check")
     args = parser.parse_args(argv)
     if args.markdown:
         print(markdown(args.markdown))
         return 0
-    if args.update_readme:
-        text = args.update_readme.read_text(encoding="utf-8")
-        args.update_readme.write_text(update_readme(text), encoding="utf-8")
+    if args.update_doc:
+        text = args.update_doc.read_text(encoding="utf-8")
+        args.update_doc.write_text(update_doc(text), encoding="utf-8")
         return 0
     problems = [p for path in args.check for p in _check_file(path)]
     for problem in problems:

@@ -1,4 +1,4 @@
-"""The metric catalog: well formed, the README's tables are it printed, the producers' keys are in it, staleness."""
+"""The metric catalog: well formed, the tables of docs/metrics.md are it printed, the producers' keys are in it, staleness."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from async_rl import metric_catalog as mc
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+METRICS_DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 NAMESPACES = ("rollout/", "learner/", "actor/", "sync/", "transport/", "val/", "val-core/", "time/", "reward/")
 
 
@@ -54,22 +54,22 @@ def test_metric_key_accepts_only_exact_catalog_keys() -> None:
             mc.metric_key(bad)
 
 
-def test_the_readme_tables_are_the_catalog_printed() -> None:
-    blocks = mc.readme_blocks(README.read_text(encoding="utf-8"))
+def test_the_doc_tables_are_the_catalog_printed() -> None:
+    blocks = mc.doc_blocks(METRICS_DOC.read_text(encoding="utf-8"))
     assert sorted(blocks) == sorted(["reductions", *mc.RECORDS]), "one generated table per record, and reductions"
     for name, table in blocks.items():
         assert table == mc.markdown(name), (
-            f"README's {name!r} metrics table is out of date: python -m async_rl.metric_catalog "
-            "--update-readme README.md"
+            f"docs/metrics.md's {name!r} metrics table is out of date: python -m async_rl.metric_catalog "
+            "--update-doc docs/metrics.md"
         )
 
 
-def test_update_readme_rewrites_only_the_generated_blocks() -> None:
+def test_update_doc_rewrites_only_the_generated_blocks() -> None:
     text = "intro\n<!-- metric-catalog: reductions -->\nstale\n<!-- /metric-catalog -->\noutro\n"
-    assert mc.update_readme(text) == (
+    assert mc.update_doc(text) == (
         f"intro\n<!-- metric-catalog: reductions -->\n{mc.markdown('reductions')}\n<!-- /metric-catalog -->\noutro\n"
     )
-    assert mc.readme_blocks(mc.update_readme(text)) == {"reductions": mc.markdown("reductions")}
+    assert mc.doc_blocks(mc.update_doc(text)) == {"reductions": mc.markdown("reductions")}
     table = mc.markdown("step").splitlines()
     assert table[:2] == ["| key | reduction | meaning |", "|---|---|---|"]
     assert "| `sync/bytes` | step | bytes of weights broadcast |" in table

@@ -7,7 +7,8 @@ A key is either exact (``learner/actor/pg_loss``) or a family with ``{placeholde
 the actor's rollout-client counters (``client``).
 
 The metrics tables of docs/metrics.md are this catalog printed (``python -m async_rl.metric_catalog --update-doc
-docs/metrics.md`` writes them between their marker comments; ``--markdown step`` prints one), a test keeps the two equal,
+docs/metrics.md`` writes them between their marker comments; ``--markdown step`` prints one), a test keeps the two
+equal,
 and the end-to-end tests fail on any logged key the catalog does not name; ``--check RUN/metrics.jsonl`` does the
 same for a run. Readers of the records (plot, console, tools) take their keys through
 :func:`metric_key`, so a key that is renamed or misspelt fails on import instead of silently plotting nothing.

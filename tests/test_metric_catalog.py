@@ -1,4 +1,4 @@
-"""The metric catalog: well formed, the tables of docs/metrics.md are it printed, the producers' keys are in it, staleness."""
+"""The metric catalog: well formed, docs/metrics.md's tables are it printed, the producers use its keys, staleness."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def run_main(args: argparse.Namespace) -> None:
 
         group = open_group("127.0.0.1", port, rank=1, world_size=2, backend=args.backend, timeout_s=args.timeout)
         buffers = _raw_buffers(nbytes, int(args.bucket_mb * (1 << 20)), group.device)
-        sync = EngineWeightSync(llm)
+        sync = EngineWeightSync(llm, verify_rotation=args.verify_rotation)
         plan = WeightSyncPlan(
             host="127.0.0.1", port=port, backend=group.backend, timeout_s=args.timeout, join_timeout_s=args.timeout,
             version=-1, epoch=1, candidates=(),
@@ -177,7 +177,7 @@ def run_main(args: argparse.Namespace) -> None:
             for buf in buffers:
                 group.broadcast(buf, what="raw")
             t1 = time.perf_counter()
-            report = sync.update(rep, verify_load=not args.no_verify, verify_rotation=args.verify_rotation)
+            report = sync.update(rep, verify_load=not args.no_verify)
             t2 = time.perf_counter()
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir), "is_checkpoint_format": True})
             if rep:  # round 0 warms up

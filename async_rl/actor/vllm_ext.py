@@ -56,6 +56,7 @@ from async_rl.weight_sync.buckets import BufferPool
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.group import WeightSyncGroup
 from async_rl.weight_sync.membership import JoinInfo, join_epoch
+from async_rl.weight_sync.protocol import UpdateRequest
 from async_rl.weight_sync.receiver import WeightReceiver
 from async_rl.weight_sync.verify import LoadVerifier
 
@@ -83,16 +84,10 @@ class BroadcastInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class BroadcastUpdateInfo(WeightTransferUpdateInfo):
-    """``update_info`` of ``update_weights``. ``version`` -1 accepts any version the sender sends."""
+    """vLLM's typed ``update_info`` for this engine: the :class:`~async_rl.weight_sync.protocol.UpdateRequest` the
+    actor sent (as builtins), decoded and validated by :meth:`BroadcastWeightTransferEngine.parse_update_info`."""
 
-    version: int = -1
-    verify_load: bool = True
-    verify_rotation: int = 1  # values of 1/N of the parameters checked per update (see LoadVerifier.begin)
-    require_complete: bool = True
-    # LoRA: the update is an adapter; it is written to this directory as a PEFT adapter (with this
-    # adapter_config.json), for the actor to load with vLLM's add_lora. The base weights are not touched.
-    adapter_dir: str = ""
-    adapter_config: dict[str, Any] | None = None
+    request: UpdateRequest
 
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
@@ -152,13 +147,20 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             self.last_error = _error_record(exc)
             raise
 
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.receive_weights(self.parse_update_info(update_info))
+    def parse_update_info(self, update_dict: dict[str, Any]) -> BroadcastUpdateInfo:
+        """Decode the RPC's builtins into an :class:`UpdateRequest`."""
+        try:
+            return BroadcastUpdateInfo(msgspec.convert(update_dict, UpdateRequest))
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid update_info for {ENGINE_NAME}: {exc}") from exc
 
-    def receive_weights(self, update_info: BroadcastUpdateInfo) -> None:
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info).request)
+
+    def receive_weights(self, update_info: UpdateRequest) -> None:
         """Receive, load, finalise and verify one complete update (see the module docstring for why all here)."""
         group = self._require_group()
-        if update_info.adapter_dir:
+        if update_info.adapter_dir is not None:
             self._receive_adapter(group, update_info)
             return
         verifier = self._verifier if update_info.verify_load else None
@@ -212,13 +214,12 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             "verify_check_seconds": checked.verify_seconds if checked else 0.0,
         }
 
-    def _receive_adapter(self, group: WeightSyncGroup, update_info: BroadcastUpdateInfo) -> None:
+    def _receive_adapter(self, group: WeightSyncGroup, update_info: UpdateRequest) -> None:
         """A LoRA update: receive the adapter's tensors (digest-checked like any update) and write them as a PEFT
         adapter directory. The served model is untouched, so a failure leaves the weights valid."""
         from async_rl.peft_format import save_adapter
 
-        if update_info.adapter_config is None:
-            raise WeightSyncError("a LoRA update needs its adapter_config")
+        assert update_info.adapter_dir is not None and update_info.adapter_config is not None  # UpdateRequest checks
         self.last_error = None
         t0 = time.perf_counter()
         try:

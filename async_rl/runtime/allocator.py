@@ -3,7 +3,8 @@
 On CPU every activation, gradient and collective buffer of a step is a fresh ``malloc``. glibc's allocator keeps what
 a step frees in a fragmented heap, so a learner rank's resident memory grows over the first steps to about twice
 what is live; tcmalloc reuses those blocks. On the SmolLM2 recipe's step (2 FSDP2 ranks, AVX2 host) tcmalloc cut
-the peak resident memory per rank from about 4.1 GB to 2.5 GB and was no slower (docs/architecture.md: "The learner", Memory).
+the peak resident memory per rank from about 4.1 GB to 2.5 GB and was no slower (docs/architecture.md, "The
+learner", Memory).
 
 A library must be loaded before the process starts (``LD_PRELOAD``), so an entry point started without it re-runs
 itself once with it (:func:`reexec_with_allocator`): the same process id, arguments and environment, so torchrun,

@@ -28,6 +28,7 @@ import msgspec
 
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError, WeightSyncTimeout
 from async_rl.weight_sync.membership import JoinInfo, announce_at
+from async_rl.weight_sync.protocol import UpdateRequest
 
 logger = logging.getLogger(__name__)
 
@@ -47,33 +48,9 @@ def init_info(info: JoinInfo) -> dict[str, Any]:
     return msgspec.to_builtins(info)
 
 
-def update_info(
-    version: int,
-    *,
-    verify_load: bool = True,
-    verify_rotation: int = 1,
-    require_complete: bool = True,
-    adapter_dir: str = "",
-    adapter_config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``update_info`` payload of ``update_weights``; ``verify_rotation`` N checks the values of 1/N of the
-    parameters per update, in turn (``LoadVerifier.begin``); a LoRA update names the directory its adapter is written
-    to and the adapter's ``adapter_config.json``."""
-    if version < -1:
-        raise ValueError(f"version must be >= 0 (or -1 for any), got {version}")
-    if verify_rotation < 1:
-        raise ValueError(f"verify_rotation must be >= 1, got {verify_rotation}")
-    if bool(adapter_dir) != (adapter_config is not None):
-        raise ValueError("a LoRA update needs both adapter_dir and adapter_config")
-    payload: dict[str, Any] = {
-        "version": int(version),
-        "verify_load": bool(verify_load),
-        "verify_rotation": int(verify_rotation),
-        "require_complete": bool(require_complete),
-    }
-    if adapter_dir:
-        payload.update(adapter_dir=str(adapter_dir), adapter_config=adapter_config)
-    return payload
+def update_info(request: UpdateRequest) -> dict[str, Any]:
+    """The ``update_info`` payload of ``update_weights``: ``request`` as builtins (the worker decodes it)."""
+    return msgspec.to_builtins(request)
 
 
 def _structured_error(state: dict[str, Any], fallback: BaseException) -> WeightSyncError:
@@ -90,8 +67,10 @@ def _structured_error(state: dict[str, Any], fallback: BaseException) -> WeightS
 class EngineWeightSync:
     """Weight-sync driver for a synchronous ``vllm.LLM`` built with :func:`vllm_engine_kwargs`."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: Any, *, verify_rotation: int) -> None:
+        """``verify_rotation``: ``async_training.weight_sync.verify_rotation`` (see :class:`UpdateRequest`)."""
         self.llm = llm
+        self.verify_rotation = verify_rotation
 
     def join(self, info: JoinInfo) -> None:
         """Join (or, under a higher ``plan.epoch``, rejoin) the group; blocks until all have joined."""
@@ -104,12 +83,18 @@ class EngineWeightSync:
         """Tell learner rank 0 that this actor can receive weights (see ``weight_sync.membership``)."""
         announce_at(host, port, member, token, timeout_s)
 
-    def update(
-        self, version: int, *, verify_load: bool = True, verify_rotation: int = 1, require_complete: bool = True
-    ) -> dict[str, Any]:
-        """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks)."""
+    def update(self, version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
+        """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks).
+        ``verify_load=False`` and ``require_complete=False`` are for tests and benchmarks that measure without them."""
         payload = update_info(
-            version, verify_load=verify_load, verify_rotation=verify_rotation, require_complete=require_complete
+            UpdateRequest(
+                version=version,
+                verify_load=verify_load,
+                verify_rotation=self.verify_rotation,
+                require_complete=require_complete,
+                adapter_dir=None,
+                adapter_config=None,
+            )
         )
         try:
             self.llm.start_weight_update()
@@ -133,8 +118,8 @@ class AsyncEngineWeightSync:
     the update and resumes after it, the one pause/resume path of a weight update.
     """
 
-    def __init__(self, engine: Any, *, verify_rotation: int = 1) -> None:
-        """``verify_rotation``: ``async_training.weight_sync.verify_rotation`` (see :func:`update_info`)."""
+    def __init__(self, engine: Any, *, verify_rotation: int) -> None:
+        """``verify_rotation``: ``async_training.weight_sync.verify_rotation`` (see :class:`UpdateRequest`)."""
         self.engine = engine
         self.verify_rotation = verify_rotation
 
@@ -150,26 +135,24 @@ class AsyncEngineWeightSync:
         """Tell learner rank 0 that this actor can receive weights (a store write, off the event loop)."""
         await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
 
-    async def update(
-        self,
-        version: int,
-        *,
-        verify_load: bool = True,
-        require_complete: bool = True,
-        adapter_dir: str = "",
-        adapter_config: dict[str, Any] | None = None,
+    async def update(self, version: int) -> dict[str, Any]:
+        """Receive, load and verify one complete update (generation must be paused by the caller)."""
+        return await self._request(version, adapter_dir=None, adapter_config=None)
+
+    async def _request(
+        self, version: int, *, adapter_dir: str | None, adapter_config: dict[str, Any] | None
     ) -> dict[str, Any]:
-        """Receive, load and verify one complete update (generation must be paused by the caller); a LoRA update
-        (``adapter_dir``) is only written there, for the engine to add, and needs no pause."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         payload = update_info(
-            version,
-            verify_load=verify_load,
-            verify_rotation=self.verify_rotation,
-            require_complete=require_complete,
-            adapter_dir=adapter_dir,
-            adapter_config=adapter_config,
+            UpdateRequest(
+                version=version,
+                verify_load=True,
+                verify_rotation=self.verify_rotation,
+                require_complete=True,
+                adapter_dir=adapter_dir,
+                adapter_config=adapter_config,
+            )
         )
         try:
             await self.engine.start_weight_update()
@@ -184,7 +167,7 @@ class AsyncEngineWeightSync:
     async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
         """LoRA: receive the adapter of ``version`` (digest-checked) and write it to ``adapter_dir`` as a PEFT
         adapter; the caller adds it to vLLM. No pause is needed: the served weights are not touched."""
-        return await self.update(version, adapter_dir=adapter_dir, adapter_config=adapter_config)
+        return await self._request(version, adapter_dir=adapter_dir, adapter_config=adapter_config)
 
     async def state(self) -> dict[str, Any]:
         return (await self.engine.collective_rpc("weight_sync_state"))[0]

@@ -18,7 +18,7 @@ died) cannot be framed: the sender abandons the epoch through the store and ever
 from __future__ import annotations
 
 import math
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import torch
@@ -67,6 +67,34 @@ _DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class UpdateRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``update_weights`` call: what an actor asks its vLLM workers to receive, and how to check it. The client
+    (``weight_sync.client``) sends it as builtins through vLLM's RPC; the worker (``actor.vllm_ext``) decodes the
+    same struct, so neither side has defaults of its own. Checked when built and when decoded.
+
+    ``version`` -1 accepts whatever version the sender sends. ``verify_load`` checks the loaded values against the
+    received digests; ``verify_rotation`` N checks the values of 1/N of the parameters per update, in turn
+    (``LoadVerifier.begin``). ``require_complete``: every parameter of the model must arrive. A LoRA update names
+    ``adapter_dir``, where the adapter is written as a PEFT directory, and its ``adapter_config.json`` (both or
+    neither); the served base weights are then untouched.
+    """
+
+    version: int
+    verify_load: bool
+    verify_rotation: int
+    require_complete: bool
+    adapter_dir: str | None
+    adapter_config: dict[str, Any] | None
+
+    def __post_init__(self) -> None:
+        if self.version < -1:
+            raise ValueError(f"version must be >= 0 (or -1 for any), got {self.version}")
+        if self.verify_rotation < 1:
+            raise ValueError(f"verify_rotation must be >= 1, got {self.verify_rotation}")
+        if (self.adapter_dir is None) != (self.adapter_config is None):
+            raise ValueError("a LoRA update needs both adapter_dir and adapter_config")
 
 
 class TensorSpec(msgspec.Struct, array_like=True, frozen=True):

@@ -86,7 +86,7 @@ def sync(engine, loop):
         host="127.0.0.1", port=int(line.split()[1]), backend=resolve_backend("auto"), timeout_s=120.0,
         join_timeout_s=10.0, version=-1, epoch=0, candidates=(),
     )  # fmt: skip
-    client = AsyncEngineWeightSync(eng.vllm)
+    client = AsyncEngineWeightSync(eng.vllm, verify_rotation=1)
     loop.run_until_complete(client.join(JoinInfo(plan=plan, world_size=2, rank_offset=1)))
     yield client
     out, _ = proc.communicate(timeout=120)

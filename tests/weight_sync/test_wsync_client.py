@@ -12,6 +12,7 @@ from async_rl.transport.protocol import WeightSyncPlan
 from async_rl.weight_sync import WeightSyncError, WeightSyncTimeout
 from async_rl.weight_sync.client import AsyncEngineWeightSync, EngineWeightSync, init_info, vllm_engine_kwargs
 from async_rl.weight_sync.membership import JoinInfo
+from async_rl.weight_sync.protocol import UpdateRequest
 
 PLAN = WeightSyncPlan(
     host="10.0.0.1", port=29600, backend="gloo", timeout_s=120.0, join_timeout_s=10.0, version=3, epoch=1,
@@ -55,7 +56,7 @@ def test_engine_kwargs_select_the_registered_engine() -> None:
 
 def test_sync_update_call_order_and_payloads() -> None:
     llm = _FakeLLM()
-    sync = EngineWeightSync(llm)
+    sync = EngineWeightSync(llm, verify_rotation=1)
     sync.join(JoinInfo(plan=PLAN, member="actor-0"))
     assert sync.update(3) == REPORT
     assert [name for name, _ in llm.calls] == ["init", "start", "update", "finish"]
@@ -78,14 +79,35 @@ def test_sync_update_call_order_and_payloads() -> None:
         "rank_offset": None,
     }
     assert msgspec.convert(payload, JoinInfo) == JoinInfo(plan=PLAN, member="actor-0")
-    assert llm.calls[2][1] == {
-        "update_info": {"version": 3, "verify_load": True, "verify_rotation": 1, "require_complete": True}
+    request = {
+        "version": 3,
+        "verify_load": True,
+        "verify_rotation": 1,
+        "require_complete": True,
+        "adapter_dir": None,
+        "adapter_config": None,
     }
+    assert llm.calls[2][1] == {"update_info": request}
+    assert msgspec.convert(request, UpdateRequest).version == 3  # the worker decodes the same struct
     assert llm.calls[3][1] == "3"
-    sync.update(4, verify_rotation=4)  # async_training.weight_sync.verify_rotation reaches the worker
+    EngineWeightSync(llm, verify_rotation=4).update(4)  # async_training.weight_sync.verify_rotation reaches the worker
     assert llm.calls[5][1]["update_info"]["verify_rotation"] == 4
     with pytest.raises(ValueError, match="verify_rotation must be >= 1"):
-        sync.update(5, verify_rotation=0)
+        EngineWeightSync(llm, verify_rotation=0).update(5)
+
+
+def test_update_request_is_checked_when_built_and_when_decoded() -> None:
+    good = {"version": -1, "verify_load": True, "verify_rotation": 2, "require_complete": False}
+    lora = {**good, "adapter_dir": "/tmp/a", "adapter_config": {"r": 8}}
+    assert msgspec.convert(lora, UpdateRequest).adapter_config == {"r": 8}
+    with pytest.raises(msgspec.ValidationError, match="both adapter_dir and adapter_config"):
+        msgspec.convert({**good, "adapter_dir": "/tmp/a", "adapter_config": None}, UpdateRequest)
+    with pytest.raises(msgspec.ValidationError, match="version must be >= 0"):
+        msgspec.convert({**lora, "version": -2}, UpdateRequest)
+    with pytest.raises(msgspec.ValidationError, match="adapter_dir"):  # no defaults: a missing field is an error
+        msgspec.convert(good, UpdateRequest)
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        msgspec.convert({**lora, "verify": True}, UpdateRequest)
 
 
 @pytest.mark.parametrize(
@@ -95,7 +117,7 @@ def test_worker_failure_is_re_raised_with_its_type_and_tensor(error_type: str, e
     error = {"type": error_type, "message": "digest mismatch for tensor 'w'", "tensor": "w"}
     llm = _FakeLLM(error)
     with pytest.raises(expected, match="digest mismatch") as info:
-        EngineWeightSync(llm).update(4)
+        EngineWeightSync(llm, verify_rotation=1).update(4)
     assert info.value.tensor == "w"
     assert "finish" not in [name for name, _ in llm.calls]  # vLLM already ended the failed session
 
@@ -155,12 +177,12 @@ def test_async_update_leaves_pausing_to_the_engine() -> None:
     vllm = pytest.importorskip("vllm")  # the request dataclasses come from vLLM
     assert vllm is not None
     engine = _FakeAsyncLLM()
-    assert asyncio.run(AsyncEngineWeightSync(engine).update(5)) == REPORT
+    assert asyncio.run(AsyncEngineWeightSync(engine, verify_rotation=1).update(5)) == REPORT
     assert engine.calls == ["start", "update", "finish"]  # GenerationEngine.update_weights pauses and resumes
     assert engine.update_info is not None and engine.update_info["verify_rotation"] == 1
     asyncio.run(AsyncEngineWeightSync(engine, verify_rotation=4).update(6))  # the actor passes its config's value
     assert engine.update_info["verify_rotation"] == 4
     failing = _FakeAsyncLLM(fail=True)
     with pytest.raises(WeightSyncTimeout):
-        asyncio.run(AsyncEngineWeightSync(failing).update(6))
+        asyncio.run(AsyncEngineWeightSync(failing, verify_rotation=1).update(6))
     assert failing.calls == ["start", "update"]

@@ -123,9 +123,9 @@ def _hf_logprobs(model_dir: Path, weights: dict[str, torch.Tensor] | None) -> li
 
 def _good_update(llm: Any, model_dir: Path, *, seed: int, version: int, rotation: int = 1) -> dict[str, Any]:
     proc, port = _start_sender(model_dir, "good", version=version, timeout=60, seed=seed)
-    sync = EngineWeightSync(llm)
+    sync = EngineWeightSync(llm, verify_rotation=rotation)
     sync.join(_fixed_group(port))
-    report = sync.update(version, verify_rotation=rotation)
+    report = sync.update(version)
     out = _sender_output(proc)
     assert proc.returncode == 0 and "REPORT" in out, out
     return report
@@ -147,7 +147,7 @@ def test_update_matches_transformers_forward(llm: Any, model_dir: Path) -> None:
     for got, want, old in zip(after, reference, before, strict=True):
         assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
         assert (got - old).abs().max() > 1e-2  # the update changed the model
-    state = EngineWeightSync(llm).state()
+    state = EngineWeightSync(llm, verify_rotation=1).state()
     assert state["weights_valid"] is True and state["last_error"] is None
     # Rotation 2 (async_training.weight_sync.verify_rotation): after a verified update, two updates check the values
     # of complementary halves of the parameters, the rest deferred; together every one of the 27 parts once.
@@ -167,7 +167,7 @@ def test_update_matches_transformers_forward(llm: Any, model_dir: Path) -> None:
 )
 def test_bad_update_is_detected(llm: Any, model_dir: Path, mode: str, target: str, phrase: str) -> None:
     proc, port = _start_sender(model_dir, mode, version=2, timeout=60, target=target, seed=2)
-    sync = EngineWeightSync(llm)
+    sync = EngineWeightSync(llm, verify_rotation=1)
     sync.join(_fixed_group(port))
     with pytest.raises(WeightSyncError) as info:
         sync.update(2)
@@ -180,7 +180,7 @@ def test_bad_update_is_detected(llm: Any, model_dir: Path, mode: str, target: st
 def test_hung_transfer_times_out_then_rejoins_under_a_new_epoch(llm: Any, model_dir: Path) -> None:
     # The learner stand-in joins epoch 0 and sends nothing for 8 s, then rejoins under epoch 1 and sends v4.
     proc, port = _start_sender(model_dir, "hang", version=4, timeout=60, seed=4, hang_s=8.0, then_good=True)
-    sync = EngineWeightSync(llm)
+    sync = EngineWeightSync(llm, verify_rotation=1)
     sync.join(_fixed_group(port, epoch=0, timeout_s=2.0))
     t0 = time.perf_counter()
     with pytest.raises(WeightSyncTimeout):

@@ -94,17 +94,17 @@ class Part:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """What the config tells the launcher (defaults when the package's config loader is not importable)."""
+    """What the config tells the launcher (see :func:`read_settings`)."""
 
-    num_actors: int = 1
-    nproc_per_node: int = 1
-    device: str = "cpu"
-    tp_size: int = 1
-    host: str = "127.0.0.1"
-    port: int = 0
-    ws_port: int = 0
-    actor_policy: ActorPolicy = STOP_ON_FAILURE
-    learner_stop_s: float | None = None  # async_training.timeouts.stop_s: the learner's SIGTERM-to-exit deadline
+    num_actors: int
+    nproc_per_node: int
+    device: str
+    tp_size: int
+    host: str
+    port: int
+    ws_port: int
+    actor_policy: ActorPolicy
+    learner_stop_s: float | None  # async_training.timeouts.stop_s: the learner's SIGTERM-to-exit deadline
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -135,10 +135,16 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
                 raise ValueError(f"--config {path!r}: no such file") from None
         ints = {key: _override_value(overrides, key) for key in (NUM_ACTORS_KEY, PORT_KEY, WS_PORT_KEY)}
         try:
-            return JobSettings(
+            return JobSettings(  # the config's defaults, with the overrides read here
                 num_actors=int(ints[NUM_ACTORS_KEY] or 1),
+                nproc_per_node=1,
+                device="auto",
+                tp_size=1,
+                host="127.0.0.1",
                 port=int(ints[PORT_KEY] or 0),
                 ws_port=int(ints[WS_PORT_KEY] or 0),
+                actor_policy=STOP_ON_FAILURE,
+                learner_stop_s=None,
             )
         except ValueError as bad:
             raise ValueError(f"override must be an integer: {bad}") from None

@@ -97,7 +97,7 @@ def test_every_key_the_coordinator_reports_is_catalogued() -> None:
     from async_rl.transport.metrics import ACTOR_REPORT_KEYS, DECLARED_DROPS, EVAL_COUNTERS, TransportMetrics
 
     records = [PromptRecord(np.arange(i, i + 4, dtype=np.int32), {"ground_truth": str(i)}) for i in range(4)]
-    coord = Coordinator(records, PlaneSettings.defaults(), autostart=False)
+    coord = Coordinator(records, PlaneSettings.defaults(), seed=0, autostart=False)
     try:
         keys = set(coord.metrics())
     finally:

@@ -215,7 +215,7 @@ def bench_shared(args: argparse.Namespace) -> BenchLine:
 
 def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    ctx = init_distributed()
+    ctx = init_distributed(backend="auto", timeout_s=1800.0)
     groups = make_groups(args.groups, args.n, args.vocab)
     learner = Learner(make_settings(args, True), ctx, lambda: build_model(args.hidden, args.layers, args.vocab))
     timed_step(learner, groups)  # warm-up

@@ -52,7 +52,7 @@ def worker(params: dict[str, object]) -> None:
     cfg, _ = parse_cli(
         ["--config", str(ROOT / CONFIGS[str(params["geometry"])]), f"actor_rollout_ref.model.path={model}"]
     )
-    ctx = init_distributed()
+    ctx = init_distributed(backend="auto", timeout_s=1800.0)
     learner = Learner(LearnerSettings.from_config(cfg, total_training_steps=16), ctx, model)
     groups = shared_groups(str(params["geometry"]), learner.vocab_size or 49152)
     tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses) / ctx.world_size

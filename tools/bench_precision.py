@@ -49,7 +49,7 @@ def context(local: bool) -> Any:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return init_distributed("auto")
+    return init_distributed(backend="auto", timeout_s=1800.0)
 
 
 def make_groups(args: argparse.Namespace, vocab: int) -> list[Any]:

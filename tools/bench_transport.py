@@ -129,6 +129,7 @@ def bench_plane(args: argparse.Namespace) -> tuple[float, int]:
         records,
         settings,
         sampling=GroupSampling.defaults(n=args.n, max_tokens=args.tokens),
+        seed=0,
         max_epochs=1,
         trust_claimed_versions=True,  # no weight sync in this benchmark: the clients claim their versions
     )

@@ -155,10 +155,13 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             raise ValueError(f"invalid update_info for {ENGINE_NAME}: {exc}") from exc
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.receive_weights(self.parse_update_info(update_info).request)
+        self.receive_weights(self.parse_update_info(update_info))
 
-    def receive_weights(self, update_info: UpdateRequest) -> None:
+    def receive_weights(self, update_info: BroadcastUpdateInfo) -> None:
         """Receive, load, finalise and verify one complete update (see the module docstring for why all here)."""
+        self._receive(update_info.request)
+
+    def _receive(self, update_info: UpdateRequest) -> None:
         group = self._require_group()
         if update_info.adapter_dir is not None:
             self._receive_adapter(group, update_info)

@@ -147,6 +147,13 @@ class TimeoutsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             " --grace-s (15 s by default), after which the launcher kills the learner."
         ),
     ] = 10.0
+    collective_s: Annotated[
+        PosFloat,
+        doc(
+            "Seconds a collective of the learner group may wait (torch.distributed's process-group timeout): a rank"
+            " that died or hangs turns the others' wait into an error instead of a hang."
+        ),
+    ] = 1800.0
 
 
 class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -45,7 +45,7 @@ def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
 
 
-def load_prompt_records(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+def load_prompt_records(path: str | Path, prompt_key: str) -> list[dict[str, Any]]:
     """Read a jsonl or parquet prompt file; errors name the file, line (or row) and missing key."""
     path = Path(path).expanduser()
     if path.suffix not in (".jsonl", ".json", ".parquet"):

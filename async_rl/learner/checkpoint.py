@@ -134,10 +134,11 @@ def _dcp_state(learner: Learner) -> dict[str, Any]:
 
 
 def save_learner(
-    learner: Learner, root: str | Path, *, extra: bytes | dict[str, Any] | None = None, keep_last: int = 3
+    learner: Learner, root: str | Path, *, extra: bytes | dict[str, Any] | None, keep_last: int | None
 ) -> Path:
-    """Checkpoint ``learner`` as ``<root>/step_<version>``; call on every rank. Returns the committed path."""
-    if keep_last < 1:
+    """Checkpoint ``learner`` as ``<root>/step_<version>``; call on every rank. Returns the committed path.
+    ``keep_last`` (``async_training.checkpoint.keep_last``): keep the newest N checkpoints; None keeps all."""
+    if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     ctx: DistContext = learner.ctx
     base = Path(root)
@@ -173,9 +174,10 @@ def save_learner(
     return final
 
 
-def _prune(base: Path, keep_last: int, current: int) -> None:
-    for _, path in list_checkpoints(base)[:-keep_last]:
-        shutil.rmtree(path, ignore_errors=True)
+def _prune(base: Path, keep_last: int | None, current: int) -> None:
+    if keep_last is not None:
+        for _, path in list_checkpoints(base)[:-keep_last]:
+            shutil.rmtree(path, ignore_errors=True)
     for child in base.iterdir():
         m = _TMP_RE.match(child.name)
         if m and int(m.group(1)) != current:

@@ -151,10 +151,11 @@ def local_context(device: torch.device | None = None) -> DistContext:
     return DistContext(rank=0, world_size=1, local_rank=0, device=device or pick_device(0), backend=None, mesh=None)
 
 
-def init_distributed(backend: str = "auto", timeout_s: float = 1800.0) -> DistContext:
+def init_distributed(*, backend: str, timeout_s: float) -> DistContext:
     """Join the torchrun process group (or return :func:`local_context` when not launched by torchrun).
 
-    ``backend``: ``auto`` (nccl with CUDA, else gloo), ``nccl`` or ``gloo``.
+    ``backend``: ``auto`` (nccl with CUDA, else gloo), ``nccl`` or ``gloo``. ``timeout_s``: how long a collective may
+    wait (``async_training.timeouts.collective_s``).
     """
     if backend not in ("auto", "nccl", "gloo"):
         raise ValueError(f"backend must be 'auto', 'nccl' or 'gloo', got {backend!r}")

@@ -207,9 +207,7 @@ class Learner:
             return None
         return adapter_config(spec, [clean_name(n) for n, _ in lora_modules(self.model)], base_model=base_model)
 
-    def save_checkpoint(
-        self, root: str | Path, *, extra: bytes | dict[str, Any] | None = None, keep_last: int = 3
-    ) -> Path:
+    def save_checkpoint(self, root: str | Path, *, extra: bytes | dict[str, Any] | None, keep_last: int | None) -> Path:
         """See :func:`async_rl.learner.checkpoint.save_learner` (every rank calls it)."""
         return save_learner(self, root, extra=extra, keep_last=keep_last)
 

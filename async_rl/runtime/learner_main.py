@@ -42,7 +42,7 @@ def run_learner(cfg: Config) -> dict[str, Any]:
 
     stop = GracefulStop(cfg.async_training.timeouts.stop_s).install()  # SIGTERM: see runtime/graceful_stop.py
     try:
-        ctx = init_distributed(backend="auto")
+        ctx = init_distributed(backend="auto", timeout_s=cfg.async_training.timeouts.collective_s)
         try:
             result = Trainer(cfg, ctx, stop).train()
         except BaseException:

@@ -24,7 +24,7 @@ AUDIT_FILE = "trained_groups.jsonl"
 def save_checkpoint(learner: Any, coordinator: Any, ckpt_dir: Path, step: int, keep_last: int | None) -> Path:
     """Checkpoint after ``step`` steps (every rank): model, optimizer and RNG states plus the coordinator's ledger."""
     extra = {"coordinator": coordinator.state_dict() if coordinator is not None else None, "step": step}
-    return Path(learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=keep_last or 1_000_000))
+    return Path(learner.save_checkpoint(ckpt_dir, extra=extra, keep_last=keep_last))
 
 
 def maybe_resume(cfg: Config, learner: Any, coordinator: Any, ckpt_dir: Path) -> int:

@@ -72,7 +72,7 @@ class Coordinator:
         settings: PlaneSettings | None = None,
         *,
         sampling: GroupSampling | None = None,
-        seed: int | None = 0,
+        seed: int | None,
         shuffle_seed: int | None = None,
         max_epochs: int | None = None,
         initial_version: int = 0,

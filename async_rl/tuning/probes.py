@@ -184,7 +184,7 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     from async_rl.learner.step import Learner
 
     cfg = _config(params)
-    ctx = init_distributed(backend="auto")
+    ctx = init_distributed(backend="auto", timeout_s=cfg.async_training.timeouts.collective_s)
     workdir = Path(params["workdir"])
     if ctx.rank == 0:
         _model_and_records(cfg, workdir)

@@ -113,10 +113,10 @@ class SimConfig:
     workload: Workload
     actor_curve: Curve  # tokens/s of one actor vs sequences in flight
     learner: LearnerModel
-    num_actors: int = 1
-    max_concurrent_groups: int = 64  # per actor
-    groups_per_step: int = 8  # B = data.train_batch_size
-    max_staleness: int = 1  # K
+    num_actors: int
+    max_concurrent_groups: int  # per actor
+    groups_per_step: int  # B = data.train_batch_size
+    max_staleness: int  # K
     inflight_cap: int | None = None  # None: (K + 1) x B, as PlaneSettings
     stale_policy: Literal["drop", "regrant"] = "drop"
     sync_s: float = 0.0  # one weight broadcast, learner and actors both blocked

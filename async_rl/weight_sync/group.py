@@ -52,7 +52,7 @@ def resolve_backend(backend: str = "auto") -> SyncBackend:
     return "nccl"
 
 
-def create_store(host: str, port: int, *, is_master: bool, timeout_s: float = 120.0) -> dist.TCPStore:
+def create_store(host: str, port: int, *, is_master: bool, timeout_s: float) -> dist.TCPStore:
     """A TCPStore server (``is_master``: rank 0; ``port=0`` picks a free port, see ``.port``) or client."""
     if not host:
         raise ValueError("host must be a non-empty string")
@@ -282,8 +282,8 @@ def open_group(
     rank: int,
     world_size: int,
     epoch: int = 0,
-    backend: str = "auto",
-    timeout_s: float = 120.0,
+    backend: str,
+    timeout_s: float,
     store: dist.TCPStore | None = None,
 ) -> WeightSyncGroup:
     """Join (collectively) the weight-sync group. Rank 0 hosts the TCPStore unless ``store`` is given.

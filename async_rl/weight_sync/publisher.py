@@ -81,10 +81,11 @@ class WeightPublisher:
         bucket_size_mb: float,
         timeout_s: float,
         join_timeout_s: float,
-        adapter: AdapterPlan | None = None,
-        served_check_tolerance: float = 1e-3,
+        adapter: AdapterPlan | None,
+        served_check_tolerance: float,
     ) -> None:
-        """``adapter``: a LoRA run's adapter (each update then carries only its tensors); None: full weights."""
+        """``adapter``: a LoRA run's adapter (each update then carries only its tensors); None: full weights.
+        ``served_check_tolerance``: the resolved ``async_training.weight_sync.served_check_tolerance`` (LoRA runs)."""
         if ctx.rank == 0 and coordinator is None:
             raise ValueError("learner rank 0 needs the coordinator to announce weight updates")
         self.ctx = ctx
@@ -118,8 +119,8 @@ class WeightPublisher:
         ctx: _Ctx,
         coordinator: _Coordinator | None,
         *,
-        adapter: AdapterPlan | None = None,
-        served_check_tolerance: float = 1e-3,
+        adapter: AdapterPlan | None,
+        served_check_tolerance: float,
     ) -> WeightPublisher:
         """From the ``async_training.weight_sync`` section: rank 0's store at ``master_addr:master_port`` (port 0:
         a free one), ``backend`` ("auto": nccl on CUDA, else gloo), ``bucket_size_mb``, ``timeout_s`` and

@@ -37,14 +37,14 @@ def test_jsonl_loader(tmp_path):
         {"prompt": [{"role": "user", "content": "q2"}], "ground_truth": "8"},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    records = load_prompt_records(path)
+    records = load_prompt_records(path, "prompt")
     assert records[0] == {"prompt": "q1", "ground_truth": "7", "extra": {"data_source": "gsm8k"}}
     assert records[1]["ground_truth"] == "8" and records[1]["prompt"][0]["content"] == "q2"
     path.write_text('{"question": "q"}\n')
     with pytest.raises(ValueError, match="data.prompt_key"):
-        load_prompt_records(path)
+        load_prompt_records(path, "prompt")
     with pytest.raises(ValueError, match="not found"):
-        load_prompt_records(tmp_path / "missing.jsonl")
+        load_prompt_records(tmp_path / "missing.jsonl", "prompt")
 
 
 def test_parquet_loader_reads_verl_layout(tmp_path):
@@ -61,7 +61,7 @@ def test_parquet_loader_reads_verl_layout(tmp_path):
     ]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    records = load_prompt_records(path)
+    records = load_prompt_records(path, "prompt")
     assert records[0]["ground_truth"] == "72"
     assert records[0]["prompt"][0]["role"] == "user"
     assert records[0]["extra"]["data_source"] == "openai/gsm8k"

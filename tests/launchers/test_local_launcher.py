@@ -8,6 +8,7 @@ afterwards, that signals were forwarded, not just SIGKILLed, and how often an ac
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -364,14 +365,17 @@ def test_invalid_config_exits_2_naming_the_key(caplog: pytest.LogCaptureFixture)
 def test_gpu_pinning_gives_learner_first_gpus_then_actors_tp_slices() -> None:
     args = local.parse_args(["--nproc-per-node", "4", "--actors", "2"])
     gpus = [str(g) for g in range(8)]
-    settings = local.JobSettings(device="cuda", tp_size=2)
+    settings = local.JobSettings(
+        num_actors=2, nproc_per_node=4, device="cuda", tp_size=2, host="127.0.0.1", port=0, ws_port=0,
+        actor_policy=local.STOP_ON_FAILURE, learner_stop_s=None,
+    )  # fmt: skip
     parts = local.build_parts(args, settings, gpus)
     # learner ranks take GPUs 0-3; actor-0 the next tp=2 (4,5), actor-1 the two after (6,7)
     assert [p.env.get("CUDA_VISIBLE_DEVICES") for p in parts] == ["0,1,2,3", "4,5", "6,7"]
     # 4 + 3 x 2 = 10 GPUs needed, 8 visible: nothing pinned
     crowded = local.build_parts(local.parse_args(["--nproc-per-node", "4", "--actors", "3"]), settings, gpus)
     assert all(p.env == {} for p in crowded)
-    assert all(p.env == {} for p in local.build_parts(args, local.JobSettings(device="cpu"), gpus))
+    assert all(p.env == {} for p in local.build_parts(args, dataclasses.replace(settings, device="cpu"), gpus))
 
 
 def test_help_works_and_hides_test_options() -> None:

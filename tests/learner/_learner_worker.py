@@ -212,7 +212,7 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
         float((full[k] - v).abs().max()) for k, v in local_l.model.state_dict().items() if "lora_" in k
     )
     root = out / "ckpt"
-    dist_l.save_checkpoint(root)
+    dist_l.save_checkpoint(root, extra=None, keep_last=None)
     resumed = Learner(s, ctx, tiny_policy)
     path = latest(root)
     assert path is not None
@@ -329,7 +329,7 @@ def scenario_precision(ctx: Any) -> dict[str, Any]:
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)
-    ctx = init_distributed()
+    ctx = init_distributed(backend="auto", timeout_s=300.0)
     if scenario == "grads":
         res = scenario_grads(ctx)
     elif scenario == "train":

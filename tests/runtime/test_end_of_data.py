@@ -50,7 +50,7 @@ def plane() -> Iterator[Plane]:
     def make(prompts: int, batch: int, **kwargs: Any) -> tuple[Coordinator, RolloutClient]:
         s = PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=5.0, max_staleness=1, groups_per_step=batch)
         records = [PromptRecord(np.arange(i, i + 3, dtype=np.int32)) for i in range(prompts)]
-        coord = Coordinator(records, s, trust_claimed_versions=True, **kwargs)
+        coord = Coordinator(records, s, seed=0, trust_claimed_versions=True, **kwargs)
         client = RolloutClient(coord.address, "actor-0", s)
         made.append((coord, client))
         client.hello()

@@ -98,7 +98,7 @@ def test_every_rank_agrees_when_one_rank_gets_sigterm(tmp_path: Path) -> None:
             from async_rl.learner.dist import init_distributed, teardown
             from async_rl.runtime.graceful_stop import GracefulStop
             stop = GracefulStop(deadline_s=60.0).install()
-            ctx = init_distributed(backend="gloo")
+            ctx = init_distributed(backend="gloo", timeout_s=120.0)
             agreed = []
             for i in range(200):
                 if ctx.rank == 1 and i == 3:

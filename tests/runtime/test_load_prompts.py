@@ -24,7 +24,7 @@ def _rank_main(rank: int, port: int, cases: list[list[str]], out: Any) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
-    ctx = init_distributed("gloo", timeout_s=120.0)
+    ctx = init_distributed(backend="gloo", timeout_s=120.0)
     results: list[Any] = []
     for overrides in cases:
         try:

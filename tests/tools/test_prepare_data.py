@@ -64,7 +64,7 @@ def test_converts_to_the_prompt_format(tmp_path: Path) -> None:
     assert second["reward_model"]["ground_truth"] == "2000"  # "2,000" without the thousands separator
     assert second["extra_info"] == {"index": 1, "split": "train"}
     # the trainer's loader reads it back
-    loaded = load_prompt_records(out)
+    loaded = load_prompt_records(out, "prompt")
     assert [r["ground_truth"] for r in loaded] == ["7", "2000"]
     assert loaded[0]["extra"]["data_source"] == "gsm8k"
 

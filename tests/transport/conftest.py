@@ -42,6 +42,7 @@ def coordinator_factory() -> Iterator[Callable[..., Coordinator]]:
 
     def make(n_records: int = 16, settings: PlaneSettings | None = None, **kwargs: Any) -> Coordinator:
         recs = kwargs.pop("records", None) or records(n_records)
+        kwargs.setdefault("seed", 0)  # per-sample seeds from seed 0
         kwargs.setdefault("trust_claimed_versions", True)  # no weight sync here: clients' versions are their claims
         coord = Coordinator(recs, settings or fast(), **kwargs)
         made.append(coord)

@@ -93,7 +93,7 @@ def test_random_speeds_and_pauses_keep_the_bound_and_exactly_once(
     total, n = 24, 2
     s = fast(max_staleness=k, stale_policy=stale_policy, groups_per_step=groups_per_step)  # type: ignore[arg-type]
     coord = Coordinator(
-        _records(total), s, sampling=GroupSampling.defaults(n=n), max_epochs=1, trust_claimed_versions=True
+        _records(total), s, sampling=GroupSampling.defaults(n=n), seed=0, max_epochs=1, trust_claimed_versions=True
     )
     try:
         for i, gen_time in enumerate(gen_times):
@@ -119,7 +119,7 @@ def test_killed_and_stopped_actors_lose_nothing_and_late_work_is_deduplicated(ac
     total, n, k, g = 40, 2, 1, 2
     s = fast(max_staleness=k, groups_per_step=g, lease_timeout_s=30.0, stale_policy="regrant")
     coord = Coordinator(
-        _records(total), s, sampling=GroupSampling.defaults(n=n), max_epochs=1, trust_claimed_versions=True
+        _records(total), s, sampling=GroupSampling.defaults(n=n), seed=0, max_epochs=1, trust_claimed_versions=True
     )
     events: dict[str, float] = {}
 

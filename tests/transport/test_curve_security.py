@@ -33,7 +33,7 @@ def test_default_bind_is_loopback(coordinator_factory: Callable[..., Coordinator
 @pytest.mark.parametrize("host", ["0.0.0.0", "*", "::", "10.1.2.3", "eth0"])
 def test_non_loopback_bind_without_keys_refuses_to_start(host: str, make_records: Callable[..., list]) -> None:
     with pytest.raises(ValueError, match=r"python -m async_rl\.transport\.keys DIR"):
-        Coordinator(make_records(2), PlaneSettings.defaults(host=host)).close()
+        Coordinator(make_records(2), PlaneSettings.defaults(host=host), seed=0).close()
 
 
 def test_is_loopback() -> None:
@@ -93,7 +93,11 @@ def test_curve_settings_must_be_complete(tmp_path: Path, make_records: Callable[
     records = make_records(2)
     make_keys(tmp_path / "k", ["a"])
     with pytest.raises(ValueError, match="curve_authorized_keys_dir"):
-        Coordinator(records, PlaneSettings.defaults(curve_server_secret_file=str(tmp_path / "k" / "server.key_secret")))
+        Coordinator(
+            records,
+            PlaneSettings.defaults(curve_server_secret_file=str(tmp_path / "k" / "server.key_secret")),
+            seed=0,
+        )
     with pytest.raises(ValueError, match="no secret key"):
         Coordinator(
             records,
@@ -101,6 +105,7 @@ def test_curve_settings_must_be_complete(tmp_path: Path, make_records: Callable[
                 curve_server_secret_file=str(tmp_path / "k" / "server.key"),  # the public half by mistake
                 curve_authorized_keys_dir=str(tmp_path / "k" / "authorized"),
             ),
+            seed=0,
         )
 
 

@@ -86,6 +86,7 @@ def main() -> None:
         rank=0,
         world_size=args.world_size,
         epoch=args.epoch,
+        backend="auto",
         timeout_s=args.timeout,
         store=store,
     )

@@ -63,7 +63,7 @@ class _Coordinator:
 def _publisher(coord: _Coordinator, *, timeout_s: float) -> WeightPublisher:
     """A gloo publisher built as a run builds it, from ``async_training.weight_sync`` (the config's defaults else)."""
     ws = WeightSyncConfig(backend="gloo", timeout_s=timeout_s, join_timeout_s=JOIN_S)
-    return WeightPublisher.from_config(ws, _Ctx(), coord)
+    return WeightPublisher.from_config(ws, _Ctx(), coord, adapter=None, served_check_tolerance=1e-3)
 
 
 def _weights(version: int) -> Iterator[tuple[str, torch.Tensor]]:

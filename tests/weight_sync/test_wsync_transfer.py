@@ -55,10 +55,16 @@ def _groups(world_size: int, timeout_s: float) -> list[WeightSyncGroup]:
     """Form a group of ``world_size`` members in this process; member i has rank i."""
     store = create_store("127.0.0.1", 0, is_master=True, timeout_s=timeout_s)
     joins = [
-        _in_thread(lambda r=r: open_group("127.0.0.1", store.port, rank=r, world_size=world_size, timeout_s=timeout_s))
+        _in_thread(
+            lambda r=r: open_group(
+                "127.0.0.1", store.port, rank=r, world_size=world_size, backend="auto", timeout_s=timeout_s
+            )
+        )
         for r in range(1, world_size)
     ]
-    root = open_group("127.0.0.1", store.port, rank=0, world_size=world_size, timeout_s=timeout_s, store=store)
+    root = open_group(
+        "127.0.0.1", store.port, rank=0, world_size=world_size, backend="auto", timeout_s=timeout_s, store=store
+    )
     members = [root]
     for thread, box in joins:
         thread.join(timeout_s + 5)
@@ -239,9 +245,9 @@ def test_role_and_argument_checks() -> None:
     with pytest.raises(ValueError, match="version"):
         WeightSender(root).send([], version=-1)
     with pytest.raises(ValueError, match="world_size"):
-        open_group("127.0.0.1", 1, rank=0, world_size=1, store=root.store)
+        open_group("127.0.0.1", 1, rank=0, world_size=1, backend="auto", timeout_s=10.0, store=root.store)
     with pytest.raises(ValueError, match="port"):
-        create_store("127.0.0.1", 0, is_master=False)
+        create_store("127.0.0.1", 0, is_master=False, timeout_s=10.0)
 
 
 @pytest.mark.gpu

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from async_rl.config import Config, default_config
+from async_rl.config.names import VLLM_LORA_RANKS
 from async_rl.config.precision import rollout_precision
 from async_rl.transport.protocol import GroupSampling
 
@@ -390,9 +391,6 @@ class GenerationEngine:
         if self._adapter_root is not None:
             shutil.rmtree(self._adapter_root, ignore_errors=True)
             self._adapter_root = None
-
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed max_lora_rank values
 
 
 def lora_engine_kwargs(lora_rank: int, max_loras: int) -> dict[str, Any]:

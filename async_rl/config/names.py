@@ -98,3 +98,11 @@ __all__ = [
     "WeightSyncBackend",
     "needs_critic",
 ]
+
+
+# Limits shared by the config checks, the wire schema (transport.protocol) and the actor's engine: written once here.
+MAX_NAME_LENGTH = 128
+"""The longest actor id, reward-component name or timing key the rollout plane's wire format carries."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM 0.32's allowed ``max_lora_rank`` values (the actor rounds a LoRA rank up to one of them)."""
+VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]

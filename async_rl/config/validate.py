@@ -20,7 +20,7 @@ from async_rl.config.critic import CriticConfig
 from async_rl.config.data_reward import RewardKwargsConfig
 from async_rl.config.errors import ConfigError
 from async_rl.config.introspect import changed_keys
-from async_rl.config.names import GROUP_ESTIMATORS, needs_critic
+from async_rl.config.names import GROUP_ESTIMATORS, MAX_NAME_LENGTH, VLLM_MAX_LORA_RANK, needs_critic
 from async_rl.config.resolve import resolve_config, reward_kwargs_aliases
 from async_rl.config.schema import Config
 
@@ -233,9 +233,6 @@ def _check_actor(cfg: Config, errors: list[str]) -> None:
             errors.append(f"{prefix}.betas must each be in [0, 1), got {list(optim.betas)}")
 
 
-VLLM_MAX_LORA_RANK = 512  # vLLM 0.32's largest max_lora_rank
-
-
 def _check_lora(cfg: Config, errors: list[str]) -> None:
     model = cfg.actor_rollout_ref.model
     if model.lora_rank == 0:
@@ -281,14 +278,13 @@ def _check_algorithm(cfg: Config, errors: list[str]) -> None:
 
 
 _FG = "algorithm.filter_groups"
-_MAX_METRIC_NAME = 128  # the longest reward-component name the rollout plane's wire format carries
 
 
 def _check_filter_groups(cfg: Config, errors: list[str]) -> None:
     fg, n = cfg.algorithm.filter_groups, cfg.actor_rollout_ref.rollout.n
-    if fg.metric is not None and not 0 < len(fg.metric) <= _MAX_METRIC_NAME:
+    if fg.metric is not None and not 0 < len(fg.metric) <= MAX_NAME_LENGTH:
         errors.append(
-            f"{_FG}.metric must be 'reward' or a reward component name of 1 to {_MAX_METRIC_NAME} characters,"
+            f"{_FG}.metric must be 'reward' or a reward component name of 1 to {MAX_NAME_LENGTH} characters,"
             f" got {fg.metric!r}"
         )
     if not fg.enable:

@@ -49,6 +49,7 @@ from async_rl.transport.protocol import (
     WeightSyncPlan,
     Welcome,
     WorkRequest,
+    checked,
     group_seed,
     pack_array,
 )
@@ -96,7 +97,7 @@ class Coordinator:
         if isinstance(initial_version, bool) or not isinstance(initial_version, int) or initial_version < 0:
             raise ValueError(f"initial_version must be an int >= 0, got {initial_version!r}")
         self.source = PromptSource(records, shuffle_seed=shuffle_seed, max_epochs=max_epochs)
-        self.sampling = _checked_sampling(sampling if sampling is not None else GroupSampling.defaults())
+        self.sampling = checked(sampling if sampling is not None else GroupSampling.defaults())
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         self.seed = seed
@@ -267,7 +268,7 @@ class Coordinator:
         returns its round id. One round at a time: the previous one must have been finished with `finish_eval`."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
-        sampling = _checked_sampling(sampling)
+        sampling = checked(sampling)
         for i, rec in enumerate(records):
             if not isinstance(rec, PromptRecord):
                 raise ValueError(f"records[{i}] must be a PromptRecord, got {type(rec).__name__}")
@@ -783,11 +784,3 @@ class Coordinator:
             actor.granted_total = max(0, actor.granted_total - len(unsent) - len(too_big))
             if rnd.complete:
                 self._cv.notify_all()
-
-
-def _checked_sampling(sampling: GroupSampling) -> GroupSampling:
-    """Validate sampling parameters with the wire schema (structs are not validated when built in Python)."""
-    try:
-        return msgspec.msgpack.decode(msgspec.msgpack.encode(sampling), type=GroupSampling)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"sampling: {exc}") from None

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 import msgspec
 import numpy as np
 
+from async_rl.config.names import MAX_NAME_LENGTH, VLLM_MAX_LORA_RANK
+
 if TYPE_CHECKING:
     from async_rl.config import Config
 
@@ -38,7 +40,7 @@ ALLOWED_DTYPES: frozenset[str] = TOKEN_DTYPES | FLOAT_DTYPES | MASK_DTYPES
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 # Actor ids double as zmq routing ids: non-empty, printable ASCII, no leading NUL (reserved by zmq).
-ActorId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+ActorId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[!-~]+$")]
 ShortStr = Annotated[str, msgspec.Meta(max_length=256)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 SyncBackend = Literal["gloo", "nccl"]  # the weight-sync group's backend, resolved ("auto" never travels)
@@ -182,7 +184,7 @@ class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     version_max: NonNegInt
     finish_reason: Annotated[str, msgspec.Meta(max_length=64)]
     reward: float
-    reward_components: dict[Annotated[str, msgspec.Meta(max_length=128)], float] | None = None
+    reward_components: dict[Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)], float] | None = None
     loss_mask: WireArray | None = None  # None: every token sampled (single-turn)
     turns: list[TurnSpan] | None = None  # None: not told (single-turn)
     episode: EpisodeStats | None = None  # multi-turn only
@@ -192,10 +194,10 @@ class AdapterPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """A LoRA run's adapter, as the learner built it: each version's update carries only its tensors (under PEFT's
     names), and an actor loads each version into vLLM as its own adapter ``v<version>``."""
 
-    rank: Annotated[int, msgspec.Meta(ge=1, le=512)]
+    rank: Annotated[int, msgspec.Meta(ge=1, le=VLLM_MAX_LORA_RANK)]
     alpha: PositiveFloat
     target_modules: Annotated[
-        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], ...], msgspec.Meta(min_length=1)
+        tuple[Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)], ...], msgspec.Meta(min_length=1)
     ]
 
 
@@ -274,7 +276,7 @@ class RolloutGroup(Message, tag="rollout_group"):
     lease_id: PositiveInt
     actor_id: ActorId
     completions: list[Completion]
-    timings: dict[Annotated[str, msgspec.Meta(max_length=128)], float] = {}
+    timings: dict[Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)], float] = {}
     eval_round: EvalRoundId = NO_EVAL  # the grant's eval_round: eval groups go to their round, never to training
 
     @property

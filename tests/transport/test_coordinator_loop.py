@@ -243,7 +243,7 @@ def test_learner_api_checks_arguments(coordinator_factory: Factory, client_facto
     with pytest.raises(ValueError, match="before any work is granted"):
         other.load_state_dict(coord.state_dict())
     assert all(key.startswith("transport/") for key in coord.metrics())
-    with pytest.raises(ValueError, match=r"sampling: Expected `float` <= 1.0 - at `\$.top_p`"):
+    with pytest.raises(ValueError, match=r"GroupSampling: Expected `float` <= 1.0 - at `\$.top_p`"):
         Coordinator([PromptRecord(np.arange(2))], fast(), sampling=GroupSampling.defaults(top_p=1.5), seed=0)
 
 

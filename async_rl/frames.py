@@ -1,16 +1,21 @@
-"""Length-prefixed msgpack frames between a parent and its child process (never pickle).
+"""Length-prefixed msgpack frames between a parent and its child process (never pickle), and the child process itself.
 
 A frame is a 4-byte little-endian length followed by that many bytes of msgpack. The reader takes a raw file
 descriptor and an optional absolute ``time.monotonic()`` deadline, so the parent can bound how long it waits for a
 child that hangs. The reward worker (:mod:`async_rl.rewards.worker`) and the environment worker
-(:mod:`async_rl.envs.sandbox`) both speak it.
+(:mod:`async_rl.envs.sandbox`) both speak it, and both start and kill their child with :func:`spawn_child` and
+:func:`kill_child`: a session (and process group) of its own, so it is spared the signals meant for the parent, and
+killed as a whole, with whatever user code in it started.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import struct
+import subprocess
+import sys
 import time
 from typing import IO, Any
 
@@ -63,3 +68,23 @@ def read_frame(fd: int, deadline: float | None) -> Any:
     if length > MAX_FRAME:
         raise ValueError(f"frame of {length} bytes exceeds {MAX_FRAME}")
     return msgspec.msgpack.decode(_read_exact(fd, length, deadline))
+
+
+def spawn_child(module: str, *args: str) -> subprocess.Popen[bytes]:
+    """``python -m module args`` with piped stdin and stdout (for frames), in a new session and process group."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+
+
+def kill_child(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's whole process group (unless it already exited), reap it and close its pipes."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()

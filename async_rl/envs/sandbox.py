@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from async_rl.envs.base import Message, StepResult, check_step_result, load_environment_class
-from async_rl.frames import ENCODE_ERRORS, encode_frame, read_frame, write_frame
+from async_rl.frames import ENCODE_ERRORS, encode_frame, kill_child, read_frame, spawn_child, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -150,12 +150,7 @@ class EnvWorker:
         if self._generation:
             self.restarts += 1
         self._generation += 1
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "async_rl.envs.sandbox"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,  # its own process group: killed as a whole, spared signals meant for the actor
-        )
+        proc = spawn_child("async_rl.envs.sandbox")  # its own process group: killed as a whole (frames.kill_child)
         self._proc = proc
         assert proc.stdin is not None and proc.stdout is not None
         init = {
@@ -177,17 +172,8 @@ class EnvWorker:
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+        if proc is not None:
+            kill_child(proc)
 
     def _lose_child(self) -> None:
         """Kill the child and mark every episode it held as lost."""

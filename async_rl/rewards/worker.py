@@ -7,7 +7,7 @@ user code cannot corrupt the frames.
 
 Order of one call: parent writes ``{"id", "prompt", "completion", "ground_truth", "extra"}`` -> child calls the
 function -> child writes ``{"id", "score", "components", "error"}``. If no reply arrives within ``timeout_s`` the parent
-kills the child (by PID), counts a timeout, returns score 0 and starts a fresh child for the next call.
+kills the child (its process group), counts a timeout, returns score 0 and starts a fresh child for the next call.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from async_rl.frames import read_frame, write_frame
+from async_rl.frames import kill_child, read_frame, spawn_child, write_frame
 from async_rl.rewards.base import RewardResult, load_reward_fn, normalize_reward
 
 logger = logging.getLogger(__name__)
@@ -49,20 +49,13 @@ class RewardWorker:
         self._logged_error = False
 
     def _start(self) -> subprocess.Popen[bytes]:
-        args = [sys.executable, "-m", "async_rl.rewards.worker", self.spec, "1" if self.verl_style else "0"]
-        self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self._proc = spawn_child("async_rl.rewards.worker", self.spec, "1" if self.verl_style else "0")
         return self._proc
 
     def _kill(self) -> None:
-        if self._proc is None:
-            return
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                stream.close()
-        self._proc = None
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            kill_child(proc)
 
     def score(
         self, prompt: str, completion: str, ground_truth: str, extra: dict[str, Any] | None = None

@@ -94,6 +94,25 @@ def test_worker_timeout_kills_child_and_recovers():
         assert worker.restarts == 1
 
 
+def test_worker_timeout_kills_what_the_function_started(tmp_path):
+    """The child runs in a process group of its own, killed as a whole: a helper process the reward function started
+    does not outlive the timeout (the environment worker kills the same way: frames.kill_child)."""
+    pid_file = tmp_path / "helper.pid"
+    with RewardWorker(f"{FIXTURES}:spawns_then_hangs", timeout_s=3.0) as worker:
+        result = worker.score("p", "c", "g", {"pid_file": str(pid_file)})
+        assert result.error == "timeout"
+        helper = int(pid_file.read_text())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # SIGKILLed; reaped by init once its parent is gone
+            try:
+                os.kill(helper, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        with pytest.raises(ProcessLookupError):
+            os.kill(helper, 0)
+
+
 def test_worker_verl_style_signature():
     with RewardWorker(f"{FIXTURES}:verl_style", timeout_s=20, verl_style=True) as worker:
         assert worker.score("prompt", "42", "42", {"data_source": "gsm8k"}).score == 1.0

@@ -80,20 +80,20 @@ def wait_for_groups(
     ctx: Any,
     coordinator: Any,
     publisher: Any,
-    learner: Any,
     num_groups: int,
     timeout_s: float,
+    *,
+    republish: Callable[[], object],
     poll_s: float = 2.0,
-    validator: Any = None,
     stop: GracefulStop | None = None,
 ) -> list[RolloutGroup]:
     """Rank 0 waits for ``num_groups`` groups; every rank follows its decisions, broadcast every ``poll_s``.
 
-    While waiting, rank 0 re-publishes the current weights when an actor joined (or the last transfer broke), so a
-    new or restarted actor can start work the staleness bound allows; the other ranks join that publish (the weight
-    gather is collective). Returns the groups on rank 0 and ``[]`` elsewhere; raises TimeoutError on every rank.
-    A re-publish of a newer version than an open validation round's first waits for that round (``validator``).
-    Every poll also checks ``stop`` (a collective): once any rank got SIGTERM, every rank raises StopRequested.
+    While waiting, when ``publisher.needs_refresh()`` (an actor joined, or the last transfer broke) every rank calls
+    ``republish()``: the trainer's one publish path (the same validation wait and, in a LoRA run, the same
+    served-weights probe as a step's publish), so a new or restarted actor gets the current weights and can start the
+    work the staleness bound allows. Returns the groups on rank 0 and ``[]`` elsewhere; raises TimeoutError on every
+    rank. Every poll also checks ``stop`` (a collective): once any rank got SIGTERM, every rank raises StopRequested.
 
     When the data runs out the coordinator hands over what is left, fewer than ``num_groups``: like verl's
     ``drop_last=True`` that final incomplete batch is not trained (it would not split into the configured mini-batches)
@@ -129,9 +129,7 @@ def wait_for_groups(
         if decision == _GIVE_UP:
             raise TimeoutError(f"no {num_groups} rollout groups within {timeout_s:.0f} s: are the actors running?")
         if decision == _REPUBLISH:
-            if validator is not None:
-                validator.before_publish(learner.version)
-            publisher.publish(learner.version, learner.iter_weights, learner.weight_manifest())
+            republish()
 
 
 class RolloutSource:
@@ -145,12 +143,13 @@ class RolloutSource:
         learner: Any,
         *,
         batch_size: int,
-        validator: Any = None,
+        republish: Callable[[], object],
         stop: GracefulStop | None = None,
         poll_s: float = 2.0,
     ) -> None:
+        """``republish``: publish the learner's current version to the actors (see :func:`wait_for_groups`)."""
         self.ctx, self.coordinator, self.publisher, self.learner = ctx, coordinator, publisher, learner
-        self.batch_size, self.validator, self.stop, self.poll_s = batch_size, validator, stop, poll_s
+        self.batch_size, self.republish, self.stop, self.poll_s = batch_size, republish, stop, poll_s
 
     def next(self, timeout_s: float) -> StepRollouts | None:
         """Wait (at most ``timeout_s``) for the next batch; ``None`` on every rank once the data ran out."""
@@ -159,11 +158,10 @@ class RolloutSource:
             self.ctx,
             self.coordinator,
             self.publisher,
-            self.learner,
             self.batch_size,
             timeout_s,
+            republish=self.republish,
             poll_s=self.poll_s,
-            validator=self.validator,
             stop=self.stop,
         )
         wait_s = time.monotonic() - started

@@ -116,7 +116,7 @@ class Trainer:
             self.publisher,
             self.learner,
             batch_size=cfg.data.train_batch_size,
-            validator=self.validator,
+            republish=lambda: self._publish(self.learner.version),  # one publish path, probe included
             stop=stop,
         )
         self.actor_activity = ActorActivity()
@@ -236,6 +236,9 @@ class Trainer:
         return {}
 
     def _publish(self, version: int) -> dict[str, float]:
+        """The one way weights reach the actors (a step's publish, the re-publish to an actor that joined while the
+        learner waited, the final version's): the validation wait, then, in a LoRA run, the served-weights probe of
+        ``version`` on the plan, so every actor that loads an adapter checks that it serves it."""
         self.validator.before_publish(version)
         probe = None
         if self.learner.settings.lora is not None:  # the actors check that they serve this version's adapter

@@ -36,7 +36,11 @@ class _NoPublisher:
         return False
 
     def publish(self, *args: object) -> dict[str, float]:
-        raise AssertionError("nothing to publish in this test")
+        raise AssertionError("the wait publishes only through its republish callable")
+
+
+def _no_republish() -> None:
+    raise AssertionError("nothing to publish in this test")
 
 
 Plane = Callable[..., tuple[Coordinator, RolloutClient]]
@@ -82,7 +86,9 @@ def _run_until_exhausted(coord: Coordinator, client: RolloutClient, batch: int) 
     learner = SimpleNamespace(
         settings=SimpleNamespace(pad_token_id=0, max_prompt_length=None, max_response_length=None), version=0
     )
-    source = RolloutSource(local_context(), coord, _NoPublisher(), learner, batch_size=batch, poll_s=0.1)
+    source = RolloutSource(
+        local_context(), coord, _NoPublisher(), learner, batch_size=batch, republish=_no_republish, poll_s=0.1
+    )
     sizes: list[int] = []
     for version in range(100):
         for g in _grants(client, batch, loaded=version, timeout_s=0.3):
@@ -123,7 +129,10 @@ def test_final_short_batch_is_dropped_and_the_derived_length_never_reaches_it(
     # Asking again after the end returns [] at once (nothing is coming), without another warning.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert wait_for_groups(local_context(), coord, _NoPublisher(), None, batch, timeout_s=10.0) == []
+        assert (
+            wait_for_groups(local_context(), coord, _NoPublisher(), batch, timeout_s=10.0, republish=_no_republish)
+            == []
+        )
     assert not caplog.records
 
 
@@ -133,3 +142,28 @@ def test_data_that_divides_into_batches_ends_without_a_warning(plane: Plane, cap
         sizes = _run_until_exhausted(coord, client, 4)
     assert sizes == [4, 4, 4, 4]
     assert not [r for r in caplog.records if "dropping" in r.getMessage()]
+
+
+class _JoinedOnce(_NoPublisher):
+    """An actor joined while the learner waited: the first poll finds the publisher needing a refresh."""
+
+    def __init__(self) -> None:
+        self.refreshes = 1
+
+    def needs_refresh(self) -> bool:
+        self.refreshes -= 1
+        return self.refreshes == 0
+
+
+def test_the_wait_republishes_only_through_the_trainers_publish(plane: Plane) -> None:
+    """While no group arrives, an actor that joined gets the current weights through ``republish`` (the trainer's one
+    publish path, which carries a LoRA run's served-weights probe), never through the publisher directly (that
+    path sent plans without the probe: an actor joining mid-run had its served adapter unchecked)."""
+    coord, _client = plane(8, 4)
+    calls: list[str] = []
+    with pytest.raises(TimeoutError, match="no 4 rollout groups"):
+        wait_for_groups(
+            local_context(), coord, _JoinedOnce(), 4, timeout_s=0.5, republish=lambda: calls.append("publish"),
+            poll_s=0.1,
+        )  # fmt: skip
+    assert calls == ["publish"]

@@ -142,4 +142,4 @@ class _Agreed:
 def test_the_rollout_wait_raises_stop_requested_before_taking_any_group() -> None:
     # coordinator None: the wait must leave before it asks the coordinator for groups (none is taken, none lost)
     with pytest.raises(StopRequested, match="waiting for rollouts"):
-        wait_for_groups(local_context(), None, None, None, 8, timeout_s=10.0, stop=_Agreed())  # type: ignore[arg-type]
+        wait_for_groups(local_context(), None, None, 8, timeout_s=10.0, republish=lambda: None, stop=_Agreed())  # type: ignore[arg-type]

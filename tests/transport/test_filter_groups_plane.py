@@ -271,7 +271,7 @@ def test_too_many_generated_batches_stop_the_learner_with_the_counts(
         assert part in why, part
     # the learner's wait raises it too (rank 0; it does not time out or hand over a short batch) ...
     with pytest.raises(FilterBudgetExceeded, match="max_num_gen_batches=2"):
-        wait_for_groups(_RankZero(), coord, _NoPublisher(), None, B, timeout_s=5.0, poll_s=0.1)
+        wait_for_groups(_RankZero(), coord, _NoPublisher(), B, timeout_s=5.0, republish=lambda: None, poll_s=0.1)
     # ... and no more training work is granted
     assert client.request_work(4, 0, timeout_s=0.3) == []
     assert set(sent) <= set(range(9))

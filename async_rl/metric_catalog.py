@@ -295,6 +295,22 @@ METRICS: tuple[Metric, ...] = (
     ),
     _m("transport/actors/idle_s_total", "cumulative", "actor-seconds with nothing to generate, over all actors"),
     _m("transport/actors/uptime_s_total", "cumulative", "actor-seconds since each actor started, over all actors"),
+    _m(
+        "transport/actors/served_checks_total",
+        "cumulative",
+        "LoRA runs: updates whose served adapter an actor checked against the learner's probe, over all actors",
+    ),
+    _m(
+        "transport/actors/served_check_failures_total",
+        "cumulative",
+        "... of which the served adapter did not compute what the learner's does (that actor stops generating)",
+    ),
+    _m(
+        "transport/actors/loaded_version_min",
+        "gauge",
+        "oldest policy version (a LoRA run: adapter version) a live actor has loaded, by its last report",
+    ),
+    _m("transport/actors/loaded_version_max", "gauge", "newest policy version a live actor has loaded"),
     _m("transport/filter/filtered_groups", "step", "DAPO dynamic sampling: groups filtered for the step just trained"),
     _m("transport/filter/filtered_fraction", "step", "their share of that step's groups"),
     _m(

@@ -455,6 +455,8 @@ class ActorLoop:
                 "generated_tokens": float(self.engine.stats.generated_tokens),
                 "idle_s": self.stats.idle_seconds + (now - idle_since if idle_since is not None else 0.0),
                 "uptime_s": now - started,
+                "served_checks": float(self.stats.served_checks),  # LoRA: adapters checked against the learner's probe
+                "served_check_failures": float(self.stats.served_check_failures),
             }
             await asyncio.sleep(self.poll_interval_s)
         for task in list(self._tasks):

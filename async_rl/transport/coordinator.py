@@ -326,6 +326,7 @@ class Coordinator:
                 "in_flight": led.in_flight,
                 "inflight_cap": self._admission.cap,
                 "actors_alive": len(self._actors.alive()),
+                **_loaded_versions([a.loaded_version for a in self._actors.alive()]),
                 "policy_version": self._version,
                 "trained_total": led.trained_total,
                 "dropped_total": led.dropped_total,
@@ -784,3 +785,10 @@ class Coordinator:
             actor.granted_total = max(0, actor.granted_total - len(unsent) - len(too_big))
             if rnd.complete:
                 self._cv.notify_all()
+
+
+def _loaded_versions(versions: list[int]) -> dict[str, float | int]:
+    """The oldest and newest policy version (or LoRA adapter version) the live actors have loaded; none without one."""
+    if not versions:
+        return {}
+    return {"actors/loaded_version_min": min(versions), "actors/loaded_version_max": max(versions)}

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 PREFIX = "transport/"
 # Cumulative counters an actor reports on its periodic Heartbeat: tokens generated, seconds with nothing to generate,
 # seconds since it started. The coordinator sums their growth over all actors (``transport/actors/<key>_total``).
-ACTOR_REPORT_KEYS = ("generated_tokens", "idle_s", "uptime_s")
+ACTOR_REPORT_KEYS = ("generated_tokens", "idle_s", "uptime_s", "served_checks", "served_check_failures")
 # Validation rounds (transport.evaluation): rounds started, prompts granted, leases expired (actor dead, timeout, moved
 # past the pinned version), and deliveries dropped as a duplicate, under a wrong version (granted again), for a round
 # already closed (late) or unknown.

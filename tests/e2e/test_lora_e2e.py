@@ -63,6 +63,11 @@ def test_lora_run_syncs_adapters_only_serves_them_and_exports(tmp_path: Path, as
     summary = json.loads([line for line in actor_log.splitlines() if '"actor/served_checks"' in line][-1])
     assert summary["actor/served_checks"] >= STEPS and summary["actor/served_check_failures"] == 0
     assert summary["actor/served_check_diff"] < 1e-4
+    # ... and the step lines show it while the run goes (from the actor's heartbeats), with the adapter version served
+    checks = [m["transport/actors/served_checks_total"] for m in metrics]
+    assert checks == sorted(checks) and checks[-1] >= STEPS - 2, checks  # K = 0: it loads every version
+    assert all(m["transport/actors/served_check_failures_total"] == 0 for m in metrics)
+    assert metrics[-1]["transport/actors/loaded_version_max"] >= STEPS - 2
 
     # the exported adapter on the base model computes what the merged export does
     import peft

@@ -125,3 +125,9 @@ def test_actor_reports_accumulate_growth_and_survive_restarts() -> None:
     assert snap["transport/actors/idle_s_total"] == 1.0  # the NaN report is ignored
     assert snap["transport/actors/uptime_s_total"] == 5.0
     assert "transport/actors/unknown_total" not in snap
+    # LoRA served-weights checks reach the step's metrics the same way (not only each actor's exit summary)
+    m.record_actor_report({}, {"served_checks": 3.0, "served_check_failures": 0.0})
+    m.record_actor_report({"served_checks": 3.0}, {"served_checks": 5.0, "served_check_failures": 1.0})
+    snap = m.snapshot({}, {}, {})
+    assert snap["transport/actors/served_checks_total"] == 5.0
+    assert snap["transport/actors/served_check_failures_total"] == 1.0

@@ -42,6 +42,7 @@ def test_hello_gets_welcome_with_version_and_weight_sync(coordinator_factory: Fa
     )  # fmt: skip
     coord.set_policy_version(3, weight_sync=plan)  # the publisher's plan before any epoch: where to announce
     assert coord.address.startswith("tcp://127.0.0.1:")
+    assert "transport/actors/loaded_version_min" not in coord.metrics()  # no live actor: nothing to report
     client = client_factory(coord.address)
     welcome = client.hello(loaded_version=3)
     assert welcome.policy_version == 3
@@ -279,3 +280,5 @@ def test_grants_follow_weights_actually_sent_not_an_actors_claim(
     coord.confirm_weights(1, ["honest"])
     assert {g.min_version for g in _collect(honest, 2, loaded=1, timeout_s=2.0)} == {1}
     assert coord.actors()["liar"].loaded_version == 0 and coord.actors()["honest"].loaded_version == 1
+    m = coord.metrics()  # the versions the live actors serve, on every step's line
+    assert (m["transport/actors/loaded_version_min"], m["transport/actors/loaded_version_max"]) == (0, 1)

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, get_args
 
 import torch
 
+from async_rl.algorithms.objective import ObjectiveSpec
 from async_rl.algorithms.rollout_correction import RSBounds
 from async_rl.config import Config, default_config
 from async_rl.config.common import OptimConfig
@@ -294,6 +295,29 @@ class LearnerSettings:
     def is_bounds(self) -> tuple[float, float | None]:
         """``(upper, lower)`` of ``rollout_is_threshold``, parsed once (``lower`` None: truncation)."""
         return parse_is_threshold(self.rollout_is_threshold)
+
+    @functools.cached_property
+    def objective(self) -> ObjectiveSpec:
+        """The actor's loss as a spec for :func:`async_rl.algorithms.objective.actor_objective`."""
+        upper, lower = self.is_bounds
+        return ObjectiveSpec(
+            loss_mode=self.loss_mode,
+            clip_ratio=self.clip_ratio,
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c,
+            loss_agg_mode=self.loss_agg_mode,
+            loss_scale_factor=self.loss_scale_factor,
+            entropy_coeff=self.entropy_coeff,
+            kl_loss_coef=self.kl_loss_coef if self.use_kl_loss else None,
+            kl_loss_type=self.kl_loss_type,
+            rollout_is=self.rollout_is,
+            is_upper=upper,
+            is_lower=lower,
+            is_batch_normalize=self.is_batch_normalize,
+            rs_bounds=self.rs_bounds,
+            bypass_loss_type=self.bypass_loss_type if self.bypass_mode else None,
+        )
 
     @functools.cached_property
     def rs_bounds(self) -> RSBounds | None:

@@ -41,15 +41,11 @@ from async_rl.algorithms import (
     AdaptiveKLController,
     FixedKLController,
     KLController,
-    agg_loss,
     apply_kl_in_reward,
     compute_advantages,
-    kl_penalty,
-    policy_loss,
-    reinforce_loss,
     rejection_mask,
-    rollout_is_weights,
 )
+from async_rl.algorithms.objective import ActorMicroBatch, actor_objective, correction_weights
 from async_rl.learner.batching import (
     RolloutBatch,
     SampledGroup,
@@ -262,25 +258,9 @@ class Learner:
             out.update({f"learner/rollout_corr/{k}": float(v) for k, v in rs_metrics.items()})
         if s.rollout_is is None:
             return
-        weights, is_metrics = self._is_weights(old, behaviour, batch["loss_mask"])
+        weights, is_metrics = correction_weights(old, behaviour, batch["loss_mask"], s.objective)
         batch["is_weights"] = weights
         out.update({f"learner/rollout_corr/{k}": float(v) for k, v in is_metrics.items()})
-
-    def _is_weights(
-        self, old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """IS weights pi_old / pi_rollout under ``rollout_is`` / ``rollout_is_threshold`` (+ batch normalisation)."""
-        s = self.settings
-        assert s.rollout_is is not None
-        return rollout_is_weights(
-            old,
-            behaviour,
-            mask,
-            level=s.rollout_is,
-            upper=s.is_bounds[0],
-            lower=s.is_bounds[1],
-            batch_normalize=s.is_batch_normalize,
-        )
 
     # ------------------------------------------------------------------ actor update
     def _reuses_proximal(self, batch_size: int) -> bool:
@@ -292,80 +272,6 @@ class Learner:
         batch_level = s.rollout_rs is not None or (s.rollout_is is not None and s.is_batch_normalize)
         one_step = s.ppo_epochs == 1 and s.ppo_mini_batch_size * s.rollout_n >= batch_size
         return one_step and self.kl_ctrl is None and not batch_level and not s.bypass_mode
-
-    def _pg_loss(
-        self,
-        log_prob: torch.Tensor,
-        old_log_prob: torch.Tensor,
-        sel: Callable[[str], torch.Tensor],
-        mask: torch.Tensor,
-        tokens: float,
-        seqs: float,
-        *,
-        reuse_proximal: bool,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-        """The policy-gradient term of one micro-batch: ``(loss, loss metrics, rollout-correction metrics, mask)``.
-
-        Decoupled (default): the PPO-family loss against the proximal ``old_log_prob``, weighted by the step's IS
-        weights (``is_weights``) or, when the proximal pass was skipped, by weights computed here from the
-        micro-batch. Bypass mode (verl 0.9.1's ``bypass_mode``): the actor's log-probs are the old policy; rejection
-        sampling then runs here against the current log-probs (after the loss denominators were counted, as in
-        verl), and ``loss_type`` picks PPO clip (no extra weight) or REINFORCE ``-w * A * log pi``."""
-        s = self.settings
-        rollout = sel("rollout_log_probs")
-        advantages = sel("advantages")
-
-        def ppo(
-            old: torch.Tensor, loss_mode: str, weights: torch.Tensor | None, keep: torch.Tensor
-        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            return policy_loss(
-                old,
-                log_prob,
-                advantages,
-                keep,
-                clip_ratio=s.clip_ratio,
-                clip_ratio_low=s.clip_ratio_low,
-                clip_ratio_high=s.clip_ratio_high,
-                clip_ratio_c=s.clip_ratio_c,
-                loss_agg_mode=s.loss_agg_mode,
-                loss_mode=loss_mode,
-                is_weights=weights,
-                global_num_tokens=tokens,
-                global_num_seqs=seqs,
-                loss_scale_factor=s.loss_scale_factor,
-            )
-
-        corr: dict[str, torch.Tensor] = {}
-        weights: torch.Tensor | None = None
-        if not s.bypass_mode:
-            if reuse_proximal and s.rollout_is is not None:
-                weights, corr = self._is_weights(old_log_prob, rollout, mask)
-            elif s.rollout_is is not None:
-                weights = sel("is_weights")
-            loss, metrics = ppo(old_log_prob, s.loss_mode, weights, mask)
-            return loss, metrics, corr, mask
-        current = log_prob.detach()
-        if s.rs_bounds is not None:
-            mask, corr = rejection_mask(current, rollout, mask, bounds=s.rs_bounds)
-            mask = mask.bool()
-        if s.bypass_loss_type == "ppo_clip":
-            loss, metrics = ppo(rollout, "vanilla", None, mask)
-            return loss, metrics, corr, mask
-        if s.rollout_is is not None:
-            weights, is_metrics = self._is_weights(current, rollout, mask)
-            corr.update(is_metrics)
-        loss, metrics = reinforce_loss(
-            log_prob,
-            advantages,
-            mask,
-            is_weights=weights,
-            loss_agg_mode=s.loss_agg_mode,
-            rollout_log_prob=rollout,
-            global_num_tokens=tokens,
-            global_num_seqs=seqs,
-            loss_scale_factor=s.loss_scale_factor,
-        )
-        return loss, metrics, corr, mask
 
     def _actor_micro_loss(
         self, batch: RolloutBatch, acc: MetricAccumulator, reuse_proximal: bool = False
@@ -388,24 +294,31 @@ class Learner:
                 _accumulate_offpolicy(acc, old_log_prob, sel("rollout_log_probs"), sel("sampled_mask"))
             else:
                 old_log_prob = sel("old_log_probs")
-            pg_loss, pg_metrics, corr_metrics, mask = self._pg_loss(
-                log_prob, old_log_prob, sel, sel("loss_mask").bool(), tokens, seqs, reuse_proximal=reuse_proximal
+            out = actor_objective(
+                ActorMicroBatch(
+                    log_prob=log_prob,
+                    entropy=entropy,
+                    old_log_prob=old_log_prob,
+                    rollout_log_prob=sel("rollout_log_probs"),
+                    advantages=sel("advantages"),
+                    loss_mask=sel("loss_mask").bool(),
+                    # the step's weights (decoupled, after the proximal pass); else the objective computes them
+                    is_weights=sel("is_weights") if "is_weights" in batch else None,
+                    ref_log_prob=sel("ref_log_probs") if s.use_kl_loss else None,
+                    global_num_tokens=tokens,
+                    global_num_seqs=seqs,
+                ),
+                s.objective,
             )
-            loss = pg_loss
-            counts = {"global_num_tokens": tokens, "global_num_seqs": seqs, "loss_scale_factor": s.loss_scale_factor}
-            if s.entropy_coeff != 0:
-                loss = loss - s.entropy_coeff * agg_loss(entropy, mask, s.loss_agg_mode, **counts)
-            if s.use_kl_loss:
-                kl = kl_penalty(log_prob, sel("ref_log_probs"), s.kl_loss_type)
-                kl_loss = agg_loss(kl, mask, s.loss_agg_mode, **counts)
-                loss = loss + s.kl_loss_coef * kl_loss
-                acc.total("actor/kl_loss_sum", kl_loss.detach())
+            loss = out.loss
+            if out.kl_loss is not None:
+                acc.total("actor/kl_loss_sum", out.kl_loss)
             if self.loss_hook is not None:
                 loss = self.loss_hook(loss)
-            fmask = mask.float()
+            fmask = out.mask.float()
             acc.ratio("actor/entropy", (entropy.detach() * fmask).sum(), fmask.sum())
-            acc.total("actor/pg_loss_sum", pg_loss.detach())
-            for prefix, values in (("actor", pg_metrics), ("rollout_corr", corr_metrics)):
+            acc.total("actor/pg_loss_sum", out.pg_loss)
+            for prefix, values in (("actor", out.policy_metrics), ("rollout_corr", out.correction_metrics)):
                 for key, value in values.items():
                     kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
                     getattr(acc, kind)(f"{prefix}/{key}", value)

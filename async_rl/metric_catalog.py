@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from async_rl.staleness import staleness
+
 __all__ = [
     "METRICS",
     "RECORDS",
@@ -440,17 +442,6 @@ def record_kind(record: Mapping[str, object]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- staleness
-def staleness(trained_version: int, sampled_version: int) -> int:
-    """How many policy versions behind the weights being trained a sample's weights are.
-
-    ``trained_version``: the learner's version when the step starts (the weights its gradient is taken at).
-    ``sampled_version``: the OLDEST version any token of the sample was generated under (a completion's
-    ``version_min``; for a group, the oldest over its completions, ``RolloutGroup.version``). 0 is on-policy;
-    ``async_training.max_staleness`` bounds it.
-    """
-    return int(trained_version) - int(sampled_version)
-
-
 def lag_histogram(trained_version: int, sampled_versions: Iterable[int]) -> Counter[int]:
     """``{staleness: count}`` of samples generated at ``sampled_versions`` and trained at ``trained_version``."""
     return Counter(staleness(trained_version, v) for v in sampled_versions)

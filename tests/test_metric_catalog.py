@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from async_rl import metric_catalog as mc
+from async_rl.staleness import staleness
 
 METRICS_DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 NAMESPACES = ("rollout/", "learner/", "actor/", "sync/", "transport/", "val/", "val-core/", "time/", "reward/")
@@ -143,7 +144,7 @@ def test_the_readers_constants_are_catalogued() -> None:
 
 # ---------------------------------------------------------------------------------------------------- staleness
 def test_staleness_is_versions_behind_counted_from_the_oldest() -> None:
-    assert mc.staleness(5, 5) == 0 and mc.staleness(5, 3) == 2
+    assert staleness(5, 5) == 0 and staleness(5, 3) == 2
     # four samples trained at version 7, generated under 7, 6, 6 and 4
     hist = mc.lag_histogram(7, [7, 6, 6, 4])
     assert hist == Counter({0: 1, 1: 2, 3: 1})

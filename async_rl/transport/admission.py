@@ -17,15 +17,9 @@ exceed the bound when they arrive; the coordinator drops or re-grants those (``s
 
 from __future__ import annotations
 
+from async_rl.staleness import min_start_version, within_bound
 
-def min_start_version(current_version: int, max_staleness: int) -> int:
-    """The oldest policy any prompt may start under while the learner is at ``current_version``."""
-    return max(0, current_version - max_staleness)
-
-
-def within_bound(current_version: int, group_version: int, max_staleness: int) -> bool:
-    """True when a group generated under ``group_version`` may be trained at ``current_version``."""
-    return current_version - group_version <= max_staleness
+__all__ = ["Admission", "min_start_version", "within_bound"]
 
 
 class Admission:

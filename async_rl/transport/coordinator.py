@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from async_rl.staleness import staleness
 from async_rl.transport import admission as adm
 from async_rl.transport.actors import ActorRegistry, ActorState, ActorStatus
 from async_rl.transport.codec import WireCodec, WireLimits
@@ -239,9 +240,9 @@ class Coordinator:
                     taken = led.take(num_groups)
                     self._filter.on_take(len(taken))
                     for buf in taken:
-                        staleness = self._version - buf.version
-                        assert 0 <= staleness <= self.k, "a group over the staleness bound reached the learner"
-                        self._taken_staleness[buf.group.prompt_id] = staleness
+                        lag = staleness(self._version, buf.version)
+                        assert 0 <= lag <= self.k, "a group over the staleness bound reached the learner"
+                        self._taken_staleness[buf.group.prompt_id] = lag
                     return [buf.group for buf in taken]
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:

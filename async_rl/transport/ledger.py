@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from async_rl.staleness import within_bound
 from async_rl.transport.codec import WireCodec
 from async_rl.transport.protocol import RolloutGroup
 
@@ -200,7 +201,7 @@ class Ledger:
     # ---- the learner side ----------------------------------------------------------------------------------------
     def purge_stale(self, current_version: int, max_staleness: int, regrant: bool) -> list[RolloutGroup]:
         """Remove buffered groups over the bound at ``current_version``; re-grant or drop their prompts."""
-        stale = [b.group for b in self.received.values() if current_version - b.version > max_staleness]
+        stale = [b.group for b in self.received.values() if not within_bound(current_version, b.version, max_staleness)]
         for group in stale:
             del self.received[group.prompt_id]
             self._requeue_or_drop(group.prompt_id, regrant)

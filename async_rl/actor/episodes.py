@@ -42,11 +42,11 @@ from async_rl.actor.engine import EngineOutput
 from async_rl.transport.protocol import Completion, EpisodeStats, GroupSampling, PromptGrant, TurnSpan, make_completion
 
 if TYPE_CHECKING:
-    from async_rl.config import Config
+    from async_rl.config.actor_rollout_ref import MultiTurnConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EnvClient", "EpisodeRunner", "EpisodeSettings"]
+__all__ = ["EnvClient", "EpisodeRunner"]
 
 
 class StepLike(Protocol):
@@ -76,20 +76,6 @@ class Generator(Protocol):
     async def generate(self, prompt_token_ids: list[int], sampling: GroupSampling) -> list[EngineOutput]: ...
 
 
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """The runner's view of ``actor_rollout_ref.rollout.multi_turn`` (no defaults of its own)."""
-
-    max_assistant_turns: int | None
-    max_user_turns: int | None
-    sanity_check: str  # "disable" | "strict" | "ignore_strippable"
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> EpisodeSettings:
-        mt = cfg.actor_rollout_ref.rollout.multi_turn
-        return cls(mt.max_assistant_turns, mt.max_user_turns, mt.tokenization_sanity_check_mode)
-
-
 @dataclass
 class _Turn:
     sampled: np.ndarray
@@ -100,7 +86,7 @@ class EpisodeRunner:
     """Runs a grant's episodes against ``engine`` and ``envs``; returns wire completions (None: a turn was aborted)."""
 
     def __init__(
-        self, engine: Generator, renderer: ChatRenderer, envs: EnvClient, settings: EpisodeSettings, *, threads: int = 4
+        self, engine: Generator, renderer: ChatRenderer, envs: EnvClient, settings: MultiTurnConfig, *, threads: int = 4
     ) -> None:
         self.engine = engine
         self.renderer = renderer
@@ -220,7 +206,7 @@ class EpisodeRunner:
     def _check(self, messages: Any, turns: list[_Turn], token_ids: list[int]) -> str:
         """The template check's verdict (ChatRenderer.check); "unchecked" when disabled or the prompt has no
         messages."""
-        mode = self.settings.sanity_check
+        mode = self.settings.tokenization_sanity_check_mode
         if mode == "disable" or not isinstance(messages, list):
             return "unchecked"
         verdict = self.renderer.check(

@@ -52,7 +52,7 @@ def episode_runner(cfg: Config, engine: Any, model_path: str) -> Any:
     if not mt.enable:
         return None
     from async_rl.actor.chat_render import ChatRenderer
-    from async_rl.actor.episodes import EpisodeRunner, EpisodeSettings
+    from async_rl.actor.episodes import EpisodeRunner
     from async_rl.envs.sandbox import EnvWorker
 
     assert mt.environment is not None  # validated
@@ -63,7 +63,7 @@ def episode_runner(cfg: Config, engine: Any, model_path: str) -> Any:
         call_timeout_s=mt.call_timeout_s,
         episode_timeout_s=mt.episode_timeout_s,
     )
-    return EpisodeRunner(engine, renderer, envs, EpisodeSettings.from_config(cfg))
+    return EpisodeRunner(engine, renderer, envs, cfg.actor_rollout_ref.rollout.multi_turn)
 
 
 def environment_kwargs(cfg: Config) -> dict[str, Any]:

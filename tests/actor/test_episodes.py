@@ -14,7 +14,8 @@ import pytest
 
 from async_rl.actor.chat_render import ChatRenderer
 from async_rl.actor.engine import EngineOutput
-from async_rl.actor.episodes import EpisodeRunner, EpisodeSettings
+from async_rl.actor.episodes import EpisodeRunner
+from async_rl.config.actor_rollout_ref import MultiTurnConfig
 from async_rl.transport.protocol import GroupSampling, PromptGrant, pack_array, unpack_array
 from async_rl.transport.validation import check_group
 from tests.actor.test_chat_render import TINY_TEMPLATE
@@ -91,6 +92,15 @@ class GuessEnv:
         return {"calls": float(sum(self.steps.values()))}
 
 
+def _multi_turn(max_assistant_turns, max_user_turns, sanity_check):
+    """The config section the runner reads (``actor_rollout_ref.rollout.multi_turn``), with these three keys set."""
+    return MultiTurnConfig(
+        max_assistant_turns=max_assistant_turns,
+        max_user_turns=max_user_turns,
+        tokenization_sanity_check_mode=sanity_check,
+    )
+
+
 def _grant(tok, max_tokens=64, n=1):
     messages = [{"role": "user", "content": "guess my number"}]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -106,7 +116,7 @@ def _run(runner, grant, prompt_ids):
 def test_two_turn_episode_layout(tok):
     env = GuessEnv()
     engine = ScriptedEngine(tok, ["5", "8"])
-    runner = EpisodeRunner(engine, ChatRenderer(tok), env, EpisodeSettings(None, None, "strict"))
+    runner = EpisodeRunner(engine, ChatRenderer(tok), env, _multi_turn(None, None, "strict"))
     grant, prompt_ids = _grant(tok)
     (c,) = _run(runner, grant, prompt_ids)
     tokens, mask, lps = unpack_array(c.token_ids), unpack_array(c.loss_mask), unpack_array(c.logprobs)
@@ -137,9 +147,7 @@ def test_two_turn_episode_layout(tok):
 
 def test_turn_limit_and_length(tok):
     env = GuessEnv()
-    runner = EpisodeRunner(
-        ScriptedEngine(tok, ["1", "2", "3"]), ChatRenderer(tok), env, EpisodeSettings(2, None, "strict")
-    )
+    runner = EpisodeRunner(ScriptedEngine(tok, ["1", "2", "3"]), ChatRenderer(tok), env, _multi_turn(2, None, "strict"))
     grant, prompt_ids = _grant(tok)
     (c,) = _run(runner, grant, prompt_ids)
     # Ended by the driver: the environment's final_reward scores the last turn.
@@ -147,7 +155,7 @@ def test_turn_limit_and_length(tok):
     assert unpack_array(c.loss_mask)[-1] == 1  # ends on a sampled token
     # Observations that leave no room for another model token end the episode, on the last sampled token.
     runner = EpisodeRunner(
-        ScriptedEngine(tok, ["1", "2"]), ChatRenderer(tok), GuessEnv(), EpisodeSettings(None, None, "strict")
+        ScriptedEngine(tok, ["1", "2"]), ChatRenderer(tok), GuessEnv(), _multi_turn(None, None, "strict")
     )
     grant, prompt_ids = _grant(tok, max_tokens=12)
     (c,) = _run(runner, grant, prompt_ids)
@@ -155,7 +163,7 @@ def test_turn_limit_and_length(tok):
     assert unpack_array(c.loss_mask).tolist() == [1, 1]
     # A turn cut by the budget ends the episode as truncated.
     runner = EpisodeRunner(
-        ScriptedEngine(tok, ["123456"]), ChatRenderer(tok), GuessEnv(), EpisodeSettings(None, None, "strict")
+        ScriptedEngine(tok, ["123456"]), ChatRenderer(tok), GuessEnv(), _multi_turn(None, None, "strict")
     )
     grant, prompt_ids = _grant(tok, max_tokens=4)
     (c,) = _run(runner, grant, prompt_ids)
@@ -164,7 +172,7 @@ def test_turn_limit_and_length(tok):
 
 def test_max_user_turns(tok):
     runner = EpisodeRunner(
-        ScriptedEngine(tok, ["1", "2", "3"]), ChatRenderer(tok), GuessEnv(), EpisodeSettings(None, 1, "strict")
+        ScriptedEngine(tok, ["1", "2", "3"]), ChatRenderer(tok), GuessEnv(), _multi_turn(None, 1, "strict")
     )
     grant, prompt_ids = _grant(tok)
     (c,) = _run(runner, grant, prompt_ids)
@@ -184,19 +192,19 @@ class SolvedEnv(GuessEnv):
 def test_the_solved_component_is_the_last_steps_flag(tok):
     grant, prompt_ids = _grant(tok)
     won = EpisodeRunner(
-        ScriptedEngine(tok, ["5", "8"]), ChatRenderer(tok), SolvedEnv(), EpisodeSettings(None, None, "strict")
+        ScriptedEngine(tok, ["5", "8"]), ChatRenderer(tok), SolvedEnv(), _multi_turn(None, None, "strict")
     )
     (c,) = _run(won, grant, prompt_ids)
     assert (c.reward, c.reward_components) == (1.0, {"solved": 1.0})
     # Ended by the turn limit: the last step said 0, whatever final_reward gives.
     lost = EpisodeRunner(
-        ScriptedEngine(tok, ["1", "2"]), ChatRenderer(tok), SolvedEnv(), EpisodeSettings(2, None, "strict")
+        ScriptedEngine(tok, ["1", "2"]), ChatRenderer(tok), SolvedEnv(), _multi_turn(2, None, "strict")
     )
     (c,) = _run(lost, grant, prompt_ids)
     assert (c.finish_reason, c.reward, c.reward_components) == ("turn_limit", 0.25, {"solved": 0.0})
     # An environment that never reports it: no component.
     plain = EpisodeRunner(
-        ScriptedEngine(tok, ["5", "8"]), ChatRenderer(tok), GuessEnv(), EpisodeSettings(None, None, "strict")
+        ScriptedEngine(tok, ["5", "8"]), ChatRenderer(tok), GuessEnv(), _multi_turn(None, None, "strict")
     )
     (c,) = _run(plain, grant, prompt_ids)
     assert c.reward_components is None
@@ -204,9 +212,7 @@ def test_the_solved_component_is_the_last_steps_flag(tok):
 
 def test_group_of_episodes_runs_concurrently_and_closes_every_episode(tok):
     env = GuessEnv()
-    runner = EpisodeRunner(
-        ScriptedEngine(tok, ["8"] * 4), ChatRenderer(tok), env, EpisodeSettings(None, None, "disable")
-    )
+    runner = EpisodeRunner(ScriptedEngine(tok, ["8"] * 4), ChatRenderer(tok), env, _multi_turn(None, None, "disable"))
     grant, prompt_ids = _grant(tok, n=4)
     out = _run(runner, grant, prompt_ids)
     assert [c.reward for c in out] == [1.0] * 4

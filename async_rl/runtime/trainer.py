@@ -133,10 +133,9 @@ class Trainer:
         return settings
 
     def _coordinator(self, records: list[Any]) -> Any:
-        from async_rl.transport import Coordinator, FilterSettings, GroupSampling
+        from async_rl.transport import Coordinator, GroupSampling
 
         cfg = self.cfg
-        fg = cfg.algorithm.filter_groups  # DAPO dynamic sampling, done by the coordinator (transport/filtering.py)
         coordinator = Coordinator(
             records,
             resources.plane_settings(cfg),
@@ -146,9 +145,7 @@ class Trainer:
             max_epochs=cfg.trainer.total_epochs,
             autostart=False,
             vocab_size=self.learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
-            filter_groups=FilterSettings(
-                enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches
-            ),
+            filter_groups=cfg.algorithm.filter_groups,  # DAPO dynamic sampling (transport/filtering.py)
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
         return coordinator

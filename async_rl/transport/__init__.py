@@ -2,8 +2,7 @@
 
 protocol     typed, versioned msgpack messages; token ids / log-probs as raw little-endian arrays
 codec        strict decoding (every bad message is a ProtocolError with a reason) and size-checked encoding
-settings     PlaneSettings, built from the config keys async_training.{max_staleness, stale_policy, transport.*};
-             FilterSettings, built from algorithm.filter_groups.{enable, metric, max_num_gen_batches}
+settings     PlaneSettings, built from the config keys async_training.{max_staleness, stale_policy, transport.*}
 sockets      ROUTER/DEALER construction, loopback-by-default binding, CURVE + ZAP
 keys         ``python -m async_rl.transport.keys DIR`` makes CURVE key pairs
 ledger       exactly-once accounting of every prompt id (leases, re-grants, buffer, trained, filtered), save/restore
@@ -32,14 +31,13 @@ from async_rl.transport.protocol import (
     pack_array,
     unpack_array,
 )
-from async_rl.transport.settings import FilterSettings, PlaneSettings
+from async_rl.transport.settings import PlaneSettings
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Completion",
     "Coordinator",
     "FilterBudgetExceeded",
-    "FilterSettings",
     "GroupSampling",
     "MessageTooLarge",
     "PlaneSettings",

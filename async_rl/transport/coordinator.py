@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.staleness import staleness
 from async_rl.transport import admission as adm
 from async_rl.transport.actors import ActorRegistry, ActorState, ActorStatus
@@ -54,7 +55,7 @@ from async_rl.transport.protocol import (
     group_seed,
     pack_array,
 )
-from async_rl.transport.settings import FilterSettings, PlaneSettings
+from async_rl.transport.settings import PlaneSettings
 from async_rl.transport.validation import InvalidReason, Quarantine, check_group
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class Coordinator:
         autostart: bool = True,
         vocab_size: int | None = None,
         trust_claimed_versions: bool = False,
-        filter_groups: FilterSettings | None = None,
+        filter_groups: FilterGroupsConfig | None = None,
     ) -> None:
         """``trust_claimed_versions``: grant on an actor's claimed loaded version alone, for planes tested or
         benchmarked without a weight sync. By default an actor's version counts only up to what the learner
@@ -113,9 +114,9 @@ class Coordinator:
         )
         self._metrics = TransportMetrics(self.k)
         self._quarantine = Quarantine(self.settings.max_invalid_groups)
-        filter_groups = filter_groups or FilterSettings.defaults()
-        if not isinstance(filter_groups, FilterSettings):
-            raise ValueError(f"filter_groups must be a FilterSettings or None, got {type(filter_groups).__name__}")
+        filter_groups = filter_groups if filter_groups is not None else FilterGroupsConfig()  # the config's: off
+        if not isinstance(filter_groups, FilterGroupsConfig):
+            raise ValueError(f"filter_groups must be a FilterGroupsConfig or None, got {type(filter_groups).__name__}")
         self._filter = GroupFilter(filter_groups, self.settings.groups_per_step, self.sampling.n)
         if filter_groups.enable and not self._filter.active:
             logger.warning("group filtering is on but sampling.n == 1: a group of one completion is never filtered")

@@ -1,9 +1,9 @@
 """DAPO dynamic sampling ("filter groups", verl's ``algorithm.filter_groups``) done on the rollout plane.
 
 A GRPO group whose metric is the same for all n completions has zero advantage everywhere: it costs a training slot
-and teaches nothing. With `FilterSettings.enable`, the coordinator drops such TRAINING groups as they arrive and
-grants other prompts in their place, so each step still trains ``groups_per_step`` (= ``data.train_batch_size``)
-informative groups.
+and teaches nothing. With ``algorithm.filter_groups.enable``, the coordinator drops such TRAINING groups as they
+arrive and grants other prompts in their place, so each step still trains ``groups_per_step``
+(= ``data.train_batch_size``) informative groups.
 
 The metric: ``"reward"`` is each completion's scalar reward (``Completion.reward``); any other name is a reward
 component, ``Completion.reward_components[name]``. A group is constant when every completion's value is EXACTLY equal
@@ -57,10 +57,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.transport.protocol import RolloutGroup
-from async_rl.transport.settings import REWARD_METRIC, FilterSettings
 
 STATE_FORMAT = 1
+REWARD_METRIC = "reward"  # the metric naming a completion's scalar reward; any other name is a reward component
 
 
 class FilterBudgetExceeded(RuntimeError):
@@ -82,10 +83,15 @@ def is_constant(values: list[float]) -> bool:
 class GroupFilter:
     """Decides which training groups are filtered and keeps the per-step counts and the generation budget."""
 
-    def __init__(self, settings: FilterSettings, groups_per_step: int, n: int) -> None:
+    def __init__(self, settings: FilterGroupsConfig, groups_per_step: int, n: int) -> None:
+        """``settings``: the ``algorithm.filter_groups`` section (validated with the config)."""
         if isinstance(groups_per_step, bool) or not isinstance(groups_per_step, int) or groups_per_step < 1:
             raise ValueError(f"groups_per_step must be an int >= 1, got {groups_per_step!r}")
+        if settings.enable and settings.metric is None:
+            raise ValueError("algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric")
         self.settings = settings
+        # the generation budget in batches of one step's groups; 0 means unlimited
+        self.limit_batches = max(0, settings.max_num_gen_batches) if settings.enable else 0
         self.groups_per_step = groups_per_step
         self.n = n
         self.active = settings.enable and n >= 2  # one completion has no variance to judge: never filtered
@@ -122,7 +128,7 @@ class GroupFilter:
 
     def budget_error(self, buffered: int) -> str | None:
         """Why the step being filled can no longer fill within ``max_num_gen_batches`` (None: it still can)."""
-        limit = self.settings.limit_batches
+        limit = self.limit_batches
         if not self.active or limit <= 0:
             return None
         b = self.groups_per_step

@@ -1,11 +1,11 @@
-"""The rollout plane's view of the configuration: frozen dataclasses built from the typed config sections.
+"""The rollout plane's view of the configuration: `PlaneSettings`, a frozen dataclass built from the typed config.
 
 `PlaneSettings` is ``async_training.{max_staleness, stale_policy}``, ``async_training.transport.*`` and
-``data.train_batch_size`` (groups per step); `FilterSettings` is ``algorithm.filter_groups.{enable, metric,
-max_num_gen_batches}`` (DAPO dynamic sampling, see transport.filtering). Both are built by ``from_config`` and declare
-no defaults of their own: the config is the one place defaults live, and tests or tools that want "the defaults with a
-few changes" call ``defaults(**overrides)``. Every field is checked in ``__post_init__`` and a bad value raises
-``ValueError`` naming the field.
+``data.train_batch_size`` (groups per step), built by ``from_config``, with no defaults of its own: the config is the
+one place defaults live, and tests or tools that want "the defaults with a few changes" call
+``defaults(**overrides)``. Every field is checked in ``__post_init__`` and a bad value raises ``ValueError`` naming
+the field. (DAPO's group filtering reads its config section, ``algorithm.filter_groups``, directly:
+transport.filtering.)
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from async_rl.config import Config, default_config
 from async_rl.config.names import StalePolicy
 
 STALE_POLICIES: tuple[str, ...] = get_args(StalePolicy)
-
-REWARD_METRIC = "reward"  # filter metric naming a completion's scalar reward; any other name is a reward component
-MAX_METRIC_NAME = 128  # the longest reward-component name the wire carries (protocol.Completion.reward_components)
 
 
 @dataclass(frozen=True)
@@ -159,61 +156,9 @@ class PlaneSettings:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass(frozen=True)
-class FilterSettings:
-    """DAPO dynamic sampling ("filter groups") on the rollout plane; the fields are verl's keys of the same names.
-
-    enable: drop training groups whose ``metric`` is the same for all n completions (no GRPO signal) instead of
-        training them, and grant other prompts in their place (transport.filtering).
-    metric: ``"reward"`` (each completion's scalar reward) or the name of a reward component
-        (``Completion.reward_components[metric]``); required when ``enable``.
-    max_num_gen_batches: <= 0 means no limit; otherwise a training step that has used
-        ``max_num_gen_batches x groups_per_step`` prompts without collecting ``groups_per_step`` informative groups
-        stops the run with `FilterBudgetExceeded` (verl's "too many generated batches").
-    """
-
-    enable: bool
-    metric: str | None
-    max_num_gen_batches: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enable, bool):
-            raise ValueError(f"enable must be a bool, got {self.enable!r}")
-        if self.metric is not None and (
-            not isinstance(self.metric, str) or not self.metric or len(self.metric) > MAX_METRIC_NAME
-        ):
-            raise ValueError(
-                f"metric must be a non-empty string of at most {MAX_METRIC_NAME} chars, got {self.metric!r}"
-            )
-        if self.enable and self.metric is None:
-            raise ValueError(f"metric must be set when enable is true ({REWARD_METRIC!r} or a reward component name)")
-        _check_int("max_num_gen_batches", self.max_num_gen_batches, -(2**63))
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> FilterSettings:
-        """From ``algorithm.filter_groups``."""
-        fg = cfg.algorithm.filter_groups
-        return cls(enable=fg.enable, metric=fg.metric, max_num_gen_batches=fg.max_num_gen_batches)
-
-    @classmethod
-    def defaults(cls, **overrides: Any) -> FilterSettings:
-        """The config's defaults (filtering off) with ``overrides`` replaced; for tests and bare components."""
-        return dataclasses.replace(_default_filter(), **overrides)
-
-    @property
-    def limit_batches(self) -> int:
-        """The generation budget in batches of one step's groups; 0 means unlimited."""
-        return max(0, self.max_num_gen_batches) if self.enable else 0
-
-
 @functools.cache
 def _default_plane() -> PlaneSettings:
     return PlaneSettings.from_config(default_config())
-
-
-@functools.cache
-def _default_filter() -> FilterSettings:
-    return FilterSettings.from_config(default_config())
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -1,6 +1,6 @@
 """The config keys of group filtering, ``algorithm.filter_groups.*`` (verl 0.9.1's names and defaults): verl's DAPO
 command line ports, the cross-key rules name the keys, the verl-only key is an accepted no-op, and the section maps
-one to one onto the rollout plane's `FilterSettings`."""
+read by the rollout plane's group filter as they are."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from async_rl.config import ConfigError, load_config_with_warnings
 from async_rl.config.introspect import iter_schema
-from async_rl.transport import FilterSettings
+from async_rl.transport.filtering import GroupFilter
 
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"]
 # verl's DAPO recipe sets exactly these three
@@ -45,7 +45,7 @@ def test_verls_dapo_keys_port_and_map_onto_the_plane_settings() -> None:
     # without the shaping nothing records `acc`: every group would be refused, so start-up says so
     _, bare = load_config_with_warnings(None, GRPO + DAPO)
     assert [w for w in bare if "algorithm.filter_groups.metric='acc' must be a component" in w]
-    assert FilterSettings.from_config(cfg).limit_batches == 10
+    assert GroupFilter(cfg.algorithm.filter_groups, 4, n=2).limit_batches == 10
 
 
 def test_enable_with_one_completion_per_prompt_is_an_error_naming_the_keys() -> None:
@@ -79,4 +79,4 @@ def test_filter_keys_set_while_disabled_warn_that_they_are_ignored() -> None:
 def test_no_limit_spellings() -> None:
     for value in (0, -1):
         cfg, _ = load_config_with_warnings(None, [*GRPO, *DAPO, f"algorithm.filter_groups.max_num_gen_batches={value}"])
-        assert FilterSettings.from_config(cfg).limit_batches == 0
+        assert GroupFilter(cfg.algorithm.filter_groups, 4, n=2).limit_batches == 0

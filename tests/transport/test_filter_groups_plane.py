@@ -15,11 +15,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.runtime.rollout_source import wait_for_groups
 from async_rl.transport import (
     Coordinator,
     FilterBudgetExceeded,
-    FilterSettings,
     GroupSampling,
     PlaneSettings,
     PromptRecord,
@@ -33,7 +33,7 @@ ClientFactory = Callable[..., RolloutClient]
 GroupMaker = Callable[..., RolloutGroup]
 B = 4
 SAMPLING = GroupSampling.defaults(n=2, max_tokens=8)
-BY_ACC = FilterSettings.defaults(enable=True, metric="acc")
+BY_ACC = FilterGroupsConfig(enable=True, metric="acc")
 # prompt ids whose group comes back constant (all-correct or all-wrong): ids are granted in order, so with B = 4 and
 # K = 0 the steps consume 0-6 (3 filtered), 7-13 (3), 14-18 (1), 19-22 (0)
 CONSTANT = {0, 2, 3, 7, 8, 9, 15}
@@ -147,7 +147,7 @@ def test_with_prefetch_admission_keeps_granting_and_nothing_is_lost(
     at once, so the in-flight cap never wedges, and every id below the cursor is trained, filtered or outstanding."""
     s = fast(max_staleness=1, groups_per_step=B)  # in-flight cap (1 + 1) x 4 = 8
     coord = coordinator_factory(
-        200, s, sampling=SAMPLING, filter_groups=FilterSettings.defaults(enable=True, metric="reward")
+        200, s, sampling=SAMPLING, filter_groups=FilterGroupsConfig(enable=True, metric="reward")
     )
     client = client_factory(coord.address, settings=s)
     client.hello()
@@ -251,7 +251,7 @@ def test_too_many_generated_batches_stop_the_learner_with_the_counts(
     coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
 ) -> None:
     informative = {1, 5}
-    settings = FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=2)  # 2 x 4 = 8 prompts a step
+    settings = FilterGroupsConfig(enable=True, metric="reward", max_num_gen_batches=2)  # 2 x 4 = 8 prompts a step
     coord = coordinator_factory(40, fast(max_staleness=0, groups_per_step=B), sampling=SAMPLING, filter_groups=settings)
     client = client_factory(coord.address)
     client.hello()
@@ -282,7 +282,7 @@ def test_no_budget_means_it_keeps_granting(
     coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
 ) -> None:
     informative = {1, 5, 17, 30}  # 31 prompts for one step: far past 2 batches, fine without a limit
-    settings = FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=0)
+    settings = FilterGroupsConfig(enable=True, metric="reward", max_num_gen_batches=0)
     coord = coordinator_factory(40, fast(max_staleness=0, groups_per_step=B), sampling=SAMPLING, filter_groups=settings)
     client = client_factory(coord.address)
     client.hello()
@@ -302,8 +302,8 @@ def test_a_filter_that_is_off_or_has_one_completion_filters_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     for sampling, fs in (
-        (SAMPLING, FilterSettings.defaults()),
-        (GroupSampling.defaults(n=1, max_tokens=8), FilterSettings.defaults(enable=True, metric="reward")),
+        (SAMPLING, FilterGroupsConfig()),
+        (GroupSampling.defaults(n=1, max_tokens=8), FilterGroupsConfig(enable=True, metric="reward")),
     ):
         with caplog.at_level(logging.WARNING, logger="async_rl.transport.coordinator"):
             coord = coordinator_factory(
@@ -407,7 +407,7 @@ def test_a_filtered_prompt_is_consumed_for_its_epoch_only(
         n_records,
         fast(max_staleness=0, groups_per_step=2),
         sampling=SAMPLING,
-        filter_groups=FilterSettings.defaults(enable=True, metric="reward"),
+        filter_groups=FilterGroupsConfig(enable=True, metric="reward"),
         max_epochs=2,
     )
     client = client_factory(coord.address)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from async_rl.transport import FilterSettings
+from async_rl.config import ConfigError, load_config
+from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.transport.codec import WireCodec, decode_plain, encode_plain
 from async_rl.transport.filtering import GroupFilter, is_constant, metric_values
 from async_rl.transport.ledger import Ledger
@@ -153,20 +154,20 @@ def test_constant_means_all_exactly_equal(values: list[float], constant: bool) -
 # ---- GroupFilter -----------------------------------------------------------------------------------------------------
 def test_only_an_enabled_filter_with_two_completions_filters() -> None:
     constant = group(0, 1, [1.0, 1.0], acc=[0.0, 0.0])
-    assert not GroupFilter(FilterSettings.defaults(), 4, n=2).should_filter(constant)
-    assert not GroupFilter(FilterSettings.defaults(enable=False, metric="reward"), 4, n=2).should_filter(constant)
-    single = GroupFilter(FilterSettings.defaults(enable=True, metric="reward"), 4, n=1)
+    assert not GroupFilter(FilterGroupsConfig(), 4, n=2).should_filter(constant)
+    assert not GroupFilter(FilterGroupsConfig(enable=False, metric="reward"), 4, n=2).should_filter(constant)
+    single = GroupFilter(FilterGroupsConfig(enable=True, metric="reward"), 4, n=1)
     assert not single.active and single.required_component is None
-    on = GroupFilter(FilterSettings.defaults(enable=True, metric="reward"), 4, n=2)
+    on = GroupFilter(FilterGroupsConfig(enable=True, metric="reward"), 4, n=2)
     assert on.should_filter(constant) and on.required_component is None  # the scalar reward is always there
-    by_acc = GroupFilter(FilterSettings.defaults(enable=True, metric="acc"), 4, n=2)
+    by_acc = GroupFilter(FilterGroupsConfig(enable=True, metric="acc"), 4, n=2)
     assert by_acc.required_component == "acc"
     assert by_acc.should_filter(constant)
     assert not by_acc.should_filter(group(1, 2, [1.0, 1.0], acc=[0.0, 1.0]))  # equal rewards, acc differs
 
 
 def test_filtered_groups_count_towards_the_step_the_buffer_is_filling() -> None:
-    f = GroupFilter(FilterSettings.defaults(enable=True, metric="reward"), 4, n=2)
+    f = GroupFilter(FilterGroupsConfig(enable=True, metric="reward"), 4, n=2)
     f.on_filtered(buffered=0)
     f.on_filtered(buffered=3)  # the next step is still short: its own
     f.on_filtered(buffered=4)  # a full step is buffered: this one is the following step's waste
@@ -189,7 +190,7 @@ def test_filtered_groups_count_towards_the_step_the_buffer_is_filling() -> None:
 
 
 def test_the_budget_is_max_num_gen_batches_times_the_step() -> None:
-    f = GroupFilter(FilterSettings.defaults(enable=True, metric="acc", max_num_gen_batches=2), 4, n=3)
+    f = GroupFilter(FilterGroupsConfig(enable=True, metric="acc", max_num_gen_batches=2), 4, n=3)
     for _ in range(5):
         f.on_filtered(buffered=2)
     assert f.budget_error(buffered=2) is None  # 5 filtered + 2 informative = 7 < 2 x 4
@@ -211,24 +212,24 @@ def test_the_budget_is_max_num_gen_batches_times_the_step() -> None:
 
 @pytest.mark.parametrize("limit", [0, -1])
 def test_no_budget_without_a_positive_limit(limit: int) -> None:
-    f = GroupFilter(FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=limit), 2, n=2)
+    f = GroupFilter(FilterGroupsConfig(enable=True, metric="reward", max_num_gen_batches=limit), 2, n=2)
     for _ in range(1000):
         f.on_filtered(buffered=0)
     assert f.budget_error(buffered=0) is None
 
 
 def test_filter_state_round_trip_and_a_step_taken_but_not_trained() -> None:
-    f = GroupFilter(FilterSettings.defaults(enable=True, metric="reward"), 2, n=2)
+    f = GroupFilter(FilterGroupsConfig(enable=True, metric="reward"), 2, n=2)
     f.on_filtered(0)
     f.on_filtered(0)
     f.on_take(2)  # taken, 2 filtered for it ...
     f.on_filtered(0)  # ... and 1 already filtered for the next
     saved = decode_plain(encode_plain(f.state_dict(taken_outstanding=False)))
-    g = GroupFilter(FilterSettings.defaults(enable=True, metric="reward"), 2, n=2)
+    g = GroupFilter(FilterGroupsConfig(enable=True, metric="reward"), 2, n=2)
     g.load_state_dict(saved)
     assert (g.pending, g.last_filtered, g.last_taken) == ([1], 2, 2)
     # saved while the taken step was not trained yet: the resumed learner takes that step again, with its count
-    h = GroupFilter(FilterSettings.defaults(enable=True, metric="reward"), 2, n=2)
+    h = GroupFilter(FilterGroupsConfig(enable=True, metric="reward"), 2, n=2)
     h.load_state_dict(f.state_dict(taken_outstanding=True))
     h.on_take(2)
     assert h.last_filtered == 2
@@ -240,21 +241,28 @@ def test_filter_state_round_trip_and_a_step_taken_but_not_trained() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("overrides", "match"),
     [
-        ({"enable": True}, "metric must be set when enable is true"),
-        ({"enable": True, "metric": ""}, "metric must be a non-empty string"),
-        ({"enable": True, "metric": "x" * 129}, "at most 128"),
-        ({"enable": 1, "metric": "reward"}, "enable must be a bool"),
-        ({"enable": True, "metric": "reward", "max_num_gen_batches": 1.5}, "max_num_gen_batches must be an int"),
+        (["algorithm.filter_groups.enable=true"], "needs algorithm.filter_groups.metric"),
+        (["algorithm.filter_groups.metric=''"], "1 to 128 characters"),
+        ([f"algorithm.filter_groups.metric={'x' * 129}"], "1 to 128 characters"),
+        (["algorithm.filter_groups.max_num_gen_batches=1.5"], "max_num_gen_batches"),
     ],
 )
-def test_filter_settings_refuse_bad_values(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        FilterSettings.defaults(**kwargs)
+def test_bad_filter_settings_are_config_errors(overrides: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, ["actor_rollout_ref.rollout.n=4", *overrides])
 
 
-def test_filter_settings_budget() -> None:
-    assert FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=3).limit_batches == 3
-    assert FilterSettings.defaults(enable=True, metric="reward", max_num_gen_batches=-2).limit_batches == 0
-    assert FilterSettings.defaults(enable=False, metric="reward", max_num_gen_batches=3).limit_batches == 0
+def test_the_filter_refuses_enable_without_a_metric() -> None:
+    with pytest.raises(ValueError, match="needs algorithm.filter_groups.metric"):
+        GroupFilter(FilterGroupsConfig(enable=True), 4, n=2)
+
+
+def test_filter_budget() -> None:
+    def limit(**kwargs: object) -> int:
+        return GroupFilter(FilterGroupsConfig(**kwargs), 4, n=2).limit_batches  # type: ignore[arg-type]
+
+    assert limit(enable=True, metric="reward", max_num_gen_batches=3) == 3
+    assert limit(enable=True, metric="reward", max_num_gen_batches=-2) == 0
+    assert limit(enable=False, metric="reward", max_num_gen_batches=3) == 0

@@ -199,7 +199,7 @@ def test_eval_api_checks_arguments(coordinator_factory: Factory) -> None:
         coord.start_eval(3, _val_records(1), GREEDY)
     with pytest.raises(ValueError, match="records"):
         coord.start_eval(2, [{"prompt": "x"}], GREEDY)  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="sampling"):
+    with pytest.raises(ValueError, match="GroupSampling"):
         coord.start_eval(2, _val_records(1), GroupSampling.defaults(top_p=0.0))
     round_id = coord.start_eval(2, _val_records(1), GREEDY)
     with pytest.raises(RuntimeError, match="still open"):

@@ -166,7 +166,7 @@ class ActorLoop:
         reward_shaping: OverlongShaping | None = None,
         episodes: EpisodeRunner | None = None,
         max_concurrent_groups: int,
-        update_mode: UpdateMode = "inflight",
+        update_mode: UpdateMode,
         poll_interval_s: float = 0.01,
         max_groups: int | None = None,
     ) -> None:

@@ -83,8 +83,8 @@ def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
     response_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    gamma: float,
+    lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised Advantage Estimation with a mask-aware backward recursion (verl's form).
 
@@ -125,8 +125,9 @@ def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: GroupIndex,
+    *,
+    norm_adv_by_std_in_grpo: bool,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage: each response's total reward normalised within its group.
 
@@ -151,7 +152,7 @@ def compute_grpo_outcome_advantage(
 
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go per token, whitened over the batch's valid tokens.
 
@@ -239,8 +240,9 @@ def compute_grpo_passk_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: GroupIndex,
+    *,
+    norm_adv_by_std_in_grpo: bool,
     epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO pass@k (arXiv 2503.19595): only the best response of each group is reinforced.
 
@@ -332,14 +334,22 @@ def _gae(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 def _grpo(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     assert a.index is not None
     return compute_grpo_outcome_advantage(
-        a.token_level_rewards, a.response_mask, a.index, a.epsilon, a.norm_adv_by_std_in_grpo
+        a.token_level_rewards,
+        a.response_mask,
+        a.index,
+        norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo,
+        epsilon=a.epsilon,
     )
 
 
 def _grpo_passk(a: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     assert a.index is not None
     return compute_grpo_passk_outcome_advantage(
-        a.token_level_rewards, a.response_mask, a.index, a.epsilon, a.norm_adv_by_std_in_grpo
+        a.token_level_rewards,
+        a.response_mask,
+        a.index,
+        norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo,
+        epsilon=a.epsilon,
     )
 
 

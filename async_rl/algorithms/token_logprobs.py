@@ -171,7 +171,7 @@ def token_log_probs_and_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
     *,
-    temperature: float = 1.0,
+    temperature: float,
     entropy: str = "none",
     chunk_size: int = DEFAULT_LOGPROB_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -200,7 +200,7 @@ def token_log_probs_and_entropy(
 
 
 def token_log_probs_and_entropy_reference(
-    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0, entropy: str = "none"
+    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float, entropy: str = "none"
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The direct computation over the whole ``[..., V]`` matrix at once (same arguments and results as above).
 

@@ -197,8 +197,8 @@ def plan_updates(
     epochs: int,
     world_size: int,
     rank: int,
-    shuffle: bool = False,
-    seed: int = 0,
+    shuffle: bool,
+    seed: int,
     groups: Sequence[int] | None = None,
 ) -> UpdatePlan:
     """Split the batch into mini-batches (one optimizer step each), balance each across ranks, cut into micro-batches.

@@ -213,7 +213,7 @@ def _to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
 
 
 def response_log_probs(
-    model: nn.Module, mi: MicroInputs, *, temperature: float = 1.0, entropy: str = "none"
+    model: nn.Module, mi: MicroInputs, *, temperature: float, entropy: str = "none"
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[b, T]`` (fp32, zero at padding) of the response tokens under ``model``, and their entropy.
 

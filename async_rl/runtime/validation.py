@@ -148,8 +148,8 @@ class Validator:
         records: Sequence[Any] = (),
         sources: Sequence[str] = (),
         sampling: GroupSampling | None = None,
-        timeout_s: float = 1800.0,
-        log: LogFn | None = None,
+        timeout_s: float,
+        log: LogFn | None,
         poll_s: float = 2.0,
     ) -> None:
         if ctx.rank == 0 and schedule.enabled and (coordinator is None or not records or sampling is None):

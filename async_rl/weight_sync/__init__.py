@@ -1,6 +1,7 @@
 """Learner -> actor weight broadcast: NCCL on GPU, gloo on CPU, same code, with digest and load verification.
 
-Learner rank 0: ``open_group(..., rank=0)`` then ``WeightSender(group).send(named_tensors, version=v, manifest=specs)``.
+Learner rank 0: ``open_group(..., rank=0)`` then ``WeightSender(group, bucket_size_mb=b).send(named_tensors, version=v,
+manifest=specs)``.
 Actor: build ``vllm.LLM(**vllm_engine_kwargs(), ...)``, then ``EngineWeightSync(llm, verify_rotation=N).join(...)`` once
 and ``.update(version=v)`` per update. ``async_rl.actor.vllm_ext`` (imported only inside vLLM workers) holds the engine
 registered with vLLM's weight-transfer registry; this package never imports vLLM or a role.

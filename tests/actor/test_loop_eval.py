@@ -22,6 +22,7 @@ def _run(engine: EmulatedEngine, client: ScriptedClient, max_groups: int) -> Act
         weight_sync=InstantWeightSync(),
         max_concurrent_groups=4,
         max_groups=max_groups,
+        update_mode="inflight",
         poll_interval_s=0.005,
     )
     asyncio.run(asyncio.wait_for(loop.run(), timeout=20.0))

@@ -39,7 +39,7 @@ def test_grpo_passk_only_the_best_row_of_each_group() -> None:
     # group a = rows 0, 2, 4 with scores 1, 4, 2; group b = rows 1, 3 with a tie 5, 5
     rewards, mask = _outcome([1.0, 5.0, 4.0, 5.0, 2.0], [2, 3, 4, 1, 3])
     index = ["a", "b", "a", "b", "a"]
-    adv, ret = compute_grpo_passk_outcome_advantage(rewards, mask, index)
+    adv, ret = compute_grpo_passk_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=True)
     # group a: max - second max = 4 - 2 = 2; unbiased std of (1, 4, 2) = sqrt(7/3) = 1.527525
     best = 2.0 / (math.sqrt(7 / 3) + 1e-6)  # 1.309306
     expected = torch.tensor([0.0, 0.0, best, 0.0, 0.0]).unsqueeze(-1) * mask
@@ -54,7 +54,7 @@ def test_grpo_passk_only_the_best_row_of_each_group() -> None:
 def test_grpo_passk_rejects_groups_of_one() -> None:
     rewards, mask = _outcome([1.0, 2.0, 3.0], [1, 1, 1])
     with pytest.raises(ValueError, match="index.*at least 2"):
-        compute_grpo_passk_outcome_advantage(rewards, mask, [0, 0, 1])
+        compute_grpo_passk_outcome_advantage(rewards, mask, [0, 0, 1], norm_adv_by_std_in_grpo=True)
 
 
 def test_opo_length_weighted_baseline() -> None:

@@ -32,7 +32,7 @@ def test_values_and_gradient_by_hand() -> None:
     # row 0: softmax([0, ln 3]) = [1/4, 3/4]; row 1: uniform over 2
     logits = torch.tensor([[0.0, math.log(3.0)], [5.0, 5.0]], requires_grad=True)
     labels = torch.tensor([1, 0])
-    lp, ent = token_log_probs_and_entropy(logits, labels, entropy="grad", chunk_size=1)
+    lp, ent = token_log_probs_and_entropy(logits, labels, entropy="grad", chunk_size=1, temperature=1.0)
     assert ent is not None
     h0 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     torch.testing.assert_close(lp, torch.tensor([math.log(0.75), math.log(0.5)]))
@@ -41,7 +41,7 @@ def test_values_and_gradient_by_hand() -> None:
     # d log p_label / dz = onehot - p: row 0 [-1/4, 1/4]; row 1 [1/2, -1/2]
     torch.testing.assert_close(logits.grad, torch.tensor([[-0.25, 0.25], [0.5, -0.5]]))
     logits.grad = None
-    lp, ent = token_log_probs_and_entropy(logits, labels, entropy="grad", chunk_size=1)
+    lp, ent = token_log_probs_and_entropy(logits, labels, entropy="grad", chunk_size=1, temperature=1.0)
     assert ent is not None
     ent.sum().backward()
     # dH/dz_j = -p_j (log p_j + H); row 1 is uniform, so H is at its maximum: gradient 0
@@ -81,10 +81,10 @@ def test_entropy_modes_as_the_learner_uses_them(entropy: str) -> None:
     logits, labels = _inputs(10, 40, seed=3)
     g_lp = torch.linspace(-1, 1, 10)
     lp, ent, grad = _values_and_grad(
-        token_log_probs_and_entropy, logits, labels, g_lp, None, entropy=entropy, chunk_size=3
+        token_log_probs_and_entropy, logits, labels, g_lp, None, temperature=1.0, entropy=entropy, chunk_size=3
     )
     lp_r, ent_r, grad_r = _values_and_grad(
-        token_log_probs_and_entropy_reference, logits, labels, g_lp, None, entropy=entropy
+        token_log_probs_and_entropy_reference, logits, labels, g_lp, None, temperature=1.0, entropy=entropy
     )
     torch.testing.assert_close(lp, lp_r, atol=1e-5, rtol=0)
     torch.testing.assert_close(grad, grad_r, atol=1e-5, rtol=0)  # an unused entropy output adds nothing
@@ -94,7 +94,7 @@ def test_entropy_modes_as_the_learner_uses_them(entropy: str) -> None:
         assert ent is not None and ent_r is not None
         torch.testing.assert_close(ent, ent_r, atol=1e-5, rtol=0)
     leaf = logits.clone().requires_grad_(True)
-    _, ent_live = token_log_probs_and_entropy(leaf, labels, entropy=entropy)
+    _, ent_live = token_log_probs_and_entropy(leaf, labels, entropy=entropy, temperature=1.0)
     assert (ent_live is not None and ent_live.requires_grad) == (entropy == "grad")
 
 
@@ -127,10 +127,14 @@ def test_gradcheck_float64_both_outputs() -> None:
 
 def test_leading_dims_no_grad_and_int32_labels() -> None:
     logits, labels = _inputs(12, 30, seed=7)
-    lp_r, ent_r = token_log_probs_and_entropy_reference(logits, labels, entropy="detached")
+    lp_r, ent_r = token_log_probs_and_entropy_reference(logits, labels, entropy="detached", temperature=1.0)
     with torch.no_grad():
         lp, ent = token_log_probs_and_entropy(
-            logits.view(3, 4, 30).requires_grad_(True), labels.view(3, 4).int(), entropy="grad", chunk_size=5
+            logits.view(3, 4, 30).requires_grad_(True),
+            labels.view(3, 4).int(),
+            temperature=1.0,
+            entropy="grad",
+            chunk_size=5,
         )
     assert ent is not None and lp.shape == ent.shape == (3, 4) and not lp.requires_grad
     torch.testing.assert_close(lp.reshape(-1), lp_r, atol=1e-5, rtol=0)
@@ -141,7 +145,7 @@ def test_large_logits_keep_their_digits() -> None:
     # fp32 spacing at 5e4 is 0.004, so ``z - logsumexp(z)`` would be off by ~1e-3; the max is subtracted first
     logits = torch.tensor([[5e4, 5e4 - 1.0, -5e4], [1e4, 0.0, 0.0]], requires_grad=True)
     labels = torch.tensor([1, 0])
-    lp, ent = token_log_probs_and_entropy(logits, labels, entropy="grad", chunk_size=1)
+    lp, ent = token_log_probs_and_entropy(logits, labels, entropy="grad", chunk_size=1, temperature=1.0)
     assert ent is not None
     p = 1 / (1 + math.e)  # row 0: the two top logits differ by 1, the third has probability 0
     torch.testing.assert_close(lp, torch.tensor([math.log(p), 0.0]))
@@ -160,14 +164,14 @@ def test_backward_saves_no_vocab_sized_fp32_tensor() -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        lp, ent = token_log_probs_and_entropy(leaf, labels, entropy="grad", chunk_size=16)
+        lp, ent = token_log_probs_and_entropy(leaf, labels, entropy="grad", chunk_size=16, temperature=1.0)
     # the logits themselves (no copy) plus per-row numbers: labels, max and log-sum-exp, entropy
     new = [t for t in saved if t.data_ptr() != leaf.data_ptr()]
     assert any(t.data_ptr() == leaf.data_ptr() for t in saved)
     assert sum(t.numel() for t in new) <= 4 * 64
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        token_log_probs_and_entropy_reference(leaf, labels, entropy="grad")
+        token_log_probs_and_entropy_reference(leaf, labels, entropy="grad", temperature=1.0)
     assert sum(t.numel() for t in saved if t.data_ptr() != leaf.data_ptr()) >= 2 * 64 * 500  # what chunking avoids
 
 
@@ -182,6 +186,6 @@ def test_backward_saves_no_vocab_sized_fp32_tensor() -> None:
 def test_rejects_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     logits, labels = _inputs(4, 5, seed=9)
     with pytest.raises(ValueError, match=match):
-        token_log_probs_and_entropy(logits, labels, **kwargs)  # type: ignore[arg-type]
+        token_log_probs_and_entropy(logits, labels, **{"temperature": 1.0, **kwargs})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="labels"):
-        token_log_probs_and_entropy(logits, labels[:3])
+        token_log_probs_and_entropy(logits, labels[:3], temperature=1.0)

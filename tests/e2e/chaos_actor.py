@@ -80,6 +80,7 @@ async def emulated(client: RolloutClient, cfg: Any, engine: EmulatedEngine, sync
         scorer=EmulatedScorer(),
         weight_sync=sync,
         max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
+        update_mode=cfg.async_training.update_mode,
     )
     await loop.run()
 

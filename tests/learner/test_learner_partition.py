@@ -91,7 +91,7 @@ def test_plan_updates_follows_verl_geometry() -> None:
     minis = lambda p, e: [sorted(i for mb in mini for i in mb) for mini in p.epochs[e]]  # noqa: E731
     again = plan_updates(lengths, mini_size=8, micro_size=3, epochs=2, world_size=2, rank=0, shuffle=True, seed=5)
     assert again == plans[0]
-    no_shuffle = plan_updates(lengths, mini_size=8, micro_size=3, epochs=1, world_size=1, rank=0)
+    no_shuffle = plan_updates(lengths, mini_size=8, micro_size=3, epochs=1, world_size=1, rank=0, shuffle=False, seed=0)
     assert minis(no_shuffle, 0) == [list(range(8)), list(range(8, 16))]
 
 
@@ -106,7 +106,8 @@ def test_plan_updates_follows_verl_geometry() -> None:
     ],
 )
 def test_plan_updates_rejects_bad_geometry(kwargs: dict[str, int], match: str) -> None:
-    args = {"mini_size": 6, "micro_size": 1, "epochs": 1, "world_size": 1, "rank": 0} | kwargs
+    args = {"mini_size": 6, "micro_size": 1, "epochs": 1, "world_size": 1, "rank": 0, "shuffle": False, "seed": 0}
+    args |= kwargs
     with pytest.raises(ValueError, match=match):
         plan_updates([1] * 12, **args)
 

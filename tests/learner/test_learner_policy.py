@@ -70,16 +70,16 @@ def test_packed_rows_restart_positions_and_hold_whole_sequences(setup) -> None: 
 def test_entropy_modes(setup) -> None:  # type: ignore[no-untyped-def]
     model, batch = setup
     mi = build_micro_inputs(batch, [0, 1, 2], layout="padded", device=torch.device("cpu"))
-    lp, ent = response_log_probs(model, mi, entropy="detached")
+    lp, ent = response_log_probs(model, mi, temperature=1.0, entropy="detached")
     assert lp.requires_grad and ent is not None and not ent.requires_grad
-    _, ent_grad = response_log_probs(model, mi, entropy="grad")
+    _, ent_grad = response_log_probs(model, mi, temperature=1.0, entropy="grad")
     assert ent_grad is not None and ent_grad.requires_grad
     torch.testing.assert_close(ent, ent_grad.detach())
     mask = batch["response_mask"][:3].bool()
     # entropy over a 64-token vocabulary lies in (0, ln 64]
     assert float(ent[mask].min()) > 0 and float(ent[mask].max()) <= torch.log(torch.tensor(64.0)).item() + 1e-5
     with pytest.raises(ValueError, match="entropy"):
-        response_log_probs(model, mi, entropy="yes")
+        response_log_probs(model, mi, temperature=1.0, entropy="yes")
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed", "shared"])

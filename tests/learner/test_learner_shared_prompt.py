@@ -120,9 +120,11 @@ def test_a_row_whose_prompt_differs_from_its_group_gets_a_piece_of_its_own() -> 
     use_shared_prompt_attention(model)
     rows = list(range(6))
     with torch.no_grad():
-        padded, _ = response_log_probs(model, build_micro_inputs(batch, rows, layout="padded", device=CPU))
+        padded, _ = response_log_probs(
+            model, build_micro_inputs(batch, rows, layout="padded", device=CPU), temperature=1.0
+        )
         mi = build_micro_inputs(batch, rows, layout="shared", device=CPU)
-        shared, _ = response_log_probs(model, mi)
+        shared, _ = response_log_probs(model, mi, temperature=1.0)
     assert mi.shared is not None and mi.shared.prompt_index.shape[0] == 2
     torch.testing.assert_close(shared, padded, atol=1e-5, rtol=0)
 

@@ -116,6 +116,7 @@ def _run_loop(lengths: list[int], shaping: OverlongShaping | None) -> RolloutGro
         reward_shaping=shaping,
         max_concurrent_groups=1,
         max_groups=1,
+        update_mode="inflight",
         poll_interval_s=0.001,
     )
     asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))

@@ -139,7 +139,7 @@ def test_receiver_times_out_instead_of_hanging_and_the_group_recovers() -> None:
     thread.join(10)
     assert "error" not in box and actor.epoch == root.epoch == 1 and not actor.broken
     thread, box = _in_thread(_collect(actor))
-    WeightSender(root).send(_weights(1).items(), version=2)
+    WeightSender(root, bucket_size_mb=256.0).send(_weights(1).items(), version=2)
     thread.join(30)
     assert torch.equal(box["value"][0]["embed.weight"], _weights(1)["embed.weight"])
 
@@ -237,13 +237,13 @@ def test_version_mismatch_is_refused() -> None:
 def test_role_and_argument_checks() -> None:
     root, actor = _groups(2, timeout_s=10)
     with pytest.raises(ValueError, match="rank 0"):
-        WeightSender(actor)
+        WeightSender(actor, bucket_size_mb=256.0)
     with pytest.raises(ValueError, match="bucket_size_mb"):
         WeightSender(root, bucket_size_mb=0)
     with pytest.raises(ValueError, match="rank 0"):
         WeightReceiver(root)
     with pytest.raises(ValueError, match="version"):
-        WeightSender(root).send([], version=-1)
+        WeightSender(root, bucket_size_mb=256.0).send([], version=-1)
     with pytest.raises(ValueError, match="world_size"):
         open_group("127.0.0.1", 1, rank=0, world_size=1, backend="auto", timeout_s=10.0, store=root.store)
     with pytest.raises(ValueError, match="port"):

@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from async_rl.config import Config, load_config  # noqa: E402
+from async_rl.config.resolve import LearnerStart  # noqa: E402
 from async_rl.learner import (  # noqa: E402
     Learner,
-    LearnerSettings,
-    OptimSettings,
     init_distributed,
     local_context,
     teardown,
@@ -86,21 +86,40 @@ def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[Samp
     return groups
 
 
-def make_settings(args: argparse.Namespace, packed: bool) -> LearnerSettings:
-    return LearnerSettings.defaults(
-        adv_estimator="grpo",
-        ppo_mini_batch_size=args.groups // 2,
-        ppo_micro_batch_size_per_gpu=args.micro,
-        log_prob_micro_batch_size_per_gpu=args.micro,
-        rollout_n=args.n,
-        use_remove_padding=packed,
-        use_shared_prompt=False,
-        optim=OptimSettings.defaults(lr=1e-5),
-        rollout_is=None,
-        enable_gradient_checkpointing=False,
-        max_prompt_length=None,
-        max_response_length=None,
-        seed=0,
+START = LearnerStart(pad_token_id=0, total_training_steps=0)  # synthetic token ids; a constant schedule
+
+
+def learner_config(
+    groups: list[SampledGroup], *, mini: int, micro: int, layout: str, lr: float, overrides: tuple[str, ...] = ()
+) -> Config:
+    """A GRPO learner's config for ``groups`` (their n and longest prompt/response as the length limits): ``mini``
+    prompts per optimizer step, ``micro`` sequences per micro-batch, no importance weights, seed 0."""
+    arr = "actor_rollout_ref"
+    return load_config(
+        None,
+        [
+            "algorithm.adv_estimator=grpo",
+            f"data.train_batch_size={len(groups)}",
+            f"data.max_prompt_length={max(len(g.prompt_ids) for g in groups)}",
+            f"data.max_response_length={max(len(r.token_ids) for g in groups for r in g.responses)}",
+            f"{arr}.rollout.n={len(groups[0].responses)}",
+            f"{arr}.actor.ppo_mini_batch_size={mini}",
+            f"{arr}.actor.ppo_micro_batch_size_per_gpu={micro}",
+            f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+            f"{arr}.model.use_shared_prompt={str(layout == 'shared').lower()}",
+            f"{arr}.model.use_remove_padding={str(layout == 'packed').lower()}",
+            f"{arr}.model.enable_gradient_checkpointing=false",
+            f"{arr}.actor.optim.lr={lr}",
+            "algorithm.rollout_correction.rollout_is=null",
+            "trainer.seed=0",
+            *overrides,
+        ],
+    )
+
+
+def make_settings(args: argparse.Namespace, groups: list[SampledGroup], packed: bool) -> Config:
+    return learner_config(
+        groups, mini=args.groups // 2, micro=args.micro, layout="packed" if packed else "padded", lr=1e-5
     )
 
 
@@ -127,7 +146,10 @@ def bench_packing(args: argparse.Namespace) -> BenchLine:
     groups = make_groups(args.groups, args.n, args.vocab)
     learners = {
         packed: Learner(
-            make_settings(args, packed), local_context(), lambda: build_model(args.hidden, args.layers, args.vocab)
+            make_settings(args, groups, packed),
+            START,
+            local_context(),
+            lambda: build_model(args.hidden, args.layers, args.vocab),
         )
         for packed in (False, True)
     }
@@ -174,22 +196,9 @@ def bench_shared(args: argparse.Namespace) -> BenchLine:
     groups = shared_groups(args.geometry, vocab)
     learners = {}
     for shared in (True, False):
-        s = LearnerSettings.defaults(
-            adv_estimator="grpo",
-            ppo_mini_batch_size=groups_n,  # one optimizer step, as the recipe
-            ppo_micro_batch_size_per_gpu=micro,
-            log_prob_micro_batch_size_per_gpu=micro,
-            rollout_n=n,
-            use_shared_prompt=shared,
-            use_remove_padding=False,
-            optim=OptimSettings.defaults(lr=1e-6),
-            rollout_is=None,
-            enable_gradient_checkpointing=False,
-            max_prompt_length=None,
-            max_response_length=None,
-            seed=0,
-        )
-        learners[shared] = Learner(s, local_context(), source)
+        # one optimizer step, as the recipe
+        s = learner_config(groups, mini=groups_n, micro=micro, layout="shared" if shared else "padded", lr=1e-6)
+        learners[shared] = Learner(s, START, local_context(), source)
     tokens = {
         shared: learner.train_step(groups)["learner/batch/tokens_computed"] for shared, learner in learners.items()
     }
@@ -217,7 +226,9 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     ctx = init_distributed(backend="auto", timeout_s=1800.0)
     groups = make_groups(args.groups, args.n, args.vocab)
-    learner = Learner(make_settings(args, True), ctx, lambda: build_model(args.hidden, args.layers, args.vocab))
+    learner = Learner(
+        make_settings(args, groups, True), START, ctx, lambda: build_model(args.hidden, args.layers, args.vocab)
+    )
     timed_step(learner, groups)  # warm-up
     result = best([timed_step(learner, groups) for _ in range(args.steps)])
     if ctx.is_rank0:

@@ -43,8 +43,8 @@ def worker(params: dict[str, object]) -> None:
     from bench_learner import shared_groups
 
     from async_rl.config.cli import parse_cli
+    from async_rl.config.resolve import learner_start
     from async_rl.learner import Learner, init_distributed, teardown
-    from async_rl.learner.settings import LearnerSettings
     from async_rl.runtime.trainer import peak_memory_mib
 
     torch.set_num_threads(1)
@@ -53,7 +53,8 @@ def worker(params: dict[str, object]) -> None:
         ["--config", str(ROOT / CONFIGS[str(params["geometry"])]), f"actor_rollout_ref.model.path={model}"]
     )
     ctx = init_distributed(backend="auto", timeout_s=1800.0)
-    learner = Learner(LearnerSettings.from_config(cfg, total_training_steps=16), ctx, model)
+    # synthetic groups: pad id 0; the recipes' 16 steps as the schedule's horizon
+    learner = Learner(cfg, learner_start(cfg, pad_token_id=0, total_training_steps=16), ctx, model)
     groups = shared_groups(str(params["geometry"]), learner.vocab_size or 49152)
     tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses) / ctx.world_size
     times = []

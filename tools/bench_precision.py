@@ -72,27 +72,23 @@ def make_groups(args: argparse.Namespace, vocab: int) -> list[Any]:
     return groups
 
 
-def build(args: argparse.Namespace, ctx: Any, model_path: str) -> dict[str, Any]:
-    from async_rl.learner import Learner, LearnerSettings, OptimSettings
+def build(args: argparse.Namespace, ctx: Any, model_path: str, groups: list[Any]) -> dict[str, Any]:
+    from bench_learner import START, learner_config
+
+    from async_rl.learner import Learner
 
     rows = args.groups * args.n
     learners = {}
     for pd in PRECISIONS:
-        settings = LearnerSettings.defaults(
-            adv_estimator="grpo",
-            ppo_mini_batch_size=args.groups,  # one optimizer step per train_step: no proximal pass
-            ppo_micro_batch_size_per_gpu=args.micro or rows,
-            log_prob_micro_batch_size_per_gpu=args.micro or rows,
-            rollout_n=args.n,
-            optim=OptimSettings.defaults(lr=1e-6),
-            rollout_is=None,
-            enable_gradient_checkpointing=False,
-            max_prompt_length=None,
-            max_response_length=None,
-            param_dtype=pd,
-            seed=0,
+        cfg = learner_config(
+            groups,
+            mini=args.groups,  # one optimizer step per train_step: no proximal pass
+            micro=args.micro or rows,
+            layout="shared",
+            lr=1e-6,
+            overrides=(f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={pd}",),
         )
-        learners[pd] = Learner(settings, ctx, model_path)
+        learners[pd] = Learner(cfg, START, ctx, model_path)
         assert learners[pd].compute_dtype == (torch.float32 if pd == "fp32" else torch.bfloat16)
     return learners
 
@@ -123,15 +119,17 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from async_rl.learner import teardown
-    from async_rl.learner.settings import cpu_native_bf16
+    from async_rl.learner.precision import cpu_native_bf16
     from async_rl.runtime import resources
 
     ctx = context(args.local)
     with tempfile.TemporaryDirectory() as tmp:
         model_path = resources.resolve_model_path(args.model, tmp)
-        learners = build(args, ctx, model_path)
+        from transformers import AutoConfig
+
+        groups = make_groups(args, int(AutoConfig.from_pretrained(model_path).vocab_size))
+        learners = build(args, ctx, model_path, groups)
         fp32 = learners["fp32"]
-        groups = make_groups(args, int(fp32.vocab_size or 64))
         batch = fp32.collate(groups)
         mask = batch["response_mask"].bool()
         lp = {pd: learner._log_probs(learner.model, batch) for pd, learner in learners.items()}

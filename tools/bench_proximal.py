@@ -31,7 +31,8 @@ def build(config: str, overrides: list[str], workdir: Path) -> tuple[Any, list[A
     from transformers import AutoTokenizer
 
     from async_rl.config import load_config
-    from async_rl.learner import Learner, LearnerSettings, local_context
+    from async_rl.config.resolve import learner_start
+    from async_rl.learner import Learner, local_context
     from async_rl.learner.batching import Response, SampledGroup
     from async_rl.runtime import resources
 
@@ -39,9 +40,8 @@ def build(config: str, overrides: list[str], workdir: Path) -> tuple[Any, list[A
     model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     records = resources.prompt_records(cfg, tokenizer)
-    settings = LearnerSettings.from_config(cfg, total_training_steps=1000)
-    settings = settings.replace(pad_token_id=int(tokenizer.pad_token_id or 0))
-    learner = Learner(settings, local_context(), model_path)
+    start = learner_start(cfg, pad_token_id=int(tokenizer.pad_token_id or 0), total_training_steps=1000)
+    learner = Learner(cfg, start, local_context(), model_path)
     rng = random.Random(0)
     vocab = int(learner.vocab_size or 64)
     length, n = cfg.data.max_response_length, cfg.actor_rollout_ref.rollout.n

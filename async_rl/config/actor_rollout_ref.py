@@ -265,7 +265,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = None
     log_prob_use_dynamic_bsz: Annotated[
         bool | None,
-        doc("Token-budget micro-batches for log-prob recomputation (not supported: true is rejected); null = actor's."),
+        noop(
+            "Token-budget micro-batches for log-prob recomputation are not supported (true is rejected): the passes"
+            " use log_prob_micro_batch_size_per_gpu."
+        ),
     ] = None
     log_prob_max_token_len_per_gpu: Annotated[
         PosInt | None, noop("Token budget of a dynamic log-prob micro-batch (dynamic batching is not supported).")
@@ -308,7 +311,10 @@ class RefConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = None
     log_prob_use_dynamic_bsz: Annotated[
         bool | None,
-        doc("Token-budget micro-batches for the reference (not supported: true is rejected); null = actor's."),
+        noop(
+            "Token-budget micro-batches for the reference are not supported (true is rejected): it uses the"
+            " rollout's log_prob_micro_batch_size_per_gpu."
+        ),
     ] = None
     log_prob_max_token_len_per_gpu: Annotated[
         PosInt | None, noop("Token budget of a dynamic reference micro-batch (dynamic batching is not supported).")

@@ -10,17 +10,24 @@ are always the policy's); ``warmup_style`` into ``lr_scheduler_type``; the optim
 from their verl aliases; ``reward.reward_kwargs`` from its older verl spellings (``reward_model.reward_kwargs.*``,
 ``reward_model.overlong_buffer.*``, which are then cleared) and ``max_resp_len`` from ``data.max_response_length``.
 ``transport.max_inflight_groups`` stays null here: the coordinator derives it.
+
+What the config alone cannot give the learner (the tokenizer's pad id, a run length counted from the data) is derived
+once at start-up into :class:`LearnerStart` (:func:`learner_start`); the learner reads everything else from the config
+sections themselves (the precision ``auto`` means on its device: ``async_rl.config.precision``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from async_rl.config.common import OptimConfig
 from async_rl.config.correction import resolve_rollout_correction
 from async_rl.config.data_reward import OverlongBufferAlias, RewardKwargsAlias
 from async_rl.config.names import needs_critic
 from async_rl.config.schema import Config
+
+T = TypeVar("T")
 
 
 def _per_rank(per_gpu: int | None, global_micro: int | None, world: int) -> int | None:
@@ -149,4 +156,39 @@ def resolve_config(cfg: Config) -> None:
     tr.max_actor_ckpt_to_keep = ck.keep_last
 
 
-__all__ = ["OVERLONG_KEYS", "resolve_config", "reward_kwargs_aliases"]
+@dataclass(frozen=True)
+class LearnerStart:
+    """The learner's start-up values that are not config keys, derived once by :func:`learner_start`."""
+
+    pad_token_id: int  # the tokenizer's
+    total_training_steps: int  # the run length: the optimizers' schedule horizon unless an optim section sets one
+
+
+def learner_start(
+    cfg: Config,
+    *,
+    pad_token_id: int,
+    total_training_steps: int | None,
+) -> LearnerStart:
+    """The learner's start-up values. ``total_training_steps`` is the run length when the config leaves it to the
+    data (``trainer.total_epochs``, see ``async_rl.runtime.run_length``); None takes ``trainer.total_training_steps``
+    (0 when that is null too: no horizon, which only a constant schedule accepts)."""
+    if total_training_steps is None:
+        total_training_steps = cfg.trainer.total_training_steps
+    return LearnerStart(
+        pad_token_id=pad_token_id,
+        total_training_steps=int(total_training_steps or 0),
+    )
+
+
+def resolved(value: T | None, key: str) -> T:
+    """A "null = derived" config value, which :func:`resolve_config` fills in; None means the config was never
+    validated."""
+    if value is None:
+        raise ValueError(
+            f"{key} is null: this needs a validated config (load_config and validate_config fill in the derived keys)"
+        )
+    return value
+
+
+__all__ = ["OVERLONG_KEYS", "LearnerStart", "learner_start", "resolve_config", "resolved", "reward_kwargs_aliases"]

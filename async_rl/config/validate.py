@@ -231,6 +231,14 @@ def _check_actor(cfg: Config, errors: list[str]) -> None:
                 )
         if any(b >= 1 for b in optim.betas):
             errors.append(f"{prefix}.betas must each be in [0, 1), got {list(optim.betas)}")
+    for key, dynamic in (
+        (f"{ARR}.actor.use_dynamic_bsz", actor.use_dynamic_bsz),
+        (f"{ARR}.rollout.log_prob_use_dynamic_bsz", cfg.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz),
+        (f"{ARR}.ref.log_prob_use_dynamic_bsz", cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz),
+        ("critic.use_dynamic_bsz", cfg.critic.use_dynamic_bsz if needs_critic(cfg.algorithm.adv_estimator) else None),
+    ):
+        if dynamic:
+            errors.append(f"{key}=true is not supported by the learner yet (it batches by sequence count)")
 
 
 def _check_lora(cfg: Config, errors: list[str]) -> None:

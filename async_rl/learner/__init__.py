@@ -10,15 +10,11 @@ from async_rl.learner.batching import Response, RolloutBatch, SampledGroup, coll
 from async_rl.learner.checkpoint import latest, list_checkpoints, load_learner, save_learner
 from async_rl.learner.dist import DistContext, init_distributed, local_context, log_rank0, share_batch, teardown
 from async_rl.learner.export import export_hf, iter_full_state
-from async_rl.learner.settings import CriticSettings, LearnerSettings, OptimSettings
 from async_rl.learner.step import Learner
 
 __all__ = [
-    "CriticSettings",
     "DistContext",
     "Learner",
-    "LearnerSettings",
-    "OptimSettings",
     "Response",
     "RolloutBatch",
     "SampledGroup",

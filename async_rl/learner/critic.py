@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from async_rl.algorithms import value_loss
+from async_rl.config.critic import CriticConfig
+from async_rl.config.resolve import resolved
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
 from async_rl.learner.metrics import MetricAccumulator
@@ -18,7 +20,6 @@ from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
 from async_rl.learner.partition import Layout, plan_updates
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_values, row_groups
-from async_rl.learner.settings import CriticSettings
 from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
 
@@ -30,10 +31,11 @@ class Critic:
 
     def __init__(
         self,
-        settings: CriticSettings,
+        cfg: CriticConfig,
         ctx: DistContext,
         source: ModelSource,
         *,
+        run_steps: int,
         layout: Layout,
         compute_dtype: torch.dtype,
         gradient_checkpointing: bool,
@@ -41,7 +43,7 @@ class Critic:
         rollout_n: int,
         micro_forward: int,
     ) -> None:
-        self.settings = settings
+        self.cfg = cfg
         self.ctx = ctx
         self.layout = layout
         self.rollout_n = rollout_n
@@ -57,13 +59,13 @@ class Critic:
         )
         if layout == "shared" and not shared_prompt_enabled(model):
             self.layout = "padded"  # build_model warned: this model computes each prompt per completion
-        optimizer, scheduler = build_optimizer(model, settings.optim)
+        optimizer, scheduler = build_optimizer(model, cfg.optim, run_steps=run_steps, section="critic.optim")
         self.trained = TrainedModel(
             model=model,
             optimizer=optimizer,
             scheduler=scheduler,
             guard=NonFiniteGuard(max_consecutive_nonfinite),
-            max_norm=settings.grad_clip,
+            max_norm=cfg.grad_clip,
             name="critic",
         )
 
@@ -83,16 +85,16 @@ class Critic:
 
     def update(self, batch: RolloutBatch, acc: MetricAccumulator, seed: int) -> int:
         """Train on ``batch`` (which must hold ``values`` and ``returns``); returns the number of skipped steps."""
-        s = self.settings
+        c = self.cfg
         lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
         plan = plan_updates(
             lengths,
-            mini_size=s.ppo_mini_batch_size * self.rollout_n,
-            micro_size=s.ppo_micro_batch_size_per_gpu,
-            epochs=s.ppo_epochs,
+            mini_size=resolved(c.ppo_mini_batch_size, "critic.ppo_mini_batch_size") * self.rollout_n,
+            micro_size=resolved(c.ppo_micro_batch_size_per_gpu, "critic.ppo_micro_batch_size_per_gpu"),
+            epochs=resolved(c.ppo_epochs, "critic.ppo_epochs"),
             world_size=self.ctx.world_size,
             rank=self.ctx.rank,
-            shuffle=s.shuffle,
+            shuffle=resolved(c.shuffle, "critic.shuffle"),
             seed=seed,
             groups=row_groups(batch, self.layout),
         )
@@ -110,11 +112,11 @@ class Critic:
                 returns,
                 old,
                 loss_mask,
-                s.cliprange_value,
-                s.loss_agg_mode,
+                c.cliprange_value,
+                resolved(c.loss_agg_mode, "critic.loss_agg_mode"),
                 global_num_tokens=tokens,
                 global_num_seqs=seqs,
-                loss_scale_factor=s.loss_scale_factor,
+                loss_scale_factor=c.loss_scale_factor,
             )
             acc.mean("critic/vf_clipfrac", clipfrac)
             mask = loss_mask.float()

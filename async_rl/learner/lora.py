@@ -30,12 +30,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from async_rl.config.actor_rollout_ref import ModelConfig
 from async_rl.peft_format import (
     LoRASpec,
     is_adapter_name,
 )
 
-__all__ = ["LoRALinear", "adapters_disabled", "apply_lora", "lora_modules", "merge_adapters", "merged_weight"]
+__all__ = [
+    "LoRALinear",
+    "adapters_disabled",
+    "apply_lora",
+    "lora_modules",
+    "lora_spec",
+    "merge_adapters",
+    "merged_weight",
+]
+
+
+def lora_spec(model: ModelConfig) -> LoRASpec | None:
+    """The policy's adapter from ``actor_rollout_ref.model.lora_*``; None (full fine-tuning) when ``lora_rank`` is 0."""
+    if model.lora_rank == 0:
+        return None
+    targets = model.target_modules
+    return LoRASpec(
+        rank=model.lora_rank,
+        alpha=float(model.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else tuple(targets),
+        exclude_modules=tuple(model.exclude_modules or ()),
+    )
 
 
 class LoRALinear(nn.Module):

@@ -8,7 +8,7 @@ become FSDP2 units over the 1-D mesh, which moves the shards to the rank's devic
 in the root unit, so the tie survives sharding.
 
 Precision: ``compute_dtype`` is the learner's resolved ``param_dtype`` (bf16 or fp32 on any device, see
-:func:`~async_rl.learner.settings.resolve_compute_dtype`). With bf16 a sharded model all-gathers its parameters in
+:func:`~async_rl.learner.precision.resolve_compute_dtype`). With bf16 a sharded model all-gathers its parameters in
 bf16 for compute while the sharded master copy, the gradients, their reduction and the optimizer state stay fp32
 (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``). A single process (no process group, so no FSDP2)
 gets the same split another way: the model keeps fp32 parameters and runs its forward under ``torch.autocast(bf16)``

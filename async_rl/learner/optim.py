@@ -21,46 +21,79 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from async_rl.learner.settings import OptimSettings
+from async_rl.config.common import OptimConfig
 
-__all__ = ["NonFiniteGuard", "build_optimizer", "guarded_step", "lr_factor"]
+__all__ = [
+    "ADAMW_EPS",
+    "NonFiniteGuard",
+    "build_optimizer",
+    "check_schedule",
+    "guarded_step",
+    "lr_factor",
+    "schedule_span",
+]
 
 logger = logging.getLogger(__name__)
 
+ADAMW_EPS = 1e-8  # torch's AdamW default; verl has no key for it either
 
-def lr_factor(step: int, settings: OptimSettings) -> float:
-    """Multiplier of ``settings.lr`` for optimizer step ``step`` (0-based).
+
+def schedule_span(optim: OptimConfig, *, run_steps: int) -> tuple[int, int]:
+    """``(warm-up steps, horizon)`` of ``optim``'s schedule. The horizon is ``optim.total_training_steps``, or the run
+    length ``run_steps`` when that is -1; a warm-up of -1 steps is ``lr_warmup_steps_ratio`` of the horizon."""
+    horizon = optim.total_training_steps if optim.total_training_steps >= 0 else run_steps
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio * horizon)
+    return warmup, horizon
+
+
+def lr_factor(step: int, optim: OptimConfig, *, run_steps: int) -> float:
+    """Multiplier of ``optim.lr`` for optimizer step ``step`` (0-based), over :func:`schedule_span`.
 
     Warm-up: ``(step + 1) / warmup`` for ``step < warmup``. Then ``constant`` gives 1; ``cosine`` gives
     ``min + (1 - min) * 0.5 * (1 + cos(2 pi num_cycles progress))`` (clamped at ``min``) with
     ``progress = (step - warmup) / (total - warmup)`` clipped to [0, 1]; ``num_cycles = 0.5`` decays once.
     """
-    warmup = settings.lr_warmup_steps
+    warmup, total = schedule_span(optim, run_steps=run_steps)
     if step < warmup:
         return (step + 1) / warmup
-    if settings.lr_scheduler_type == "constant":
+    if optim.lr_scheduler_type == "constant":
         return 1.0
-    span = max(1, settings.total_training_steps - warmup)
+    span = max(1, total - warmup)
     progress = min(1.0, max(0.0, (step - warmup) / span))
-    floor = settings.min_lr_ratio
-    cosine = 0.5 * (1.0 + math.cos(2.0 * math.pi * settings.num_cycles * progress))
+    floor = optim.min_lr_ratio
+    cosine = 0.5 * (1.0 + math.cos(2.0 * math.pi * optim.num_cycles * progress))
     return max(floor, floor + (1.0 - floor) * cosine)
 
 
-def build_optimizer(model: nn.Module, settings: OptimSettings) -> tuple[torch.optim.Optimizer, LambdaLR]:
-    """AdamW over the trainable parameters (fp32 master, decoupled weight decay) and its ``LambdaLR`` schedule."""
+def check_schedule(optim: OptimConfig, *, run_steps: int, section: str) -> None:
+    """Raise ValueError (naming ``section``) when ``optim``'s schedule cannot run for ``run_steps`` steps."""
+    if optim.warmup_style is not None:
+        raise ValueError(f"{section}.warmup_style is set: validate the config first (it becomes lr_scheduler_type)")
+    if optim.lr_scheduler_type == "cosine" and schedule_span(optim, run_steps=run_steps)[1] <= 0:
+        raise ValueError(
+            f"{section}.lr_scheduler_type=cosine needs a horizon: set {section}.total_training_steps or"
+            " trainer.total_training_steps"
+        )
+
+
+def build_optimizer(
+    model: nn.Module, optim: OptimConfig, *, run_steps: int, section: str
+) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """AdamW over the trainable parameters (fp32 master, decoupled weight decay) and its ``LambdaLR`` schedule;
+    ``section`` names ``optim``'s place in the config for errors."""
+    check_schedule(optim, run_steps=run_steps, section=section)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no trainable parameters")
     optimizer = torch.optim.AdamW(
         params,
-        lr=settings.lr,
-        betas=settings.betas,
-        eps=settings.eps,
-        weight_decay=settings.weight_decay,
+        lr=optim.lr,
+        betas=(optim.betas[0], optim.betas[1]),
+        eps=ADAMW_EPS,
+        weight_decay=optim.weight_decay,
         foreach=None,
     )
-    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, settings))
+    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, optim, run_steps=run_steps))
     return optimizer, scheduler
 
 
@@ -68,7 +101,7 @@ def build_optimizer(model: nn.Module, settings: OptimSettings) -> tuple[torch.op
 class NonFiniteGuard:
     """Counts skipped (non-finite) optimizer steps: in total and in a row."""
 
-    max_consecutive: int = 5
+    max_consecutive: int
     skipped_total: int = 0
     consecutive: int = 0
 

@@ -46,6 +46,9 @@ from async_rl.algorithms import (
     rejection_mask,
 )
 from async_rl.algorithms.objective import ActorMicroBatch, actor_objective, correction_weights
+from async_rl.config import Config
+from async_rl.config.names import needs_critic
+from async_rl.config.resolve import LearnerStart, resolved
 from async_rl.learner.batching import (
     RolloutBatch,
     SampledGroup,
@@ -57,13 +60,14 @@ from async_rl.learner.checkpoint import load_learner, save_learner
 from async_rl.learner.critic import Critic
 from async_rl.learner.dist import DistContext, log_rank0
 from async_rl.learner.export import clean_name, full_state_manifest, iter_full_state
-from async_rl.learner.lora import adapters_disabled, lora_modules
+from async_rl.learner.lora import adapters_disabled, lora_modules, lora_spec
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
+from async_rl.learner.objective_spec import objective_spec
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
 from async_rl.learner.partition import Layout, padding_waste, plan_updates
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs, row_groups
-from async_rl.learner.settings import LearnerSettings
+from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
@@ -83,40 +87,68 @@ class Learner:
 
     def __init__(
         self,
-        settings: LearnerSettings,
+        cfg: Config,
+        start: LearnerStart,
         ctx: DistContext,
         policy: ModelSource,
         *,
         ref: ModelSource | None = None,
         critic: ModelSource | None = None,
     ) -> None:
-        self.settings = settings
+        """``cfg``: a validated config, whose sections the learner keeps and reads; ``start``: what the config
+        cannot say (:func:`async_rl.config.resolve.learner_start`). ``critic``: the value model (GAE only; by
+        default ``critic.model.path``)."""
         self.ctx = ctx
-        s = settings
+        self.start = start
+        arr = cfg.actor_rollout_ref
+        self.actor_cfg = arr.actor
+        self.rollout_cfg = arr.rollout
+        self.model_cfg = arr.model
+        self.algo = cfg.algorithm
+        self.data_cfg = cfg.data
+        self.seed = cfg.trainer.seed
+        self.objective = objective_spec(arr.actor, cfg.algorithm.rollout_correction)
+        self.lora = lora_spec(arr.model)
+        self.use_kl_in_reward = cfg.algorithm.use_kl_in_reward
+        self.needs_ref = arr.actor.use_kl_loss or self.use_kl_in_reward  # only a KL term reads reference log-probs
+        self.micro_forward = resolved(
+            arr.rollout.log_prob_micro_batch_size_per_gpu, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+        )
         # param_dtype resolved once for this device; the actor, the reference and the critic all compute in it
-        self.compute_dtype = s.compute_dtype(ctx.device, warn=ctx.is_rank0)
+        self.compute_dtype = resolve_compute_dtype(
+            arr.actor.fsdp_config.mixed_precision.param_dtype, ctx.device, warn=ctx.is_rank0
+        )
+        model_cfg = arr.model
         actor = build_model(
             policy,
             ctx,
             role="actor",
             compute_dtype=self.compute_dtype,
-            gradient_checkpointing=s.enable_gradient_checkpointing,
-            lora=s.lora,
-            seed=s.seed,
-            shared_prompt=s.use_shared_prompt,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            lora=self.lora,
+            seed=self.seed,
+            shared_prompt=model_cfg.use_shared_prompt,
         )
         # the micro-batch layout every pass uses; shared prompts need a model that takes them (build_model warns)
-        self.layout: Layout = s.requested_layout
+        packed_or_padded: Layout = "packed" if model_cfg.use_remove_padding else "padded"
+        self.layout: Layout = "shared" if model_cfg.use_shared_prompt else packed_or_padded
         if self.layout == "shared" and not shared_prompt_enabled(actor):
-            self.layout = "packed" if s.use_remove_padding else "padded"
-        optimizer, scheduler = build_optimizer(actor, s.optim)
+            self.layout = packed_or_padded
+        optimizer, scheduler = build_optimizer(
+            actor, arr.actor.optim, run_steps=start.total_training_steps, section="actor_rollout_ref.actor.optim"
+        )
         self.actor = TrainedModel(
-            actor, optimizer, scheduler, NonFiniteGuard(s.max_consecutive_nonfinite), s.grad_clip, "actor"
+            actor,
+            optimizer,
+            scheduler,
+            NonFiniteGuard(arr.actor.max_consecutive_nonfinite),
+            arr.actor.grad_clip,
+            "actor",
         )
         self.vocab_size = embedding_rows(actor)
         self.ref = None
         # with LoRA the reference policy is the actor's frozen base (adapters off): no second copy of the model
-        if s.needs_ref and s.lora is None:
+        if self.needs_ref and self.lora is None:
             self.ref = build_model(
                 ref if ref is not None else policy,
                 ctx,
@@ -131,28 +163,29 @@ class Learner:
                     " family, or set actor_rollout_ref.model.use_shared_prompt=false"
                 )
         self.critic: Critic | None = None
-        if s.needs_critic:
-            assert s.critic is not None
-            source = critic if critic is not None else (s.critic.model_path or None)
+        if needs_critic(cfg.algorithm.adv_estimator):
+            source = critic if critic is not None else (cfg.critic.model.path or None)
             if source is None:
-                raise ValueError("adv_estimator 'gae' needs a critic model: pass critic= or set critic.model_path")
+                raise ValueError("adv_estimator 'gae' needs a critic model: pass critic= or set critic.model.path")
             self.critic = Critic(
-                s.critic,
+                cfg.critic,
                 ctx,
                 source,
+                run_steps=start.total_training_steps,
                 layout=self.layout,
                 compute_dtype=self.compute_dtype,
-                gradient_checkpointing=s.enable_gradient_checkpointing,
-                max_consecutive_nonfinite=s.max_consecutive_nonfinite,
-                rollout_n=s.rollout_n,
-                micro_forward=s.log_prob_micro_batch_size_per_gpu,
+                gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+                max_consecutive_nonfinite=arr.actor.max_consecutive_nonfinite,
+                rollout_n=arr.rollout.n,
+                micro_forward=self.micro_forward,
             )
         self.kl_ctrl: KLController | None = None
-        if s.use_kl_in_reward:
-            if s.kl_ctrl_type == "adaptive":
-                self.kl_ctrl = AdaptiveKLController(s.kl_coef, s.kl_target, s.kl_horizon)
+        if self.use_kl_in_reward:
+            kl = cfg.algorithm.kl_ctrl
+            if kl.type == "adaptive":
+                self.kl_ctrl = AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
             else:
-                self.kl_ctrl = FixedKLController(s.kl_coef)
+                self.kl_ctrl = FixedKLController(kl.kl_coef)
         self.version = 0
         self.loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # tests: corrupt the loss on purpose
 
@@ -171,7 +204,7 @@ class Learner:
 
     @property
     def _sync_name(self) -> Callable[[str], str | None] | None:
-        return peft_name if self.settings.lora is not None else None
+        return peft_name if self.lora is not None else None
 
     def probe_log_probs(self, token_ids: Sequence[int]) -> list[float]:
         """log p(token_ids[i + 1] | token_ids[: i + 1]) under the current weights, at temperature 1 (every rank calls
@@ -198,7 +231,7 @@ class Learner:
 
     def adapter_config(self, base_model: str = "") -> dict[str, Any] | None:
         """The PEFT ``adapter_config.json`` of the trained adapter; None without LoRA."""
-        spec = self.settings.lora
+        spec = self.lora
         if spec is None:
             return None
         return adapter_config(spec, [clean_name(n) for n, _ in lora_modules(self.model)], base_model=base_model)
@@ -213,34 +246,34 @@ class Learner:
 
     # ------------------------------------------------------------------ passes
     def _log_probs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        s = self.settings
+        temperature = self.rollout_cfg.temperature
         return forward_full_batch(
             self.ctx,
             batch,
-            lambda mi: response_log_probs(model, mi, temperature=s.temperature)[0],
-            micro_size=s.log_prob_micro_batch_size_per_gpu,
+            lambda mi: response_log_probs(model, mi, temperature=temperature)[0],
+            micro_size=self.micro_forward,
             layout=self.layout,
         )
 
     def _rewards_and_advantages(self, batch: RolloutBatch, acc: dict[str, float]) -> None:
-        s = self.settings
+        algo = self.algo
         mask = batch["loss_mask"]
         rewards = batch["token_level_scores"]
         if self.kl_ctrl is not None:
             rewards, kl_metrics = apply_kl_in_reward(
-                rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl, s.kl_penalty
+                rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl, algo.kl_penalty
             )
             acc.update({f"learner/{k}": float(v) for k, v in kl_metrics.items()})
         batch["token_level_rewards"] = rewards
         advantages, returns = compute_advantages(
-            s.adv_estimator,
+            algo.adv_estimator,
             token_level_rewards=rewards,
             response_mask=mask,
             index=batch["index"],
             values=batch["values"] if "values" in batch else None,
-            gamma=s.gamma,
-            lam=s.lam,
-            norm_adv_by_std_in_grpo=s.norm_adv_by_std_in_grpo,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         )
         batch["advantages"] = advantages
         batch["returns"] = returns
@@ -250,15 +283,15 @@ class Learner:
         sampling zeroes ``loss_mask`` where pi_old / pi_rollout is out of bounds, and the IS weights (normalised to
         mean 1 over the batch with ``rollout_is_batch_normalize``) are stored as ``is_weights`` for every micro-batch.
         Every rank holds the whole batch, so the batch means need no collective."""
-        s = self.settings
+        spec = self.objective
         old, behaviour = batch["old_log_probs"], batch["rollout_log_probs"]
-        if s.rs_bounds is not None:
-            kept, rs_metrics = rejection_mask(old, behaviour, batch["loss_mask"], bounds=s.rs_bounds)
+        if spec.rs_bounds is not None:
+            kept, rs_metrics = rejection_mask(old, behaviour, batch["loss_mask"], bounds=spec.rs_bounds)
             batch["loss_mask"] = kept
             out.update({f"learner/rollout_corr/{k}": float(v) for k, v in rs_metrics.items()})
-        if s.rollout_is is None:
+        if spec.rollout_is is None:
             return
-        weights, is_metrics = correction_weights(old, behaviour, batch["loss_mask"], s.objective)
+        weights, is_metrics = correction_weights(old, behaviour, batch["loss_mask"], spec)
         batch["is_weights"] = weights
         out.update({f"learner/rollout_corr/{k}": float(v) for k, v in is_metrics.items()})
 
@@ -268,15 +301,15 @@ class Learner:
 
         Not with batch-level corrections (rejection sampling, batch-normalised weights: they change the loss
         denominators or need the whole batch first), nor in bypass mode, which has no proximal policy at all."""
-        s = self.settings
-        batch_level = s.rollout_rs is not None or (s.rollout_is is not None and s.is_batch_normalize)
-        one_step = s.ppo_epochs == 1 and s.ppo_mini_batch_size * s.rollout_n >= batch_size
-        return one_step and self.kl_ctrl is None and not batch_level and not s.bypass_mode
+        spec, actor = self.objective, self.actor_cfg
+        batch_level = spec.rs_bounds is not None or (spec.rollout_is is not None and spec.is_batch_normalize)
+        one_step = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size * self.rollout_cfg.n >= batch_size
+        return one_step and self.kl_ctrl is None and not batch_level and spec.bypass_loss_type is None
 
     def _actor_micro_loss(
         self, batch: RolloutBatch, acc: MetricAccumulator, reuse_proximal: bool = False
     ) -> Callable[..., torch.Tensor]:
-        s = self.settings
+        spec, temperature = self.objective, self.rollout_cfg.temperature
         device = self.ctx.device
 
         def micro_loss(rows: list[int], tokens: float, seqs: float) -> torch.Tensor:
@@ -286,8 +319,8 @@ class Learner:
             def sel(key: str) -> torch.Tensor:
                 return batch[key].index_select(0, idx).to(device)
 
-            mode = "grad" if s.entropy_coeff != 0 else "detached"
-            log_prob, entropy = response_log_probs(self.model, mi, temperature=s.temperature, entropy=mode)
+            mode = "grad" if spec.entropy_coeff != 0 else "detached"
+            log_prob, entropy = response_log_probs(self.model, mi, temperature=temperature, entropy=mode)
             assert entropy is not None
             if reuse_proximal:
                 old_log_prob = log_prob.detach()
@@ -304,11 +337,11 @@ class Learner:
                     loss_mask=sel("loss_mask").bool(),
                     # the step's weights (decoupled, after the proximal pass); else the objective computes them
                     is_weights=sel("is_weights") if "is_weights" in batch else None,
-                    ref_log_prob=sel("ref_log_probs") if s.use_kl_loss else None,
+                    ref_log_prob=sel("ref_log_probs") if spec.kl_loss_coef is not None else None,
                     global_num_tokens=tokens,
                     global_num_seqs=seqs,
                 ),
-                s.objective,
+                spec,
             )
             loss = out.loss
             if out.kl_loss is not None:
@@ -335,24 +368,25 @@ class Learner:
 
     def collate(self, groups: Sequence[SampledGroup]) -> RolloutBatch:
         """In-process groups -> this learner's padded batch (its pad id and length limits)."""
-        s = self.settings
         return collate_groups(
             groups,
-            pad_token_id=s.pad_token_id,
-            max_prompt_length=s.max_prompt_length,
-            max_response_length=s.max_response_length,
+            pad_token_id=self.start.pad_token_id,
+            max_prompt_length=self.data_cfg.max_prompt_length,
+            max_response_length=self.data_cfg.max_response_length,
         )
 
     def train_batch(self, batch: RolloutBatch, group_ids: Sequence[Any]) -> dict[str, float]:
         """One policy version from a collated ``batch`` (the same on every rank; ``group_ids[i]`` names dense group
         ``i`` in log lines). Returns ``learner/...`` metrics."""
-        s, ctx = self.settings, self.ctx
+        ctx, actor_cfg, spec = self.ctx, self.actor_cfg, self.objective
         t_start = time.perf_counter()
         out: dict[str, float] = {}
         # the tokens the model sampled, before any leaves the loss: behaviour log-probs exist only there (an
         # observation token's is 0), so the off-policy metrics compare the policies over them
         batch["sampled_mask"] = batch["loss_mask"] != 0
-        invalid = mask_out_of_vocab(batch, self.vocab_size, s.pad_token_id) if self.vocab_size is not None else []
+        invalid = (
+            mask_out_of_vocab(batch, self.vocab_size, self.start.pad_token_id) if self.vocab_size is not None else []
+        )
         if invalid:
             bad = [group_ids[i] for i in invalid]
             what = "dropped %d group(s) with token ids outside the vocabulary of %d: %s"
@@ -361,35 +395,39 @@ class Learner:
         acc = MetricAccumulator()
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
-        if s.bypass_mode:
+        if spec.bypass_loss_type is not None:
             batch["old_log_probs"] = batch["rollout_log_probs"]
         elif not reuse:
             batch["old_log_probs"] = self._log_probs(self.model, batch)
             self._rollout_correction(batch, out)
         if self.ref is not None:
             batch["ref_log_probs"] = self._log_probs(self.ref, batch)
-        elif s.needs_ref:
+        elif self.needs_ref:
             with adapters_disabled(self.model):
                 batch["ref_log_probs"] = self._log_probs(self.model, batch)
         if self.critic is not None:
             batch["values"] = self.critic.values(batch)
         self.model.train()
         self._rewards_and_advantages(batch, out)
-        out["learner/batch/truncated_masked"] = float(mask_truncated(batch) if s.mask_truncated_responses else 0)
+        out["learner/batch/truncated_masked"] = float(
+            mask_truncated(batch) if actor_cfg.mask_truncated_responses else 0
+        )
         t_update = time.perf_counter()
-        seed = s.seed * 1_000_003 + self.version
+        seed = self.seed * 1_000_003 + self.version
         skipped_critic = 0
         if self.critic is not None:
             skipped_critic = self.critic.update(batch, acc, seed)
         lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
         plan = plan_updates(
             lengths,
-            mini_size=s.ppo_mini_batch_size * s.rollout_n,
-            micro_size=s.ppo_micro_batch_size_per_gpu,
-            epochs=s.ppo_epochs,
+            mini_size=actor_cfg.ppo_mini_batch_size * self.rollout_cfg.n,
+            micro_size=resolved(
+                actor_cfg.ppo_micro_batch_size_per_gpu, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+            ),
+            epochs=actor_cfg.ppo_epochs,
             world_size=ctx.world_size,
             rank=ctx.rank,
-            shuffle=s.shuffle,
+            shuffle=actor_cfg.shuffle,
             seed=seed,
             groups=row_groups(batch, self.layout),
         )
@@ -416,7 +454,7 @@ class Learner:
         out.update(reduced)
         t_end = time.perf_counter()
         out.update(self._batch_metrics(batch, offpolicy if reuse else None))
-        out["learner/actor/proximal_pass_skipped"] = float(reuse or s.bypass_mode)
+        out["learner/actor/proximal_pass_skipped"] = float(reuse or spec.bypass_loss_type is not None)
         self.version += 1
         out.update(
             {

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from async_rl.config import Config
+from async_rl.config.names import needs_critic
 from async_rl.runtime import resources
 
 
@@ -75,15 +76,25 @@ def _run_length(cfg: Config) -> dict[str, Any]:
 def dry_run_report(cfg: Config) -> dict[str, Any]:
     """Everything a run would be wired from; raises ValueError naming what is wrong."""
     from async_rl.actor.engine import lora_engine_kwargs
-    from async_rl.learner.settings import LearnerSettings
+    from async_rl.learner.lora import lora_spec
+    from async_rl.learner.objective_spec import objective_spec
+    from async_rl.learner.optim import check_schedule
     from async_rl.rewards import load_reward_fn
     from async_rl.runtime.actor_main import engine_settings
     from async_rl.transport.protocol import GroupSampling
     from async_rl.weight_sync.group import resolve_backend
 
     run_length = _run_length(cfg)
-    # Without the data the horizon is unknown until start-up; 1 stands in so the schedule's settings still validate.
-    learner = LearnerSettings.from_config(cfg, total_training_steps=run_length["total_training_steps"] or 1)
+    arr, algo = cfg.actor_rollout_ref, cfg.algorithm
+    spec = objective_spec(arr.actor, algo.rollout_correction)  # parses the correction's thresholds
+    lora = lora_spec(arr.model)
+    # Without the data the horizon is unknown until start-up; 1 stands in so the schedules still check.
+    run_steps = run_length["total_training_steps"] or 1
+    check_schedule(arr.actor.optim, run_steps=run_steps, section="actor_rollout_ref.actor.optim")
+    critic = needs_critic(algo.adv_estimator)
+    if critic:
+        check_schedule(cfg.critic.optim, run_steps=run_steps, section="critic.optim")
+    needs_ref = arr.actor.use_kl_loss or algo.use_kl_in_reward
     plane = resources.plane_settings(cfg)
     sampling = GroupSampling.from_config(cfg, seed=cfg.trainer.seed)
     engine = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
@@ -111,39 +122,33 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     files = cfg.data.train_files
     return {
         "policy": {"path": cfg.actor_rollout_ref.model.path, "status": _path_status(cfg.actor_rollout_ref.model.path)},
-        "critic": (
-            {"path": cfg.critic.model.path, "status": _path_status(cfg.critic.model.path)}
-            if learner.needs_critic
-            else None
-        ),
-        "reference_model": (
-            ("the frozen base (adapters off)" if learner.lora is not None else True) if learner.needs_ref else False
-        ),
+        "critic": ({"path": cfg.critic.model.path, "status": _path_status(cfg.critic.model.path)} if critic else None),
+        "reference_model": (("the frozen base (adapters off)" if lora is not None else True) if needs_ref else False),
         "lora": (
             None
-            if learner.lora is None
+            if lora is None
             else {
-                "rank": learner.lora.rank,
-                "alpha": learner.lora.alpha,
-                "target_modules": learner.lora.target_modules,
-                "exclude_modules": list(learner.lora.exclude_modules),
+                "rank": lora.rank,
+                "alpha": lora.alpha,
+                "target_modules": lora.target_modules,
+                "exclude_modules": list(lora.exclude_modules),
                 "vllm": lora_engine_kwargs(engine.lora_rank, engine.max_loras),
             }
         ),
         "train_files": {str(f): _path_status(f) for f in ([files] if isinstance(files, str) else files)},
-        "adv_estimator": learner.adv_estimator,
+        "adv_estimator": algo.adv_estimator,
         "loss": {
-            "mode": learner.loss_mode,
-            "agg": learner.loss_agg_mode,
-            "rollout_is": learner.rollout_is,
-            "rollout_is_threshold": learner.rollout_is_threshold,
-            "rollout_rs": learner.rollout_rs,
-            "bypass_mode": learner.bypass_mode,
-            "mask_truncated_responses": learner.mask_truncated_responses,
+            "mode": spec.loss_mode,
+            "agg": spec.loss_agg_mode,
+            "rollout_is": spec.rollout_is,
+            "rollout_is_threshold": algo.rollout_correction.rollout_is_threshold,
+            "rollout_rs": algo.rollout_correction.rollout_rs,
+            "bypass_mode": algo.rollout_correction.bypass_mode,
+            "mask_truncated_responses": arr.actor.mask_truncated_responses,
         },
         "run_length": run_length,
-        "sequences_per_step": cfg.data.train_batch_size * learner.rollout_n,
-        "optimizer_steps_per_step": (cfg.data.train_batch_size // learner.ppo_mini_batch_size) * learner.ppo_epochs,
+        "sequences_per_step": cfg.data.train_batch_size * arr.rollout.n,
+        "optimizer_steps_per_step": (cfg.data.train_batch_size // arr.actor.ppo_mini_batch_size) * arr.actor.ppo_epochs,
         "coordinator": f"tcp://{plane.host}:{plane.port}",
         "max_staleness": plane.max_staleness,
         "inflight_cap": plane.inflight_cap,

@@ -167,14 +167,14 @@ class RolloutSource:
         wait_s = time.monotonic() - started
         status, batch = b"0", None  # b"0": the data ran out; b"1": a batch follows; b"E...": collation failed
         if self.ctx.rank == 0 and groups:
-            s = self.learner.settings
+            data = self.learner.data_cfg
             try:
                 batch = collate_wire_groups(
                     groups,
                     lambda pid: self.coordinator.source.record(pid).token_ids,
-                    pad_token_id=s.pad_token_id,
-                    max_prompt_length=s.max_prompt_length,
-                    max_response_length=s.max_response_length,
+                    pad_token_id=self.learner.start.pad_token_id,
+                    max_prompt_length=data.max_prompt_length,
+                    max_response_length=data.max_response_length,
                 )
                 status = b"1"
             except ValueError as exc:  # every rank raises it, instead of the others waiting for a batch

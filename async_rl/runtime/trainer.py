@@ -9,7 +9,6 @@ the metrics line.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import resource
@@ -20,7 +19,9 @@ from typing import Any
 import torch
 
 from async_rl.config import Config
+from async_rl.config.names import needs_critic
 from async_rl.config.precision import precision_line, rollout_precision
+from async_rl.config.resolve import learner_start
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
 from async_rl.runtime.metrics import ActorActivity
@@ -93,7 +94,13 @@ class Trainer:
                 ),
                 "on" if arr.model.use_shared_prompt else "off",
             )
-        self.learner = Learner(self._settings(policy_path), ctx, policy_path)
+        start = learner_start(
+            cfg, pad_token_id=int(self.tokenizer.pad_token_id or 0), total_training_steps=self.total_steps
+        )
+        critic_path = None
+        if needs_critic(cfg.algorithm.adv_estimator):
+            critic_path = resources.resolve_model_path(cfg.critic.model.path or policy_path, self.out_dir)
+        self.learner = Learner(cfg, start, ctx, policy_path, critic=critic_path)
         self.coordinator = self._coordinator(records) if records is not None else None
         ws = cfg.async_training.weight_sync
         self.publisher = WeightPublisher.from_config(
@@ -122,16 +129,6 @@ class Trainer:
         self.actor_activity = ActorActivity()
 
     # ------------------------------------------------------------------ set-up
-    def _settings(self, policy_path: str) -> Any:
-        from async_rl.learner.settings import LearnerSettings
-
-        settings = LearnerSettings.from_config(self.cfg, total_training_steps=self.total_steps)
-        settings = settings.replace(pad_token_id=int(self.tokenizer.pad_token_id or 0))
-        if settings.critic is not None:
-            critic_path = resources.resolve_model_path(self.cfg.critic.model.path or policy_path, self.out_dir)
-            settings = settings.replace(critic=dataclasses.replace(settings.critic, model_path=critic_path))
-        return settings
-
     def _coordinator(self, records: list[Any]) -> Any:
         from async_rl.transport import Coordinator, GroupSampling
 
@@ -238,7 +235,7 @@ class Trainer:
         ``version`` on the plan, so every actor that loads an adapter checks that it serves it."""
         self.validator.before_publish(version)
         probe = None
-        if self.learner.settings.lora is not None:  # the actors check that they serve this version's adapter
+        if self.learner.lora is not None:  # the actors check that they serve this version's adapter
             max_len = self.cfg.actor_rollout_ref.rollout.max_model_len or PROBE_LENGTH + 1
             # vLLM needs room for one generated token after the probe
             ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer), min(PROBE_LENGTH, max_len - 1))

@@ -179,8 +179,8 @@ def _shared_step(ctx: Any, learner: Any, groups: list[Any]) -> None:
 def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     import torch
 
+    from async_rl.config.resolve import learner_start
     from async_rl.learner import init_distributed, teardown
-    from async_rl.learner.settings import LearnerSettings
     from async_rl.learner.step import Learner
 
     cfg = _config(params)
@@ -190,8 +190,8 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
         _model_and_records(cfg, workdir)
     ctx.barrier()
     model_path, records = _model_and_records(cfg, workdir)
-    settings = LearnerSettings.from_config(cfg)
-    learner = Learner(settings, ctx, model_path)
+    # synthetic groups: pad id 0 (the probe's token ids are drawn from the vocabulary, never padded by a tokenizer)
+    learner = Learner(cfg, learner_start(cfg, pad_token_id=0, total_training_steps=None), ctx, model_path)
     vocab = int(getattr(learner.model.config, "vocab_size", 64))
     paired = bool(params.get("contend"))
     if paired:  # measure alone only after the generation probe has measured alone
@@ -201,11 +201,12 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
             _await(params, "gen_alone_done")
         ctx.barrier()
     n = cfg.actor_rollout_ref.rollout.n
-    minis_per_step = max(1, cfg.data.train_batch_size // settings.ppo_mini_batch_size)
+    actor_cfg = cfg.actor_rollout_ref.actor  # the learner reads this section: set per batch size below
+    minis_per_step = max(1, cfg.data.train_batch_size // actor_cfg.ppo_mini_batch_size)
     results = []
     for size in params["batch_sizes"]:
         mini = size // minis_per_step if size % minis_per_step == 0 else size
-        learner.settings = settings.replace(ppo_mini_batch_size=mini)
+        actor_cfg.ppo_mini_batch_size = mini
         groups = _synthetic_groups(records, params["response_lengths"], size, n, vocab, seed=size)
         tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
         times = []

@@ -321,15 +321,13 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
 def sync_bytes(cfg: Any, model_dir: Path) -> int:
     """Bytes one weight update of this config broadcasts: the model's safetensors, or in a LoRA run only the adapter's
     tensors (fp32, ``rank x (in + out)`` per adapted layer), counted on a model built on the meta device."""
-    from async_rl.learner.settings import lora_spec
+    from async_rl.learner.lora import apply_lora, lora_modules, lora_spec
 
-    spec = lora_spec(cfg)
+    spec = lora_spec(cfg.actor_rollout_ref.model)
     if spec is None:
         return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from async_rl.learner.lora import apply_lora, lora_modules
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))

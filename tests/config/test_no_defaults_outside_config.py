@@ -57,7 +57,6 @@ KNOWN: set[tuple[str, str, str]] = {
     ("learner/export.py", "full_state_manifest", "dtype"),
     ("learner/export.py", "iter_full_state", "dtype"),
     ("learner/model.py", "build_model", "seed"),
-    ("learner/settings.py", "from_config", "total_training_steps"),
     ("learner/step.py", "iter_weights", "dtype"),
     ("learner/step.py", "weight_manifest", "dtype"),
     ("models/tiny.py", "build_tiny_model", "seed"),

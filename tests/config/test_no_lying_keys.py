@@ -131,7 +131,7 @@ def _other_values(tp: mi.Type, default: Any) -> list[Any]:
     if isinstance(tp, mi.UnionType):
         return [v for member in tp.types for v in _other_values(member, default)]
     if isinstance(tp, mi.BoolType):
-        return [not default]
+        return [not default] if isinstance(default, bool) else [True, False]
     if isinstance(tp, mi.IntType):
         return [default + 1 if isinstance(default, int) else max(1, tp.ge or 1)]
     if isinstance(tp, mi.FloatType):

@@ -9,7 +9,6 @@ from async_rl.config import load_config, load_config_with_warnings
 from async_rl.config.errors import ConfigError
 from async_rl.config.introspect import iter_schema
 from async_rl.config.validate import validate_config
-from async_rl.learner.settings import LearnerSettings
 
 BUF = "reward.reward_kwargs.overlong_buffer_cfg"
 ON = [f"{BUF}.enable=true", f"{BUF}.len=4"]
@@ -119,7 +118,7 @@ def test_bad_types_and_ranges_name_the_key() -> None:
         load_config(None, ["reward.reward_kwargs.overlong_buffer.len=4"])
 
 
-def test_mask_truncated_responses_reaches_the_learner_settings() -> None:
-    assert LearnerSettings.from_config(load_config(None, [])).mask_truncated_responses is False
+def test_mask_truncated_responses_is_a_key_of_the_actor() -> None:
+    assert load_config(None, []).actor_rollout_ref.actor.mask_truncated_responses is False
     cfg = load_config(None, ["actor_rollout_ref.actor.mask_truncated_responses=true"])
-    assert LearnerSettings.from_config(cfg).mask_truncated_responses is True
+    assert cfg.actor_rollout_ref.actor.mask_truncated_responses is True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from async_rl.algorithms.objective import ObjectiveSpec
 from async_rl.config import ConfigError, load_config
 from async_rl.config.correction import (
     RS_OPTIONS,
@@ -19,13 +20,18 @@ from async_rl.config.correction import (
     parse_rs_spec,
     parse_rs_thresholds,
 )
-from async_rl.learner.settings import LearnerSettings
+from async_rl.config.schema import Config
+from async_rl.learner.objective_spec import objective_spec
 
 RC = "algorithm.rollout_correction"
 
 
 def rc_of(*overrides: str):
     return load_config(None, list(overrides)).algorithm.rollout_correction
+
+
+def spec_of(cfg: Config) -> ObjectiveSpec:
+    return objective_spec(cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction)
 
 
 def test_a_verl_command_line_ports_with_the_same_meaning() -> None:
@@ -39,16 +45,16 @@ def test_a_verl_command_line_ports_with_the_same_meaning() -> None:
             f"{RC}.rollout_rs_threshold=0.99_1.001,0.01",
         ],
     )
-    s = LearnerSettings.from_config(cfg)
-    assert (s.rollout_is, s.rollout_is_threshold) == ("sequence", "0.5_5.0")
-    assert s.is_batch_normalize and not s.bypass_mode
-    assert (s.rollout_rs, s.rollout_rs_threshold) == ("seq_mean_k1,token_k3", "0.99_1.001,0.01")
-    plain = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=3"]))
-    assert (plain.rollout_is, plain.rollout_is_threshold) == ("token", 3.0)
-    off = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=null"]))
+    s = spec_of(cfg)
+    assert (s.rollout_is, s.is_upper, s.is_lower) == ("sequence", 5.0, 0.5)
+    assert s.is_batch_normalize and s.bypass_loss_type is None
+    assert s.rs_bounds == {"seq_mean_k1": (0.99, 1.001), "token_k3": (None, 0.01)}
+    plain = spec_of(load_config(None, [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=3"]))
+    assert (plain.rollout_is, plain.is_upper, plain.is_lower) == ("token", 3.0, None)
+    off = spec_of(load_config(None, [f"{RC}.rollout_is=null"]))
     assert off.rollout_is is None
-    bypass = LearnerSettings.from_config(load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"]))
-    assert (bypass.bypass_mode, bypass.bypass_loss_type) == (True, "reinforce")
+    bypass = spec_of(load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"]))
+    assert bypass.bypass_loss_type == "reinforce"
 
 
 def test_the_async_default_is_token_truncation_at_two() -> None:

@@ -6,13 +6,16 @@ the module has a unique name because test directories are not packages (pytest p
 
 from __future__ import annotations
 
+import copy
 import random
 
 import torch
 from torch import nn
 
+from async_rl.config import Config, default_config
+from async_rl.config.resolve import LearnerStart
 from async_rl.learner.batching import Response, SampledGroup
-from async_rl.learner.settings import LearnerSettings, OptimSettings
+from async_rl.peft_format import LoRASpec
 
 VOCAB = 64
 
@@ -66,33 +69,121 @@ def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) ->
 
 
 def layout(name: str) -> dict[str, bool]:
-    """Settings overrides that select a micro-batch layout: ``padded``, ``packed`` or ``shared``."""
+    """Config overrides (:func:`settings`) that select a micro-batch layout: ``padded``, ``packed`` or ``shared``."""
     assert name in ("padded", "packed", "shared"), name
     return {"use_shared_prompt": name == "shared", "use_remove_padding": name == "packed"}
 
 
-def settings(**overrides: object) -> LearnerSettings:
-    """The config's defaults for a small GRPO learner: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches
-    of 2, lr 1e-3, no importance weights, no gradient checkpointing, fp32, and no fixed prompt/response lengths (the
-    scripted groups have prompts and responses of any length)."""
-    base = LearnerSettings.defaults(
-        adv_estimator="grpo",
-        ppo_mini_batch_size=2,
-        ppo_micro_batch_size_per_gpu=2,
-        log_prob_micro_batch_size_per_gpu=4,
-        rollout_n=4,
-        grad_clip=1.0,
-        optim=OptimSettings.defaults(lr=1e-3, weight_decay=0.0),
-        max_consecutive_nonfinite=3,
-        rollout_is=None,
-        clip_ratio_low=None,
-        clip_ratio_high=None,
-        enable_gradient_checkpointing=False,
-        max_prompt_length=None,
-        max_response_length=None,
-        seed=0,
-        # fp32 on every host: these tests compare layouts and world sizes to 1e-6, and `auto` would be bf16 on a CPU
-        # with native bf16 (the bf16 path has tests of its own, with tolerances from bf16's rounding)
-        param_dtype="fp32",
-    )
-    return base.replace(**overrides)
+ARR = "actor_rollout_ref"
+RC = "algorithm.rollout_correction"
+# The short names these tests use for the config keys the learner reads.
+KEYS = {
+    "ppo_mini_batch_size": f"{ARR}.actor.ppo_mini_batch_size",
+    "ppo_micro_batch_size_per_gpu": f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+    "ppo_epochs": f"{ARR}.actor.ppo_epochs",
+    "shuffle": f"{ARR}.actor.shuffle",
+    "clip_ratio": f"{ARR}.actor.clip_ratio",
+    "clip_ratio_low": f"{ARR}.actor.clip_ratio_low",
+    "clip_ratio_high": f"{ARR}.actor.clip_ratio_high",
+    "clip_ratio_c": f"{ARR}.actor.clip_ratio_c",
+    "loss_agg_mode": f"{ARR}.actor.loss_agg_mode",
+    "loss_mode": f"{ARR}.actor.policy_loss.loss_mode",
+    "loss_scale_factor": f"{ARR}.actor.loss_scale_factor",
+    "mask_truncated_responses": f"{ARR}.actor.mask_truncated_responses",
+    "entropy_coeff": f"{ARR}.actor.entropy_coeff",
+    "use_kl_loss": f"{ARR}.actor.use_kl_loss",
+    "kl_loss_coef": f"{ARR}.actor.kl_loss_coef",
+    "kl_loss_type": f"{ARR}.actor.kl_loss_type",
+    "grad_clip": f"{ARR}.actor.grad_clip",
+    "max_consecutive_nonfinite": f"{ARR}.actor.max_consecutive_nonfinite",
+    "param_dtype": f"{ARR}.actor.fsdp_config.mixed_precision.param_dtype",
+    "lr": f"{ARR}.actor.optim.lr",
+    "weight_decay": f"{ARR}.actor.optim.weight_decay",
+    "log_prob_micro_batch_size_per_gpu": f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu",
+    "rollout_n": f"{ARR}.rollout.n",
+    "temperature": f"{ARR}.rollout.temperature",
+    "use_remove_padding": f"{ARR}.model.use_remove_padding",
+    "use_shared_prompt": f"{ARR}.model.use_shared_prompt",
+    "enable_gradient_checkpointing": f"{ARR}.model.enable_gradient_checkpointing",
+    "max_prompt_length": "data.max_prompt_length",
+    "max_response_length": "data.max_response_length",
+    "adv_estimator": "algorithm.adv_estimator",
+    "gamma": "algorithm.gamma",
+    "lam": "algorithm.lam",
+    "norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std_in_grpo",
+    "use_kl_in_reward": "algorithm.use_kl_in_reward",
+    "kl_penalty": "algorithm.kl_penalty",
+    "kl_coef": "algorithm.kl_ctrl.kl_coef",
+    "rollout_is": f"{RC}.rollout_is",
+    "rollout_is_threshold": f"{RC}.rollout_is_threshold",
+    "is_batch_normalize": f"{RC}.rollout_is_batch_normalize",
+    "rollout_rs": f"{RC}.rollout_rs",
+    "rollout_rs_threshold": f"{RC}.rollout_rs_threshold",
+    "bypass_mode": f"{RC}.bypass_mode",
+    "bypass_loss_type": f"{RC}.loss_type",
+    "seed": "trainer.seed",
+}
+
+# A small GRPO learner: 4 prompts x 4 responses per step, 2 mini-batches, micro-batches of 2, lr 1e-3, no importance
+# weights, no gradient checkpointing, fp32, and prompts/responses up to the scripted groups' 9/12 tokens.
+BASE: dict[str, object] = {
+    "adv_estimator": "grpo",
+    "ppo_mini_batch_size": 2,
+    "ppo_micro_batch_size_per_gpu": 2,
+    "log_prob_micro_batch_size_per_gpu": 4,
+    "rollout_n": 4,
+    "grad_clip": 1.0,
+    "lr": 1e-3,
+    "weight_decay": 0.0,
+    "max_consecutive_nonfinite": 3,
+    "rollout_is": None,
+    "clip_ratio_low": None,
+    "clip_ratio_high": None,
+    "enable_gradient_checkpointing": False,
+    "max_prompt_length": 9,
+    "max_response_length": 12,
+    "seed": 0,
+    # fp32 on every host: these tests compare layouts and world sizes to 1e-6, and `auto` would be bf16 on a CPU
+    # with native bf16 (the bf16 path has tests of its own, with tolerances from bf16's rounding)
+    "param_dtype": "fp32",
+}
+
+# What the config cannot say; the tests' schedules are constant, so no horizon is needed.
+START = LearnerStart(pad_token_id=0, total_training_steps=0)
+
+
+def set_key(cfg: Config, key: str, value: object) -> None:
+    """Set one config key (dotted path) on ``cfg`` in place, without validation: these tests also build learners the
+    config's batching rules would refuse (uneven micro-batches), which the learner handles."""
+    *parents, leaf = key.split(".")
+    node: object = cfg
+    for part in parents:
+        node = getattr(node, part)
+    assert hasattr(node, leaf), key
+    setattr(node, leaf, value)
+
+
+def settings(*, lora: LoRASpec | None = None, critic: dict[str, object] | None = None, **overrides: object) -> Config:
+    """The config's defaults with :data:`BASE` and ``overrides`` (short names, :data:`KEYS`) set. ``lora``: the
+    adapter's ``actor_rollout_ref.model.lora_*`` keys; ``critic``: ``critic.*`` keys (dotted below ``critic``)."""
+    cfg = default_config()
+    for name, value in {**BASE, **overrides}.items():
+        set_key(cfg, KEYS[name], value)
+    if lora is not None:
+        model = cfg.actor_rollout_ref.model
+        model.lora_rank, model.lora_alpha = lora.rank, lora.alpha
+        model.target_modules = (
+            lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+        )
+        model.exclude_modules = list(lora.exclude_modules)
+    for key, value in (critic or {}).items():
+        set_key(cfg, f"critic.{key}", value)
+    return cfg
+
+
+def replace(cfg: Config, **overrides: object) -> Config:
+    """A copy of ``cfg`` with ``overrides`` (short names) set."""
+    out = copy.deepcopy(cfg)
+    for name, value in overrides.items():
+        set_key(out, KEYS[name], value)
+    return out

@@ -19,12 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
-from _learner_testlib import layout, scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
+from _learner_testlib import START, layout, replace, scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from async_rl.learner import (  # noqa: E402
-    CriticSettings,
     Learner,
     export_hf,
     init_distributed,
@@ -85,9 +84,14 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     for mode, variants in cases.items():
         for micro, lay in variants:
             common = dict(ppo_mini_batch_size=4, loss_agg_mode=mode, entropy_coeff=0.01)
-            dist_l = Learner(settings(ppo_micro_batch_size_per_gpu=micro, **layout(lay), **common), ctx, tiny_policy)
+            dist_l = Learner(
+                settings(ppo_micro_batch_size_per_gpu=micro, **layout(lay), **common), START, ctx, tiny_policy
+            )
             local_l = Learner(
-                settings(ppo_micro_batch_size_per_gpu=16, **layout("padded"), **common), local_context(), tiny_policy
+                settings(ppo_micro_batch_size_per_gpu=16, **layout("padded"), **common),
+                START,
+                local_context(),
+                tiny_policy,
             )
             g_dist, g_local = capture(dist_l), capture(local_l)
             dist_l.train_step(groups)
@@ -100,8 +104,8 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
 def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
     s = settings(ppo_epochs=2, shuffle=True, max_consecutive_nonfinite=5, **layout("shared"))
-    dist_l = Learner(s, ctx, tiny_policy)
-    local_l = Learner(s, local_context(), tiny_policy)  # shuffling by group: the same mini-batches in both
+    dist_l = Learner(s, START, ctx, tiny_policy)
+    local_l = Learner(s, START, local_context(), tiny_policy)  # shuffling by group: the same mini-batches in both
     losses = []
     for step in range(3):
         groups = scripted_groups(4, 4, seed=100 + step, version=step)
@@ -150,7 +154,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
 def resume_settings() -> Any:
     return settings(
         adv_estimator="gae",
-        critic=CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+        critic=dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
         use_kl_in_reward=True,
         kl_ctrl_type="adaptive",
         use_kl_loss=True,
@@ -160,7 +164,7 @@ def resume_settings() -> Any:
 
 def scenario_resume(ctx: Any, out: Path, phase: str) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    learner = Learner(resume_settings(), ctx, tiny_policy, critic=tiny_critic)
+    learner = Learner(resume_settings(), START, ctx, tiny_policy, critic=tiny_critic)
     root = out / "ckpt"
     k = 2
     if phase == "a":
@@ -195,8 +199,8 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
 
     res: dict[str, Any] = {}
     s = settings(lora=LoRASpec(rank=4, alpha=8.0, target_modules="all-linear"), use_kl_loss=True, seed=5)
-    dist_l = Learner(s, ctx, tiny_policy)
-    local_l = Learner(s.replace(ppo_micro_batch_size_per_gpu=16), local_context(), tiny_policy)
+    dist_l = Learner(s, START, ctx, tiny_policy)
+    local_l = Learner(replace(s, ppo_micro_batch_size_per_gpu=16), START, local_context(), tiny_policy)
     g_dist, g_local = capture(dist_l), capture(local_l)
     for step in range(2):
         groups = scripted_groups(4, 4, seed=500 + step, version=step)
@@ -213,7 +217,7 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
     )
     root = out / "ckpt"
     dist_l.save_checkpoint(root, extra=None, keep_last=None)
-    resumed = Learner(s, ctx, tiny_policy)
+    resumed = Learner(s, START, ctx, tiny_policy)
     path = latest(root)
     assert path is not None
     resumed.load_checkpoint(path)
@@ -229,7 +233,7 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
 def scenario_gpu(ctx: Any) -> dict[str, Any]:
     """CUDA: bf16 compute with fp32 master weights (MixedPrecisionPolicy), NCCL collectives, bf16 export."""
     res: dict[str, Any] = {"device": ctx.device.type, "backend": ctx.backend}
-    learner = Learner(settings(entropy_coeff=0.01), ctx, tiny_policy)
+    learner = Learner(settings(entropy_coeff=0.01), START, ctx, tiny_policy)
     metrics = [learner.train_step(scripted_groups(4, 4, seed=400 + i)) for i in range(2)]
     res["finite"] = all(math.isfinite(v) for m in metrics for v in m.values())
     res["master_fp32"] = all(p.dtype == torch.float32 for p in learner.model.parameters())
@@ -248,12 +252,12 @@ def _precision_step(ctx: Any, param_dtype: str, groups: list[Any]) -> dict[str, 
     """One GAE + KL-loss step (2 mini-batches) at ``param_dtype``; what ``scenario_precision`` compares."""
     s = settings(
         adv_estimator="gae",
-        critic=CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+        critic=dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
         use_kl_loss=True,
         entropy_coeff=0.01,
         param_dtype=param_dtype,
     )
-    learner = Learner(s, ctx, tiny_policy, critic=tiny_critic)
+    learner = Learner(s, START, ctx, tiny_policy, critic=tiny_critic)
     assert learner.ref is not None and learner.critic is not None
     models = {"actor": learner.model, "ref": learner.ref, "critic": learner.critic.model}
     hooked = {f"{role}/layer0.down_proj": m.get_submodule("model.layers.0.mlp.down_proj") for role, m in models.items()}

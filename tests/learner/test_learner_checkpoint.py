@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _learner_testlib import scripted_groups, settings, tiny_policy
+from _learner_testlib import START, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, export_hf, iter_full_state, latest, list_checkpoints, local_context
 from async_rl.learner.checkpoint import COMMITTED
@@ -24,7 +24,7 @@ def test_latest_ignores_incomplete_checkpoints(tmp_path: Path) -> None:
 
 
 def test_save_load_round_trip_prunes_and_resumes_exactly(tmp_path: Path) -> None:
-    learner = Learner(settings(shuffle=True), local_context(), tiny_policy)
+    learner = Learner(settings(shuffle=True), START, local_context(), tiny_policy)
     learner.train_step(scripted_groups(4, 4, seed=1))
     (tmp_path / "step_0.tmp").mkdir()  # a leftover from an older crash is cleaned by the next save
     learner.save_checkpoint(tmp_path, extra=b"ledger-bytes", keep_last=2)
@@ -35,7 +35,7 @@ def test_save_load_round_trip_prunes_and_resumes_exactly(tmp_path: Path) -> None
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3]  # step_1 pruned (keep_last=2)
     assert not (tmp_path / "step_0.tmp").exists()
 
-    fresh = Learner(settings(shuffle=True), local_context(), tiny_policy)
+    fresh = Learner(settings(shuffle=True), START, local_context(), tiny_policy)
     assert fresh.load_checkpoint(tmp_path / "step_2") == {"cursor": 2}
     assert fresh.version == 2
     got = fresh.train_step(scripted_groups(4, 4, seed=3))

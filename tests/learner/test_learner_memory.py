@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from _learner_testlib import VOCAB, layout, settings, tiny_config, tiny_policy
+from _learner_testlib import START, VOCAB, layout, settings, tiny_config, tiny_policy
 
 from async_rl.learner import Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup
@@ -62,9 +62,11 @@ def _step(name: str, micro: int) -> tuple[SavedBytes, float]:
         ppo_micro_batch_size_per_gpu=micro,
         log_prob_micro_batch_size_per_gpu=micro,
         rollout_n=N,
+        max_prompt_length=PROMPT_LEN,
+        max_response_length=RESPONSE_LEN,
         **layout(name),
     )
-    learner = Learner(s, local_context(), lambda: tiny_policy())
+    learner = Learner(s, START, local_context(), lambda: tiny_policy())
     saved = SavedBytes()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
         metrics = learner.train_step(_groups())

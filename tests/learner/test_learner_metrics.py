@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import torch
-from _learner_testlib import scripted_groups, settings, tiny_critic, tiny_policy
+from _learner_testlib import START, scripted_groups, settings, tiny_critic, tiny_policy
 
 import async_rl.learner.step as step_mod
-from async_rl.learner import CriticSettings, Learner, local_context
+from async_rl.learner import Learner, local_context
 from async_rl.learner.dist import DistContext
 from async_rl.learner.metrics import MetricAccumulator
 from async_rl.metric_catalog import find, unknown_keys
@@ -185,7 +185,7 @@ REAL_STEPS = [
         "critic",
         {
             "adv_estimator": "gae",
-            "critic": CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+            "critic": dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
             "rollout_rs": "token_k1",
             "rollout_rs_threshold": 2.0,
         },
@@ -201,7 +201,7 @@ def test_a_real_step_reduces_as_before_and_reports_catalogued_keys(
     monkeypatch.setattr(step_mod, "MetricAccumulator", Recording)
     Recording.made.clear()
     kw = {"critic": tiny_critic} if with_critic else {}
-    learner = Learner(settings(**overrides), local_context(), tiny_policy, **kw)
+    learner = Learner(settings(**overrides), START, local_context(), tiny_policy, **kw)
     metrics = learner.train_step(scripted_groups(4, 4, seed=11))
     (acc,) = Recording.made
     assert len(acc.calls) > 20  # micro-batches x metrics: a real workload

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from _learner_testlib import scripted_groups, settings, tiny_policy
+from _learner_testlib import START, scripted_groups, settings, tiny_policy
 from torch import nn
 
-from async_rl.config import load_config
-from async_rl.learner import Learner, LearnerSettings, local_context
-from async_rl.learner import settings as settings_mod
+from async_rl.config import default_config, load_config
+from async_rl.learner import Learner, local_context
+from async_rl.learner import precision as precision_mod
 from async_rl.learner.model import build_model
-from async_rl.learner.settings import cpu_native_bf16, resolve_compute_dtype
+from async_rl.learner.precision import cpu_native_bf16, resolve_compute_dtype
 
 KEY = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)  # a device object needs no GPU; only its type is read
@@ -29,7 +29,7 @@ FLAGS = "flags\t\t: fpu vme sse sse2 avx avx2 fma"
 @pytest.fixture
 def cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A /proc/cpuinfo stand-in without bf16 flags; the once-per-process warning is re-armed."""
-    monkeypatch.setattr(settings_mod, "_warned_slow_bf16", False)
+    monkeypatch.setattr(precision_mod, "_warned_slow_bf16", False)
     path = tmp_path / "cpuinfo"
     path.write_text(f"processor\t: 0\n{FLAGS}\n\nprocessor\t: 1\n{FLAGS}\n")
     return path
@@ -50,34 +50,38 @@ def test_param_dtype_resolves_per_device(
     param_dtype: str, device: torch.device, expected: torch.dtype, cpuinfo: Path
 ) -> None:
     assert resolve_compute_dtype(param_dtype, device, cpuinfo=cpuinfo) == expected
-    s = LearnerSettings.from_config(load_config(None, [f"{KEY}={param_dtype}"]))
-    assert s.param_dtype == param_dtype
-    if not (param_dtype == "auto" and device == CPU):  # that one depends on this host's CPU, see below
-        assert s.compute_dtype(device) == expected
+    cfg = load_config(None, [f"{KEY}={param_dtype}"])
+    assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == param_dtype
+    if device == CPU and param_dtype != "auto":  # auto depends on this host's CPU, see below
+        assert (
+            Learner(settings(param_dtype=param_dtype), START, local_context(CPU), tiny_policy).compute_dtype == expected
+        )
 
 
 @pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
 def test_auto_is_bf16_on_a_cpu_with_native_bf16(flag: str, cpuinfo: Path) -> None:
     cpuinfo.write_text(f"processor\t: 0\n{FLAGS} {flag}\n")
     assert resolve_compute_dtype("auto", CPU, cpuinfo=cpuinfo) == BF16
-    # this host: whatever its flags say, the settings follow the same rule
+    # this host: whatever its flags say, the learner follows the same rule
     native = cpu_native_bf16()
-    assert LearnerSettings.defaults().compute_dtype(CPU, warn=False) == (BF16 if native else FP32)
+    assert Learner(settings(param_dtype="auto"), START, local_context(CPU), tiny_policy).compute_dtype == (
+        BF16 if native else FP32
+    )
 
 
 def test_default_is_auto_and_unknown_names_are_refused() -> None:
-    assert LearnerSettings.defaults().param_dtype == "auto"
+    assert default_config().actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "auto"
     with pytest.raises(ValueError, match="param_dtype must be one of"):
         resolve_compute_dtype("bfloat16", CPU)
-    with pytest.raises(ValueError, match="param_dtype must be one of"):
-        LearnerSettings.defaults(param_dtype="fp16")
+    with pytest.raises(ValueError, match="param_dtype"):
+        load_config(None, [f"{KEY}=fp16"])
     with pytest.raises(ValueError, match="compute_dtype must be one of"):
         build_model(tiny_policy, local_context(CPU), role="actor", compute_dtype=torch.float16)
 
 
 def test_bf16_on_a_cpu_without_native_bf16_warns_once(cpuinfo: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert cpu_native_bf16(cpuinfo) is False
-    with caplog.at_level(logging.WARNING, logger=settings_mod.__name__):
+    with caplog.at_level(logging.WARNING, logger=precision_mod.__name__):
         for device, param_dtype in ((CPU, "auto"), (CPU, "fp32"), (CUDA, "bf16")):
             resolve_compute_dtype(param_dtype, device, cpuinfo=cpuinfo)
         assert resolve_compute_dtype("bf16", CPU, warn=False, cpuinfo=cpuinfo) == BF16  # ranks other than 0
@@ -96,7 +100,7 @@ def test_native_bf16_flags_and_an_unknown_cpu_do_not_warn(
     assert cpu_native_bf16(cpuinfo) is True
     missing = tmp_path / "no-such-file"
     assert cpu_native_bf16(missing) is None
-    with caplog.at_level(logging.WARNING, logger=settings_mod.__name__):
+    with caplog.at_level(logging.WARNING, logger=precision_mod.__name__):
         assert resolve_compute_dtype("bf16", CPU, cpuinfo=cpuinfo) == BF16
         assert resolve_compute_dtype("bf16", CPU, cpuinfo=missing) == BF16
     assert not caplog.records
@@ -114,7 +118,7 @@ class _Step:
 def _one_step(param_dtype: str) -> _Step:
     """One single-process KL-loss step (2 mini-batches) from the same weights and batch."""
     s = settings(param_dtype=param_dtype, use_kl_loss=True, entropy_coeff=0.01)
-    learner = Learner(s, local_context(CPU), tiny_policy)
+    learner = Learner(s, START, local_context(CPU), tiny_policy)
     assert learner.ref is not None
     seen: set[tuple[str, str, str]] = set()
 

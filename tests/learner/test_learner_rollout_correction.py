@@ -12,8 +12,9 @@ import math
 
 import pytest
 import torch
-from _learner_testlib import scripted_groups, settings, tiny_policy
+from _learner_testlib import START, scripted_groups, settings, tiny_policy
 
+from async_rl.config import ConfigError, load_config
 from async_rl.learner import Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup, collate_groups
 
@@ -21,7 +22,7 @@ COMMON = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 5, "max_resp
 
 
 def _first_update(groups: list[SampledGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    learner = Learner(settings(**{**COMMON, **overrides}), local_context(), tiny_policy)
+    learner = Learner(settings(**{**COMMON, **overrides}), START, local_context(), tiny_policy)
     grads: list[dict[str, torch.Tensor]] = []
     learner.actor.grad_hook = lambda m: grads.append(
         {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -33,7 +34,7 @@ def _first_update(groups: list[SampledGroup], **overrides: object) -> tuple[dict
 def _on_policy_groups(seed: int = 21) -> list[SampledGroup]:
     """Scripted groups whose behaviour log-probs are exactly the initial model's (pi_rollout == pi_old)."""
     groups = scripted_groups(4, 4, seed=seed)
-    learner = Learner(settings(**COMMON), local_context(), tiny_policy)
+    learner = Learner(settings(**COMMON), START, local_context(), tiny_policy)
     batch = collate_groups(groups, max_response_length=12)
     logps = learner._log_probs(learner.model, batch)
     out, row = [], 0
@@ -77,7 +78,9 @@ def test_bypass_mode_takes_the_actors_log_probs_as_the_old_policy() -> None:
 def test_rejection_sampling_masks_tokens_once_per_step_before_the_loss() -> None:
     groups = scripted_groups(4, 4, seed=21)
     # the scripted behaviour log-probs sit in [-4.5, -3.9]; the tiny model's are near -log(64) = -4.16
-    learner = Learner(settings(**COMMON, rollout_rs="token_k1", rollout_rs_threshold=1.2), local_context(), tiny_policy)
+    learner = Learner(
+        settings(**COMMON, rollout_rs="token_k1", rollout_rs_threshold=1.2), START, local_context(), tiny_policy
+    )
     assert not learner._reuses_proximal(16)  # rejection needs the proximal log-probs before the loss counts
     batch = collate_groups(groups, max_response_length=12)
     d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"])[batch["response_mask"].bool()]
@@ -95,6 +98,7 @@ def test_batch_normalised_weights_have_mean_one() -> None:
     groups = scripted_groups(4, 4, seed=21)
     learner = Learner(
         settings(**COMMON, rollout_is="sequence", rollout_is_threshold=5.0, is_batch_normalize=True),
+        START,
         local_context(),
         tiny_policy,
     )
@@ -127,12 +131,17 @@ def test_loss_scale_factor_divides_the_dr_grpo_loss() -> None:
     _assert_same(doubled, {k: v / 2 for k, v in default.items()})
 
 
-def test_bad_correction_settings_fail_at_construction() -> None:
-    with pytest.raises(ValueError, match="rollout_is must be one of"):
-        settings(rollout_is="batch")
-    with pytest.raises(ValueError, match="bypass_loss_type"):
-        settings(bypass_loss_type="dpo")
-    with pytest.raises(ValueError, match="not a number"):
-        settings(rollout_is_threshold="cap")
-    with pytest.raises(ValueError, match="thresholds must be given"):
-        settings(rollout_rs="token_k1")
+def test_bad_correction_settings_fail_before_training() -> None:
+    rc = "algorithm.rollout_correction"
+    for override, match in (
+        (f"{rc}.rollout_is=batch", "rollout_is"),
+        (f"{rc}.loss_type=dpo", "loss_type"),
+        (f"{rc}.rollout_is_threshold=cap", "not a number"),
+        (f"{rc}.rollout_rs=token_k1", "thresholds must be given"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            load_config(None, [override])
+    # the learner parses the same specs once, at construction: a config changed after validation fails there
+    for bad, match in (({"rollout_is_threshold": "cap"}, "not a number"), ({"rollout_rs": "token_k1"}, "thresholds")):
+        with pytest.raises(ValueError, match=match):
+            Learner(settings(**bad), START, local_context(), tiny_policy)

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from _learner_testlib import layout, scripted_groups, settings, tiny_critic, tiny_policy
+from _learner_testlib import START, layout, scripted_groups, settings, tiny_critic, tiny_policy
 
-from async_rl.learner import CriticSettings, Learner, local_context
+from async_rl.learner import Learner, local_context
 
 
 def _grads_of_first_update(**overrides: object) -> dict[str, torch.Tensor]:
-    learner = Learner(settings(**overrides), local_context(), tiny_policy)
+    learner = Learner(settings(**overrides), START, local_context(), tiny_policy)
     store: list[dict[str, torch.Tensor]] = []
     learner.actor.grad_hook = lambda m: store.append(
         {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -60,7 +60,7 @@ def _nan_reward_groups(seed: int) -> list:  # type: ignore[type-arg]
 
 def test_nan_advantage_skips_the_update_bit_for_bit_and_the_limit_raises() -> None:
     # one mini-batch per step (4 prompts x 4), so one optimizer update per step
-    learner = Learner(settings(ppo_mini_batch_size=4, max_consecutive_nonfinite=3), local_context(), tiny_policy)
+    learner = Learner(settings(ppo_mini_batch_size=4, max_consecutive_nonfinite=3), START, local_context(), tiny_policy)
     learner.train_step(scripted_groups(4, 4, seed=1))  # a normal step: optimizer state exists
     before = _snapshot(learner)
     metrics = learner.train_step(_nan_reward_groups(2))  # a NaN reward makes its group's GRPO advantages NaN
@@ -79,7 +79,7 @@ def test_nan_advantage_skips_the_update_bit_for_bit_and_the_limit_raises() -> No
 
 
 def test_loss_hook_nan_then_recovery_resets_the_consecutive_count() -> None:
-    learner = Learner(settings(max_consecutive_nonfinite=3), local_context(), tiny_policy)
+    learner = Learner(settings(max_consecutive_nonfinite=3), START, local_context(), tiny_policy)
     learner.loss_hook = lambda loss: loss + float("nan")  # finite gradients, non-finite loss: still skipped
     m = learner.train_step(scripted_groups(4, 4, seed=1))
     assert m["learner/actor/skipped_updates"] == 2.0
@@ -90,14 +90,15 @@ def test_loss_hook_nan_then_recovery_resets_the_consecutive_count() -> None:
 
 
 def test_models_are_built_only_for_their_roles() -> None:
-    plain = Learner(settings(), local_context(), tiny_policy)
+    plain = Learner(settings(), START, local_context(), tiny_policy)
     assert plain.ref is None and plain.critic is None and plain.kl_ctrl is None
     full = Learner(
         settings(
             adv_estimator="gae",
-            critic=CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+            critic=dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
             use_kl_loss=True,
         ),
+        START,
         local_context(),
         tiny_policy,
         critic=tiny_critic,
@@ -110,14 +111,12 @@ def test_models_are_built_only_for_their_roles() -> None:
     for key in ("learner/critic/loss", "learner/critic/vf_clipfrac", "learner/actor/kl_loss", "learner/actor/entropy"):
         assert key in metrics
     with pytest.raises(ValueError, match="critic"):
-        Learner(
-            settings(adv_estimator="gae", critic=CriticSettings.defaults(model_path="")), local_context(), tiny_policy
-        )
+        Learner(settings(adv_estimator="gae", critic={"model.path": ""}), START, local_context(), tiny_policy)
 
 
 def test_step_metrics_and_version() -> None:
     corr = {"rollout_is": "token", "rollout_is_threshold": 2.0}
-    learner = Learner(settings(**corr, **layout("padded")), local_context(), tiny_policy)
+    learner = Learner(settings(**corr, **layout("padded")), START, local_context(), tiny_policy)
     groups = scripted_groups(4, 4, seed=8, version=0)
     m0 = learner.train_step(groups)
     m1 = learner.train_step(groups)  # same samples, now one version stale
@@ -130,9 +129,9 @@ def test_step_metrics_and_version() -> None:
         assert key in m0
     assert "learner/perf/tokens_per_s" in m0
     assert m0["learner/rollout_corr/rollout_is_max"] <= 2.0 + 1e-6  # truncated at rollout_is_threshold
-    packed = Learner(settings(**layout("packed")), local_context(), tiny_policy).train_step(groups)
+    packed = Learner(settings(**layout("packed")), START, local_context(), tiny_policy).train_step(groups)
     assert packed["learner/batch/padding_waste"] < m0["learner/batch/padding_waste"]
-    shared = Learner(settings(**corr, **layout("shared")), local_context(), tiny_policy)
+    shared = Learner(settings(**corr, **layout("shared")), START, local_context(), tiny_policy)
     m_shared = shared.train_step(groups)
     assert m_shared["learner/batch/padding_waste"] == 0.0  # one padding-free row per micro-batch
     # the same update: only float summation order differs
@@ -146,7 +145,7 @@ def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:
     common = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 5, "max_response_length": 12}
     results = {}
     for reuse in (True, False):
-        learner = Learner(settings(**common), local_context(), tiny_policy)
+        learner = Learner(settings(**common), START, local_context(), tiny_policy)
         assert learner._reuses_proximal(16)
         if not reuse:
             learner._reuses_proximal = lambda batch_size: False  # type: ignore[method-assign]
@@ -166,7 +165,7 @@ def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:
         assert math.isclose(m_reuse[key], m_full[key], rel_tol=1e-5, abs_tol=1e-7), key
     assert m_full["learner/offpolicy/abs_log_ratio_mean"] > 1e-3  # scripted behaviour log-probs differ: not trivial
     # two mini-batches: the second one's proximal policy is not the current weights, so the pass stays
-    assert not Learner(settings(ppo_mini_batch_size=2), local_context(), tiny_policy)._reuses_proximal(16)
+    assert not Learner(settings(ppo_mini_batch_size=2), START, local_context(), tiny_policy)._reuses_proximal(16)
 
 
 def test_a_group_with_an_out_of_vocab_id_is_dropped_not_a_crash() -> None:
@@ -181,12 +180,12 @@ def test_a_group_with_an_out_of_vocab_id_is_dropped_not_a_crash() -> None:
         return learner.train_step(batch)
 
     common = {"ppo_micro_batch_size_per_gpu": 4, "max_response_length": 12}
-    learner = Learner(settings(ppo_mini_batch_size=4, **common), local_context(), tiny_policy)
+    learner = Learner(settings(ppo_mini_batch_size=4, **common), START, local_context(), tiny_policy)
     assert learner.vocab_size == 64
     metrics = first_update(learner, groups)
     assert metrics["learner/batch/invalid_groups"] == 1.0 and learner.version == 1
     # the update is exactly the one of the other three groups alone (token-mean: group 1 adds no token)
-    alone = Learner(settings(ppo_mini_batch_size=3, **common), local_context(), tiny_policy)
+    alone = Learner(settings(ppo_mini_batch_size=3, **common), START, local_context(), tiny_policy)
     clean = first_update(alone, [g for i, g in enumerate(groups) if i != 1])
     assert clean["learner/batch/invalid_groups"] == 0.0
     with_bad, without = store

@@ -7,7 +7,7 @@ from pathlib import Path
 import peft
 import pytest
 import torch
-from _learner_testlib import VOCAB, scripted_groups, settings, tiny_policy
+from _learner_testlib import START, VOCAB, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
 from async_rl.learner.export import export_adapter, export_hf
@@ -101,7 +101,7 @@ def test_forward_and_gradients_match_peft() -> None:
 
 
 def _lora_learner(**overrides: object) -> Learner:
-    return Learner(settings(lora=SPEC, **overrides), local_context(), tiny_policy)
+    return Learner(settings(lora=SPEC, **overrides), START, local_context(), tiny_policy)
 
 
 def test_learner_trains_the_adapter_only_and_syncs_it_under_peft_names() -> None:

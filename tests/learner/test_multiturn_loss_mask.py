@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from _learner_testlib import layout, settings, tiny_critic, tiny_policy
+from _learner_testlib import START, layout, settings, tiny_critic, tiny_policy
 
-from async_rl.learner import CriticSettings, Learner, local_context
+from async_rl.learner import Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup, collate_groups
 from async_rl.learner.update import mini_batch_counts
 from async_rl.runtime.rollout_source import collate_wire_groups
@@ -88,13 +88,13 @@ def test_the_wire_mask_reaches_the_batch() -> None:
         {"entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1},
         {
             "adv_estimator": "gae",
-            "critic": CriticSettings.defaults(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4),
+            "critic": dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4),
         },
     ],
     ids=["grpo_entropy_kl", "gae"],
 )
 def test_observation_tokens_get_exactly_zero_gradient(overrides: dict[str, Any]) -> None:
-    learner = Learner(_one_step_settings(**overrides), local_context(), tiny_policy, critic=tiny_critic)
+    learner = Learner(_one_step_settings(**overrides), START, local_context(), tiny_policy, critic=tiny_critic)
     actor_logits = _grad_enabled_logits(learner.model)
     critic_logits = _grad_enabled_logits(learner.critic.model) if learner.critic is not None else []
     metrics = learner.train_step(_episodes())
@@ -128,7 +128,7 @@ def test_behaviour_log_probs_at_observation_tokens_are_never_read(overrides: dic
     # 0 (the convention) or -9 there: the same update and the same off-policy metrics. Read as behaviour log-probs,
     # either would make a sequence-level weight or rejection statistic blow up (|log ratio| > 4 per token).
     def first_step(obs_logprob: float) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        learner = Learner(_one_step_settings(**overrides), local_context(), tiny_policy)
+        learner = Learner(_one_step_settings(**overrides), START, local_context(), tiny_policy)
         grads: list[dict[str, torch.Tensor]] = []
         learner.actor.grad_hook = lambda m: grads.append(
             {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
@@ -160,7 +160,7 @@ def test_an_episode_that_ran_into_the_length_limit_leaves_the_loss_whole() -> No
             groups[0].responses[1],
         ],
     )
-    learner = Learner(_one_step_settings(mask_truncated_responses=True), local_context(), tiny_policy)
+    learner = Learner(_one_step_settings(mask_truncated_responses=True), START, local_context(), tiny_policy)
     batch = collate_groups(groups)
     assert mini_batch_counts(local_context(), batch, [0, 1, 2, 3]) == (16.0, 4.0)
     logits = _grad_enabled_logits(learner.model)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from _learner_testlib import layout, scripted_groups, settings, tiny_policy
+from _learner_testlib import START, layout, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
 from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_truncated
@@ -102,7 +102,10 @@ def _grpo_groups(truncate: bool, perturb: bool = False) -> list[SampledGroup]:
 def _first_grads(groups: list[SampledGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     # one mini-batch of all 16 rows (one optimizer step; ratio 1 on the first step), token-mean
     learner = Learner(
-        settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=5, **overrides), local_context(), tiny_policy
+        settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=5, **overrides),
+        START,
+        local_context(),
+        tiny_policy,
     )
     store: list[dict[str, torch.Tensor]] = []
     learner.actor.grad_hook = lambda m: store.append(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from async_rl.config import load_config
-from async_rl.learner.settings import LearnerSettings
+from async_rl.config.resolve import learner_start
+from async_rl.learner.optim import check_schedule, schedule_span
 from async_rl.runtime.dry_run import dry_run_report
 from async_rl.runtime.run_length import RunLength, derive_run_length
 
@@ -56,17 +57,19 @@ def test_optimizer_schedules_get_the_derived_horizon(path: str) -> None:
     cfg = load_config([path], overrides if path == PPO else overrides[:2])
     steps = derive_run_length(cfg, 7473).steps
     assert steps == 7473 // 256 * 15 == 435
-    s = LearnerSettings.from_config(cfg, total_training_steps=steps)
-    assert (s.optim.total_training_steps, s.optim.lr_warmup_steps) == (435, 43)  # int(0.1 x 435)
+    start = learner_start(cfg, pad_token_id=0, total_training_steps=steps)
+    actor_optim = cfg.actor_rollout_ref.actor.optim
+    assert schedule_span(actor_optim, run_steps=start.total_training_steps) == (43, 435)  # int(0.1 x 435)
     if path == PPO:
-        assert s.critic is not None
-        assert (s.critic.optim.total_training_steps, s.critic.optim.lr_warmup_steps) == (435, 87)
+        assert schedule_span(cfg.critic.optim, run_steps=start.total_training_steps) == (87, 435)
     # Without the derived value a cosine schedule has no horizon: the learner must pass it.
-    with pytest.raises(ValueError, match="total_training_steps must be > 0 for the cosine schedule"):
-        LearnerSettings.from_config(cfg)
+    unknown = learner_start(cfg, pad_token_id=0, total_training_steps=None).total_training_steps
+    with pytest.raises(ValueError, match="lr_scheduler_type=cosine needs a horizon"):
+        check_schedule(actor_optim, run_steps=unknown, section="actor_rollout_ref.actor.optim")
     # A set trainer.total_training_steps still wins over the derived value's absence.
     fixed = load_config([path], [*overrides[:2], "trainer.total_training_steps=40"])
-    assert LearnerSettings.from_config(fixed).optim.total_training_steps == 40
+    fixed_steps = learner_start(fixed, pad_token_id=0, total_training_steps=None).total_training_steps
+    assert schedule_span(fixed.actor_rollout_ref.actor.optim, run_steps=fixed_steps)[1] == 40
 
 
 def test_dry_run_says_when_the_data_is_not_here() -> None:

@@ -33,6 +33,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from async_rl.staleness import staleness
@@ -106,12 +107,17 @@ class Metric:
         return _PLACEHOLDER.search(self.key) is not None
 
     def pattern(self) -> re.Pattern[str]:
-        """The regex of the keys this entry names (a placeholder is one or more characters other than ``/``; a
-        free-text one, ``source`` or ``component``, any characters)."""
-        parts = _PLACEHOLDER.split(self.key)  # literal, name, literal, name, ...
-        return re.compile(
-            "".join(re.escape(p) if i % 2 == 0 else (".+" if p in _FREE_TEXT else "[^/]+") for i, p in enumerate(parts))
-        )
+        """The regex of the keys this entry names (see `_pattern`)."""
+        return _pattern(self.key)
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """The regex of a template's keys: a placeholder is a group of one or more characters other than ``/`` (a
+    free-text one, ``source`` or ``component``, of any characters)."""
+    parts = _PLACEHOLDER.split(template)  # literal, name, literal, name, ...
+    return re.compile(
+        "".join(re.escape(p) if i % 2 == 0 else ("(.+)" if p in _FREE_TEXT else "([^/]+)") for i, p in enumerate(parts))
+    )
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,19 @@ class Family:
             if not text or ("/" in text and name not in _FREE_TEXT):
                 raise ValueError(f"{name}={text!r} is not one path segment of {self.template}")
         return self.template.format_map(parts)
+
+    @cached_property
+    def _regex(self) -> re.Pattern[str]:
+        return _pattern(self.template)
+
+    def parse(self, key: str) -> tuple[str, ...] | None:
+        """The placeholders' values of ``key`` (in the template's order), or None when ``key`` is not of this family:
+        ``val_source_reward_mean_key.parse("val/arith/reward_mean")`` is ``("arith",)``."""
+        match = self._regex.fullmatch(key)
+        return None if match is None else match.groups()
+
+    def matches(self, key: str) -> bool:
+        return self.parse(key) is not None
 
 
 # The catalog in the order of docs/metrics.md; _m and _f add to it, and return what producers and readers use.

@@ -95,7 +95,7 @@ def test_check_cli_lists_the_keys_no_entry_names(tmp_path: Path, capsys: pytest.
 # ---------------------------------------------------------------------------------------------------- producers
 def test_every_key_the_coordinator_reports_is_catalogued() -> None:
     from async_rl.transport import Coordinator, PlaneSettings, PromptRecord
-    from async_rl.transport.metrics import ACTOR_REPORT_KEYS, DECLARED_DROPS, EVAL_COUNTERS, TransportMetrics
+    from async_rl.transport.metrics import ACTOR_REPORT_TOTALS, COUNTERS, DECLARED_DROPS, TransportMetrics
 
     records = [PromptRecord(np.arange(i, i + 4, dtype=np.int32), {"ground_truth": str(i)}) for i in range(4)]
     coord = Coordinator(records, PlaneSettings.defaults(), seed=0, autostart=False)
@@ -107,16 +107,14 @@ def test_every_key_the_coordinator_reports_is_catalogued() -> None:
     tm = TransportMetrics(max_staleness=2)
     for name in ("rejected_actors", "lease_expiries"):
         tm.count(name)
-    tm.drops["stale"] += 1
-    tm.drops["oversize"] += 1
+    tm.drops[mc.TRANSPORT_DROPS_STALE] += 1
+    tm.drops[mc.TRANSPORT_DROPS_OVERSIZE] += 1
     keys |= set(tm.snapshot({}, {"frames": 1}, {"unroutable": 2}))
     assert mc.unknown_keys(keys, "step") == []
-    for name in (
-        *EVAL_COUNTERS,
-        *(f"drops/{d}" for d in DECLARED_DROPS),
-        *(f"actors/{k}_total" for k in ACTOR_REPORT_KEYS),
-    ):
-        assert f"transport/{name}" in keys
+    assert {*COUNTERS.values(), *DECLARED_DROPS, *ACTOR_REPORT_TOTALS.values()} <= keys
+    assert "transport/drops/invalid_malformed" in keys and "transport/eval/rounds" in keys
+    with pytest.raises(KeyError, match="not a coordinator counter"):
+        tm.count("no_such_counter")
 
 
 def test_each_invalid_reason_is_named_in_the_catalog() -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from async_rl import metric_catalog as mc
 from async_rl.algorithms import (
     AdaptiveKLController,
     FixedKLController,
@@ -357,7 +358,7 @@ class Learner:
             bad = [group_ids[i] for i in invalid]
             what = "dropped %d group(s) with token ids outside the vocabulary of %d: %s"
             log_rank0(ctx, logger, what, len(bad), self.vocab_size, bad, level=logging.ERROR)
-        out["learner/batch/invalid_groups"] = float(len(invalid))
+        out[mc.LEARNER_BATCH_INVALID_GROUPS] = float(len(invalid))
         acc = MetricAccumulator()
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
@@ -375,7 +376,7 @@ class Learner:
             batch["values"] = self.critic.values(batch)
         self.model.train()
         self._rewards_and_advantages(batch, out)
-        out["learner/batch/truncated_masked"] = float(mask_truncated(batch) if s.mask_truncated_responses else 0)
+        out[mc.LEARNER_BATCH_TRUNCATED_MASKED] = float(mask_truncated(batch) if s.mask_truncated_responses else 0)
         t_update = time.perf_counter()
         seed = s.seed * 1_000_003 + self.version
         skipped_critic = 0
@@ -416,24 +417,24 @@ class Learner:
         out.update(reduced)
         t_end = time.perf_counter()
         out.update(self._batch_metrics(batch, offpolicy if reuse else None))
-        out["learner/actor/proximal_pass_skipped"] = float(reuse or s.bypass_mode)
+        out[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED] = float(reuse or s.bypass_mode)
         self.version += 1
         out.update(
             {
-                "learner/batch/padding_waste": 1.0 - computed / total_slots if total_slots else 0.0,
-                "learner/batch/tokens_computed": total_slots,
-                "learner/batch/token_imbalance": plan.imbalance,
-                "learner/actor/skipped_updates": float(skipped),
-                "learner/actor/skipped_total": float(self.actor.guard.skipped_total),
-                "learner/perf/step_time_s": t_end - t_start,
-                "learner/perf/update_time_s": t_end - t_update,
-                "learner/perf/tokens_per_s": float(batch["attention_mask"].sum()) / max(t_end - t_start, 1e-9),
-                "learner/perf/update_tokens_per_s": computed / max(t_end - t_update, 1e-9),
-                "learner/version": float(self.version),
+                mc.LEARNER_BATCH_PADDING_WASTE: 1.0 - computed / total_slots if total_slots else 0.0,
+                mc.LEARNER_BATCH_TOKENS_COMPUTED: total_slots,
+                mc.LEARNER_BATCH_TOKEN_IMBALANCE: plan.imbalance,
+                mc.LEARNER_ACTOR_SKIPPED_UPDATES: float(skipped),
+                mc.LEARNER_ACTOR_SKIPPED_TOTAL: float(self.actor.guard.skipped_total),
+                mc.LEARNER_PERF_STEP_TIME_S: t_end - t_start,
+                mc.LEARNER_PERF_UPDATE_TIME_S: t_end - t_update,
+                mc.LEARNER_PERF_TOKENS_PER_S: float(batch["attention_mask"].sum()) / max(t_end - t_start, 1e-9),
+                mc.LEARNER_PERF_UPDATE_TOKENS_PER_S: computed / max(t_end - t_update, 1e-9),
+                mc.LEARNER_VERSION: float(self.version),
             }
         )
         if self.critic is not None:
-            out["learner/critic/skipped_updates"] = float(skipped_critic)
+            out[mc.LEARNER_CRITIC_SKIPPED_UPDATES] = float(skipped_critic)
         log_rank0(ctx, logger, "step -> version %d: %s", self.version, _brief(out))
         return out
 
@@ -461,18 +462,18 @@ class Learner:
         )
         return {
             # groups whose samples' rewards differ: the only ones a group-relative advantage learns from
-            "learner/batch/informative_groups": float(informative),
-            "learner/batch/size": float(len(batch)),
-            "learner/batch/response_length_mean": float(batch["response_lengths"].float().mean()),
-            "learner/batch/sampled_length_mean": float(mask.sum(-1).float().mean()),
-            "learner/batch/reward_mean": float(batch["token_level_scores"].sum(-1).mean()),
-            "learner/batch/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
-            "learner/batch/advantages_max": float(adv.max()) if adv.numel() else 0.0,
-            "learner/batch/advantages_min": float(adv.min()) if adv.numel() else 0.0,
-            "learner/staleness/mean": histogram_mean(lags),
-            "learner/staleness/max": float(max(lags, default=0)),
-            "learner/offpolicy/ess": ess,
-            "learner/offpolicy/abs_log_ratio_mean": abs_sum / count if count else 0.0,
+            mc.LEARNER_BATCH_INFORMATIVE_GROUPS: float(informative),
+            mc.LEARNER_BATCH_SIZE: float(len(batch)),
+            mc.LEARNER_BATCH_RESPONSE_LENGTH_MEAN: float(batch["response_lengths"].float().mean()),
+            mc.LEARNER_BATCH_SAMPLED_LENGTH_MEAN: float(mask.sum(-1).float().mean()),
+            mc.LEARNER_BATCH_REWARD_MEAN: float(batch["token_level_scores"].sum(-1).mean()),
+            mc.LEARNER_BATCH_ADVANTAGES_MEAN: float(adv.mean()) if adv.numel() else 0.0,
+            mc.LEARNER_BATCH_ADVANTAGES_MAX: float(adv.max()) if adv.numel() else 0.0,
+            mc.LEARNER_BATCH_ADVANTAGES_MIN: float(adv.min()) if adv.numel() else 0.0,
+            mc.LEARNER_STALENESS_MEAN: histogram_mean(lags),
+            mc.LEARNER_STALENESS_MAX: float(max(lags, default=0)),
+            mc.LEARNER_OFFPOLICY_ESS: ess,
+            mc.LEARNER_OFFPOLICY_ABS_LOG_RATIO_MEAN: abs_sum / count if count else 0.0,
         }
 
 
@@ -496,5 +497,10 @@ def _accumulate_offpolicy(
 
 
 def _brief(metrics: dict[str, float]) -> str:
-    keys = ("learner/actor/pg_loss", "learner/actor/entropy", "learner/actor/grad_norm", "learner/perf/tokens_per_s")
+    keys = (
+        mc.LEARNER_ACTOR_PG_LOSS,
+        mc.LEARNER_ACTOR_ENTROPY,
+        mc.LEARNER_ACTOR_GRAD_NORM,
+        mc.LEARNER_PERF_TOKENS_PER_S,
+    )
     return " ".join(f"{k.rsplit('/', 1)[-1]}={metrics[k]:.4g}" for k in keys if k in metrics)

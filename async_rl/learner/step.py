@@ -231,7 +231,7 @@ class Learner:
             rewards, kl_metrics = apply_kl_in_reward(
                 rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl, s.kl_penalty
             )
-            acc.update({f"learner/{k}": float(v) for k, v in kl_metrics.items()})
+            acc.update({mc.learner_key(k): float(v) for k, v in kl_metrics.items()})
         batch["token_level_rewards"] = rewards
         advantages, returns = compute_advantages(
             s.adv_estimator,
@@ -256,12 +256,12 @@ class Learner:
         if s.rs_bounds is not None:
             kept, rs_metrics = rejection_mask(old, behaviour, batch["loss_mask"], bounds=s.rs_bounds)
             batch["loss_mask"] = kept
-            out.update({f"learner/rollout_corr/{k}": float(v) for k, v in rs_metrics.items()})
+            out.update({mc.learner_rollout_corr_key(k): float(v) for k, v in rs_metrics.items()})
         if s.rollout_is is None:
             return
         weights, is_metrics = correction_weights(old, behaviour, batch["loss_mask"], s.objective)
         batch["is_weights"] = weights
-        out.update({f"learner/rollout_corr/{k}": float(v) for k, v in is_metrics.items()})
+        out.update({mc.learner_rollout_corr_key(k): float(v) for k, v in is_metrics.items()})
 
     # ------------------------------------------------------------------ actor update
     def _reuses_proximal(self, batch_size: int) -> bool:
@@ -313,16 +313,19 @@ class Learner:
             )
             loss = out.loss
             if out.kl_loss is not None:
-                acc.total("actor/kl_loss_sum", out.kl_loss)
+                acc.total("_kl_loss_sum", out.kl_loss)
             if self.loss_hook is not None:
                 loss = self.loss_hook(loss)
             fmask = out.mask.float()
-            acc.ratio("actor/entropy", (entropy.detach() * fmask).sum(), fmask.sum())
-            acc.total("actor/pg_loss_sum", out.pg_loss)
-            for prefix, values in (("actor", out.policy_metrics), ("rollout_corr", out.correction_metrics)):
+            acc.ratio(mc.LEARNER_ACTOR_ENTROPY, (entropy.detach() * fmask).sum(), fmask.sum())
+            acc.total("_pg_loss_sum", out.pg_loss)
+            for key_of, values in (
+                (mc.learner_actor_key, out.policy_metrics),
+                (mc.learner_rollout_corr_key, out.correction_metrics),
+            ):
                 for key, value in values.items():
                     kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
-                    getattr(acc, kind)(f"{prefix}/{key}", value)
+                    getattr(acc, kind)(key_of(key), value)
             return loss
 
         return micro_loss
@@ -403,17 +406,16 @@ class Learner:
             self.layout,
             batch["index"].tolist(),
         )
-        acc.total("batch/real_tokens_computed", real)
-        acc.total("batch/slots_computed", slots)
+        acc.total("_real_tokens_computed", real)
+        acc.total("_slots_computed", slots)
         n_updates = plan.num_updates
-        reduced = acc.reduce(ctx, prefix="learner/")
-        for name in ("pg_loss", "kl_loss"):
-            key = f"learner/actor/{name}_sum"
-            if key in reduced:
-                reduced[f"learner/actor/{name}"] = reduced.pop(key) / n_updates
-        computed = reduced.pop("learner/batch/real_tokens_computed")
-        total_slots = reduced.pop("learner/batch/slots_computed")
-        offpolicy = {k: reduced.pop(k) for k in list(reduced) if k.startswith("learner/offpolicy/_")}
+        reduced = acc.reduce(ctx)
+        for name, key in (("_pg_loss_sum", mc.LEARNER_ACTOR_PG_LOSS), ("_kl_loss_sum", mc.LEARNER_ACTOR_KL_LOSS)):
+            if name in reduced:
+                reduced[key] = reduced.pop(name) / n_updates
+        computed = reduced.pop("_real_tokens_computed")
+        total_slots = reduced.pop("_slots_computed")
+        offpolicy = {k: reduced.pop(k) for k in list(reduced) if k.startswith("_offpolicy/")}
         out.update(reduced)
         t_end = time.perf_counter()
         out.update(self._batch_metrics(batch, offpolicy if reuse else None))
@@ -452,8 +454,8 @@ class Learner:
             count, w_sum, w2_sum = float(w.numel()), float(w.sum()), float((w**2).sum())
             abs_sum = float(log_ratio.abs().sum())
         else:
-            count, w_sum = offpolicy["learner/offpolicy/_count"], offpolicy["learner/offpolicy/_w_sum"]
-            w2_sum, abs_sum = offpolicy["learner/offpolicy/_w2_sum"], offpolicy["learner/offpolicy/_abs_sum"]
+            count, w_sum = offpolicy["_offpolicy/count"], offpolicy["_offpolicy/w_sum"]
+            w2_sum, abs_sum = offpolicy["_offpolicy/w2_sum"], offpolicy["_offpolicy/abs_sum"]
         ess = w_sum**2 / (count * w2_sum) if count else 1.0
         scores = batch["token_level_scores"].sum(-1)
         groups = batch["index"]
@@ -490,10 +492,10 @@ def _accumulate_offpolicy(
     """Sums (over ranks and micro-batches) behind the batch's off-policy ESS and mean |log ratio|."""
     log_ratio = (old_log_prob - rollout_log_prob)[mask.bool()].double()
     w = log_ratio.clamp(-20, 20).exp()
-    acc.total("offpolicy/_count", float(w.numel()))
-    acc.total("offpolicy/_w_sum", w.sum())
-    acc.total("offpolicy/_w2_sum", (w**2).sum())
-    acc.total("offpolicy/_abs_sum", log_ratio.abs().sum())
+    acc.total("_offpolicy/count", float(w.numel()))
+    acc.total("_offpolicy/w_sum", w.sum())
+    acc.total("_offpolicy/w2_sum", (w**2).sum())
+    acc.total("_offpolicy/abs_sum", log_ratio.abs().sum())
 
 
 def _brief(metrics: dict[str, float]) -> str:

@@ -701,7 +701,8 @@ def find(key: str, record: str | None = None) -> Metric | None:
 
 
 def metric_key(key: str) -> str:
-    """``key`` itself, after checking that the catalog names it exactly; KeyError otherwise (for readers' constants)."""
+    """``key`` itself, after checking that the catalog names it exactly; KeyError otherwise (for a key given from
+    outside the code, such as a command line's; the code imports the constants)."""
     if key not in _EXACT:
         raise KeyError(f"{key!r} is not a metric of async_rl.metric_catalog")
     return key

@@ -2,16 +2,21 @@
 
 A key is either exact (``learner/actor/pg_loss``) or a family with ``{placeholders}`` for a part that varies
 (``rollout/finish/{reason}``, ``transport/staleness/{lag}``); a placeholder stands for one path segment, never a
-``/``. Each metric belongs to one or more *records*: the ``step`` and ``val`` lines of ``<run dir>/metrics.jsonl``
-(written by the learner's rank 0, ``runtime/metrics.py``), the JSON line an actor prints when it exits (``actor``), or
-the actor's rollout-client counters (``client``).
+``/``, except a data source's or a reward component's name (``{source}``, ``{component}``), which may hold one. Each
+metric belongs to one or more *records*: the ``step`` and ``val`` lines of ``<run dir>/metrics.jsonl`` (written by the
+learner's rank 0, ``runtime/metrics.py``), the JSON line an actor prints when it exits (``actor``), or the actor's
+rollout-client counters (``client``).
 
 The metrics tables of docs/metrics.md are this catalog printed (``python -m async_rl.metric_catalog --update-doc
 docs/metrics.md`` writes them between their marker comments; ``--markdown step`` prints one), a test keeps the two
-equal,
-and the end-to-end tests fail on any logged key the catalog does not name; ``--check RUN/metrics.jsonl`` does the
-same for a run. Readers of the records (plot, console, tools) take their keys through
-:func:`metric_key`, so a key that is renamed or misspelt fails on import instead of silently plotting nothing.
+equal, and the end-to-end tests fail on any logged key the catalog does not name; ``--check RUN/metrics.jsonl`` does
+the same for a run.
+
+Every key is written here and nowhere else: an exact key is a module constant (``LEARNER_ACTOR_PG_LOSS``), a family a
+`Family` builder (``rollout_finish_reason_key("stop")``), and the learner files the metrics its algorithms name with
+:func:`learner_key`, :func:`learner_actor_key` and :func:`learner_rollout_corr_key`. Producers and readers (plot,
+console, tools) import them, so a key that is renamed or misspelt fails on import instead of silently plotting
+nothing; a test forbids key literals of the namespaces anywhere else.
 
 Staleness is also defined here, once (:func:`staleness`, :func:`lag_histogram`, :func:`histogram_mean`), for the
 three places that report it: the step's rollouts, the learner's batch and the coordinator's running totals.
@@ -28,6 +33,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from async_rl.staleness import staleness
@@ -37,10 +43,14 @@ __all__ = [
     "RECORDS",
     "RECORD_FIELDS",
     "REDUCTIONS",
+    "Family",
     "Metric",
     "find",
     "histogram_mean",
     "lag_histogram",
+    "learner_actor_key",
+    "learner_key",
+    "learner_rollout_corr_key",
     "markdown",
     "metric_key",
     "doc_blocks",
@@ -78,6 +88,9 @@ RECORDS: dict[str, str] = {
 RECORD_FIELDS = ("step",)
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# Placeholders for names that come from the data or a user's reward function, not from this code: they may hold a
+# ``/`` (verl's data source ``openai/gsm8k``), so they stand for one or more segments.
+_FREE_TEXT = frozenset({"source", "component"})
 
 
 @dataclass(frozen=True)
@@ -94,314 +107,577 @@ class Metric:
         return _PLACEHOLDER.search(self.key) is not None
 
     def pattern(self) -> re.Pattern[str]:
-        """The regex of the keys this entry names (a placeholder is one or more characters other than ``/``)."""
-        parts = _PLACEHOLDER.split(self.key)  # literal, name, literal, name, ...
-        return re.compile("".join(re.escape(p) if i % 2 == 0 else "[^/]+" for i, p in enumerate(parts)))
+        """The regex of the keys this entry names (see `_pattern`)."""
+        return _pattern(self.key)
 
 
-def _m(key: str, reduction: str, meaning: str, *records: str) -> Metric:
-    return Metric(key, reduction, meaning, records or ("step",))
+def _pattern(template: str) -> re.Pattern[str]:
+    """The regex of a template's keys: a placeholder is a group of one or more characters other than ``/`` (a
+    free-text one, ``source`` or ``component``, of any characters)."""
+    parts = _PLACEHOLDER.split(template)  # literal, name, literal, name, ...
+    return re.compile(
+        "".join(re.escape(p) if i % 2 == 0 else ("(.+)" if p in _FREE_TEXT else "([^/]+)") for i, p in enumerate(parts))
+    )
 
 
-METRICS: tuple[Metric, ...] = (
-    # ---- the rollouts trained this step (runtime/rollout_metrics.py)
-    _m("rollout/reward_mean", "batch", "mean reward of the completions trained this step"),
-    _m("rollout/reward/{component}", "batch", "mean of one named reward component over the same completions"),
-    _m("rollout/response_length_mean", "batch", "mean completion length, in tokens"),
-    _m("rollout/generated_tokens", "batch", "completion tokens trained this step"),
-    _m("rollout/group_generate_s_mean", "batch", "mean seconds an actor spent generating one group"),
-    _m("rollout/finish/{reason}", "batch", "share of completions that ended for this reason (`stop`, `length`, ...)"),
-    _m("rollout/eos_fraction", "batch", "share of completions whose last token is the tokenizer's EOS"),
-    _m("rollout/staleness_mean", "batch", "mean staleness of the step's groups: versions behind the weights trained"),
-    _m("rollout/staleness_max", "batch", "largest staleness of the step's groups"),
-    _m("rollout/staleness_hist/{lag}", "batch", "share of the step's groups with this staleness"),
-    _m("rollout/version_span_mean", "batch", "mean versions a completion spanned (weights updated while it ran)"),
-    _m("rollout/version_span_max", "batch", "largest version span of a completion"),
-    _m("rollout/num_turns_mean", "batch", "multi-turn: mean model turns per episode"),
-    _m("rollout/num_turns_max", "batch", "multi-turn: most model turns in one episode"),
-    _m("rollout/turn_length_mean", "batch", "multi-turn: mean tokens the model sampled in one turn"),
-    _m("rollout/sampled_tokens_mean", "batch", "multi-turn: mean sampled (trained) tokens per episode"),
-    _m("rollout/tool_calls_mean", "batch", "multi-turn: mean tool calls per episode"),
-    _m(
-        "rollout/tool_errors", "batch", "multi-turn: tool calls that failed (unparseable, unknown tool, error, timeout)"
-    ),
-    _m("rollout/template_mismatches", "batch", "multi-turn: episodes whose text differs from the whole-chat rendering"),
-    _m(
-        "rollout/retokenization_drift",
-        "batch",
-        "multi-turn: episodes whose sampled tokens differ from re-encoding their text (trained as sampled)",
-    ),
-    # ---- the learner's update (learner/step.py, update.py, critic.py)
-    _m("learner/actor/pg_loss", "update_mean", "policy-gradient loss of a mini-batch"),
-    _m("learner/actor/kl_loss", "update_mean", "KL loss against the reference policy (with `use_kl_loss`)"),
-    _m("learner/actor/loss", "update_mean", "total loss of a mini-batch (policy gradient, entropy bonus, KL loss)"),
-    _m("learner/actor/grad_norm", "update_mean", "gradient norm before clipping"),
-    _m("learner/actor/lr", "last", "learning rate"),
-    _m("learner/actor/entropy", "token_mean", "entropy of the policy on the trained tokens"),
-    _m(
-        "learner/actor/pg_clipfrac",
-        "mean",
-        "share of tokens where the ratio clip was active (GMPO: with a positive advantage)",
-    ),
-    _m(
-        "learner/actor/pg_clipfrac_lower",
-        "mean",
-        "share held by the dual clip (GMPO: clipped with a negative advantage; else 0)",
-    ),
-    _m("learner/actor/ppo_kl", "mean", "approximate KL between the proximal and the current policy"),
-    _m("learner/actor/proximal_pass_skipped", "step", "1 when the proximal log-probs came from the update's forward"),
-    _m("learner/actor/skipped_updates", "step", "optimizer updates skipped for a non-finite loss or gradient"),
-    _m("learner/actor/skipped_total", "cumulative", "skipped optimizer updates since the run started"),
-    _m("learner/critic/loss", "update_mean", "value loss of a mini-batch (`adv_estimator: gae`)"),
-    _m("learner/critic/grad_norm", "update_mean", "critic gradient norm before clipping"),
-    _m("learner/critic/lr", "last", "critic learning rate"),
-    _m("learner/critic/vf_clipfrac", "mean", "share of value predictions clipped by `cliprange_value`"),
-    _m("learner/critic/vpred_mean", "token_mean", "mean value prediction on the trained tokens"),
-    _m("learner/critic/skipped_updates", "step", "critic updates skipped for a non-finite loss or gradient"),
-    _m("learner/reward_kl_penalty", "batch", "KL to the reference subtracted from the reward (`use_kl_in_reward`)"),
-    _m("learner/reward_kl_penalty_coeff", "step", "the coefficient of that penalty this step"),
-    # rollout correction (algorithms/rollout_correction.py): whole batch, or per micro-batch without a proximal pass
-    _m("learner/rollout_corr/rollout_is_mean", "mean", "mean importance weight pi_old / pi_rollout"),
-    _m("learner/rollout_corr/rollout_is_max", "max", "largest importance weight"),
-    _m("learner/rollout_corr/rollout_is_min", "min", "smallest importance weight"),
-    _m("learner/rollout_corr/rollout_is_eff_sample_size", "mean", "effective sample size of the weights, in (0, 1]"),
-    _m("learner/rollout_corr/rollout_is_ratio_fraction_high", "mean", "share of ratios above the upper threshold"),
-    _m("learner/rollout_corr/rollout_is_ratio_fraction_low", "mean", "share of ratios below the lower threshold"),
-    _m("learner/rollout_corr/rollout_is_oob_ratio", "mean", "share of tokens zeroed outside the bounds (IcePop)"),
-    _m("learner/rollout_corr/rollout_is_batch_norm_factor", "mean", "the mean the weights were divided by"),
-    _m("learner/rollout_corr/rollout_rs_masked_fraction", "mean", "share of tokens removed by rejection sampling"),
-    _m("learner/rollout_corr/rollout_rs_seq_masked_fraction", "mean", "share of sequences with a rejected token"),
-    _m("learner/rollout_corr/rollout_rs_{option}_masked_fraction", "mean", "the same, for one rejection option"),
-    _m("learner/rollout_corr/rollout_rs_{option}_seq_masked_fraction", "mean", "the same per sequence, one option"),
-    # the step's batch
-    _m("learner/batch/size", "batch", "completions trained this step"),
-    _m("learner/batch/reward_mean", "batch", "mean reward (sum of token-level scores) of the trained completions"),
-    _m("learner/batch/response_length_mean", "batch", "mean response length, in tokens"),
-    _m(
-        "learner/batch/sampled_length_mean",
-        "batch",
-        "mean number of response tokens the model sampled (multi-turn: without the observation tokens)",
-    ),
-    _m("learner/batch/advantages_mean", "batch", "mean advantage over the tokens in the loss"),
-    _m("learner/batch/advantages_max", "batch", "largest advantage over the tokens in the loss"),
-    _m("learner/batch/advantages_min", "batch", "smallest advantage over the tokens in the loss"),
-    _m("learner/batch/informative_groups", "batch", "groups whose rewards differ (the others get zero advantage)"),
-    _m(
-        "learner/batch/truncated_masked",
-        "batch",
-        "truncated responses (finish reason `length`) left out of the loss (`mask_truncated_responses`)",
-    ),
-    _m(
-        "learner/batch/invalid_groups",
-        "batch",
-        "groups dropped for a token id outside the vocabulary (normally 0: the coordinator refuses them)",
-    ),
-    _m("learner/batch/padding_waste", "batch", "share of the computed token slots that were padding"),
-    _m(
-        "learner/batch/tokens_computed",
-        "batch",
-        "token slots the actor updates computed, padding included, over all ranks (with shared prompts each group's"
-        " prompt counts once per micro-batch)",
-    ),
-    _m(
-        "learner/batch/token_imbalance",
-        "batch",
-        "busiest rank's tokens over the mean rank's, minus 1 (mean over mini-batches)",
-    ),
-    _m("learner/staleness/mean", "batch", "mean staleness of the trained completions: versions behind"),
-    _m("learner/staleness/max", "batch", "largest staleness of a trained completion"),
-    _m(
-        "learner/offpolicy/ess",
-        "batch",
-        "effective sample size of pi_proximal / pi_behaviour (learner vs actor policy) over the tokens",
-    ),
-    _m("learner/offpolicy/abs_log_ratio_mean", "batch", "mean absolute log ratio of the proximal to the behaviour"),
-    _m("learner/perf/step_time_s", "step", "seconds of the learner step (log-prob passes and updates)"),
-    _m("learner/perf/update_time_s", "step", "seconds of its optimizer updates"),
-    _m("learner/perf/tokens_per_s", "step", "batch tokens (prompt and response) per second of the step"),
-    _m("learner/perf/update_tokens_per_s", "step", "tokens computed by the updates per second of the updates"),
-    _m("learner/version", "step", "policy version after the step"),
-    _m("learner/idle_fraction", "step", "share of the step spent waiting for rollouts"),
-    _m(
-        "learner/peak_memory_mib",
-        "gauge",
-        "learner rank 0's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
-    ),
-    # ---- the actor fleet, from the counters actors report about once a second (runtime/metrics.py ActorActivity)
-    _m(
-        "actor/gen_tokens_per_s",
-        "rate",
-        "the actor fleet's generation rate, tokens per second (from the counters actors report every second)",
-    ),
-    _m("actor/idle_fraction", "rate", "share of actor time with nothing to generate (same counters)"),
-    # ---- weight sync (weight_sync/publisher.py), on the steps that publish
-    _m("sync/seconds", "step", "seconds to publish the step's weights"),
-    _m("sync/bytes", "step", "bytes of weights broadcast"),
-    _m("sync/bandwidth_MBps", "step", "broadcast bandwidth, MiB per second"),
-    _m("sync/actors", "step", "actors the weights went to"),
-    _m("sync/epoch", "step", "weight-sync epoch (a new one each time the group is re-formed)"),
-    _m("sync/join_seconds", "step", "seconds to settle a new epoch's membership (steps that re-form the group)"),
-    _m("sync/left_out", "cumulative", "invited actors not ready within `join_timeout_s`"),
-    _m("sync/failures", "cumulative", "failed group formations and transfers"),
-    # ---- the rollout plane (transport/coordinator.py, transport/metrics.py)
-    _m("transport/queue_depth", "gauge", "groups received and waiting for the learner"),
-    _m("transport/leased", "gauge", "prompts leased to actors"),
-    _m("transport/taken", "gauge", "groups handed to the learner, not yet trained"),
-    _m("transport/regrant_queue", "gauge", "prompts waiting to be granted again"),
-    _m("transport/in_flight", "gauge", "prompts granted and not yet trained or dropped"),
-    _m("transport/inflight_cap", "gauge", "admission cap on prompts in flight"),
-    _m("transport/actors_alive", "gauge", "actors heard from within `peer_timeout_s`"),
-    _m("transport/actors_quarantined", "gauge", "actors quarantined after `max_invalid_groups` invalid groups"),
-    _m("transport/policy_version", "gauge", "the coordinator's published policy version"),
-    _m("transport/trained_total", "gauge", "prompts trained (the ledger's count, restored on resume)"),
-    _m("transport/dropped_total", "gauge", "prompts dropped and not granted again (the ledger's count)"),
-    _m("transport/data_epoch", "gauge", "pass over the data the cursor is in"),
-    _m("transport/data_position", "gauge", "prompts of that pass handed out so far (the data cursor)"),
-    _m("transport/grants_per_s", "rate", "prompts granted per second"),
-    _m("transport/groups_per_s", "rate", "rollout groups accepted per second"),
-    _m("transport/bytes_per_s", "rate", "bytes of accepted rollout groups per second"),
-    _m("transport/grants_total", "cumulative", "prompts granted"),
-    _m("transport/groups_received_total", "cumulative", "rollout groups accepted"),
-    _m("transport/bytes_received_total", "cumulative", "bytes of accepted rollout groups"),
-    _m("transport/trained", "cumulative", "groups marked trained by the learner"),
-    _m("transport/lease_expiries", "cumulative", "leases expired (actor dead or too slow); their prompts re-granted"),
-    _m("transport/duplicates", "cumulative", "deliveries dropped as a duplicate (a re-sent or re-granted prompt)"),
-    _m("transport/late_accepted", "cumulative", "deliveries accepted after their lease expired"),
-    _m("transport/unknown_groups", "cumulative", "deliveries for a prompt the coordinator never leased"),
-    _m("transport/credit_waits", "cumulative", "work requests with credit that admission could not grant to yet"),
-    _m("transport/actors_presumed_dead", "cumulative", "actors silent for `peer_timeout_s`"),
-    _m("transport/rejected_actors", "cumulative", "hellos refused: the actor registry was full of live actors"),
-    _m(
-        "transport/drops/stale", "cumulative", "groups over the staleness bound, dropped or re-granted (`stale_policy`)"
-    ),
-    _m("transport/drops/quarantined", "cumulative", "groups refused because their actor is quarantined"),
-    _m("transport/drops/oversize", "cumulative", "grants not sent because the message would exceed the size cap"),
-    _m(
-        "transport/drops/invalid_{reason}",
-        "cumulative",
-        "groups refused by validation, their prompts granted again, by reason: malformed, wrong_completion_count, "
-        "bad_version, empty_response, response_too_long, token_out_of_vocab, bad_logprobs, bad_loss_mask, bad_turns, "
-        "missing_filter_metric",
-    ),
-    _m("transport/drops_total", "cumulative", "all of transport/drops/*"),
-    _m("transport/decode_errors/{reason}", "cumulative", "messages that failed to decode, by reason"),
-    _m("transport/decode_errors_total", "cumulative", "all of transport/decode_errors/*"),
-    _m("transport/send_failures/{reason}", "cumulative", "messages the coordinator could not send, by reason"),
-    _m("transport/staleness/{lag}", "cumulative", "trained groups with this staleness (0..max_staleness)"),
-    _m("transport/staleness_mean", "cumulative", "mean staleness over every group trained since the start"),
-    _m("transport/version_span/{span}", "cumulative", "accepted groups spanning this many versions (`8+` for more)"),
-    _m(
-        "transport/actors/generated_tokens_total",
-        "cumulative",
-        "tokens generated, summed over all actors (restarts included)",
-    ),
-    _m("transport/actors/idle_s_total", "cumulative", "actor-seconds with nothing to generate, over all actors"),
-    _m("transport/actors/uptime_s_total", "cumulative", "actor-seconds since each actor started, over all actors"),
-    _m(
-        "transport/actors/served_checks_total",
-        "cumulative",
-        "LoRA runs: updates whose served adapter an actor checked against the learner's probe, over all actors",
-    ),
-    _m(
-        "transport/actors/served_check_failures_total",
-        "cumulative",
-        "... of which the served adapter did not compute what the learner's does (that actor stops generating)",
-    ),
-    _m(
-        "transport/actors/loaded_version_min",
-        "gauge",
-        "oldest policy version (a LoRA run: adapter version) a live actor has loaded, by its last report",
-    ),
-    _m("transport/actors/loaded_version_max", "gauge", "newest policy version a live actor has loaded"),
-    _m("transport/filter/filtered_groups", "step", "DAPO dynamic sampling: groups filtered for the step just trained"),
-    _m("transport/filter/filtered_fraction", "step", "their share of that step's groups"),
-    _m(
-        "transport/filter/grants_per_trained_group",
-        "cumulative",
-        "grants settled per trained group: 1 unfiltered, 1 / (1 - f) with a filtered share f",
-    ),
-    _m("transport/filter/filtered_total", "cumulative", "prompts filtered"),
-    _m("transport/eval/rounds", "cumulative", "validation rounds started"),
-    _m("transport/eval/grants", "cumulative", "validation prompts granted"),
-    _m("transport/eval/lease_expiries", "cumulative", "validation leases expired; their prompts granted again"),
-    _m("transport/eval/duplicates", "cumulative", "validation deliveries dropped as a duplicate"),
-    _m("transport/eval/wrong_version", "cumulative", "validation deliveries under another version (granted again)"),
-    _m("transport/eval/late", "cumulative", "validation deliveries for a round already closed"),
-    _m("transport/eval/unknown", "cumulative", "validation deliveries for an unknown round or prompt"),
-    _m("transport/eval/open_prompts", "gauge", "prompts of the open validation round not yet delivered"),
-    # ---- validation rounds (runtime/validation.py)
-    _m("val/version", "round", "the policy version evaluated", "val"),
-    _m("val/wall_s", "round", "seconds from the round's start to its last result", "val"),
-    _m("val/num_samples", "round", "completions scored", "val"),
-    _m("val/num_prompts", "round", "prompts with results", "val"),
-    _m("val/prompts_missing", "round", "prompts not back when the round closed (timed out)", "val"),
-    _m("val/reward_mean", "round", "mean reward over every sample", "val"),
-    _m("val/response_length_mean", "round", "mean response length, in tokens", "val"),
-    _m("val/mean@{n}", "round", "with `val_kwargs.n` > 1: mean over prompts of the per-prompt mean reward", "val"),
-    _m("val/best@{n}", "round", "with `val_kwargs.n` > 1: mean over prompts of the per-prompt best reward", "val"),
-    _m("val/{source}/reward_mean", "round", "mean reward per data source (`arith` for `builtin:arith`)", "val"),
-    _m("val/{source}/{component}_mean", "round", "mean reward component per data source (`acc_mean`: accuracy)", "val"),
-    _m("val-core/{source}/reward/mean@{n}", "round", "verl's name for the per-source mean@n", "val"),
-    _m("val-core/{source}/reward/best@{n}/mean", "round", "verl's name for the per-source best@n (exact here)", "val"),
-    _m("time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val"),
-    # ---- an actor's totals at exit (actor/loop.py, actor/emulated.py, rewards/worker.py)
-    _m("actor/groups_sent", "cumulative", "training groups delivered", "actor"),
-    _m("actor/groups_aborted", "cumulative", "groups whose generation was aborted (not delivered)", "actor"),
-    _m("actor/eval_groups_sent", "cumulative", "validation groups delivered", "actor"),
-    _m(
-        "actor/eval_grants_dropped",
-        "cumulative",
-        "validation grants pinned to a version older than the loaded one",
-        "actor",
-    ),
-    _m("actor/update_failures", "cumulative", "weight updates that failed", "actor"),
-    _m("actor/served_checks", "cumulative", "LoRA updates whose served adapter was checked on the probe", "actor"),
-    _m(
-        "actor/served_check_failures",
-        "cumulative",
-        "checked updates whose served model did not compute the learner's log-probs (the actor then stops)",
-        "actor",
-    ),
-    _m("actor/served_check_diff", "last", "the last check's mean |log-prob difference| on the probe", "actor"),
-    _m("actor/idle_seconds", "cumulative", "seconds with nothing to generate", "actor"),
-    _m("actor/generated_tokens", "cumulative", "tokens generated", "actor"),
-    _m("actor/policy_version", "last", "policy version loaded at exit", "actor"),
-    _m("actor/episodes", "cumulative", "multi-turn episodes played", "actor"),
-    _m("actor/template_mismatches", "cumulative", "episodes that failed the multi-turn template check", "actor"),
-    _m(
-        "actor/retokenization_drift",
-        "cumulative",
-        "episodes whose sampled tokens differ from re-encoding their text (kept as sampled)",
-        "actor",
-    ),
-    _m(
-        "actor/env_{counter}",
-        "cumulative",
-        "the environment worker's counters (calls, errors, timeouts, restarts, episode_timeouts, episodes_lost)",
-        "actor",
-    ),
-    _m("reward/calls", "cumulative", "reward worker calls", "actor"),
-    _m("reward/errors", "cumulative", "reward worker calls that raised (scored 0)", "actor"),
-    _m("reward/timeouts", "cumulative", "reward worker calls that timed out (scored 0)", "actor"),
-    _m("reward/worker_restarts", "cumulative", "reward worker processes restarted", "actor"),
-    _m("actor/emulated/tokens_per_s", "step", "the emulated engine's configured rate", "actor"),
-    _m("actor/emulated/paused_s", "cumulative", "seconds the emulated engine was paused for weight updates", "actor"),
-    _m("actor/emulated/updates", "cumulative", "weight updates the emulated engine received", "actor"),
-    _m("actor/emulated/process_cpu_s", "cumulative", "CPU seconds of the emulated actor's process", "actor"),
-    # ---- the actor's rollout client (transport/client.py)
-    _m(
-        "transport/client/{counter}",
-        "cumulative",
-        "counters: groups_sent, groups_resent, send_blocked, oversize, control_deferred, stray_acks, rejoins, "
-        "reconnects",
-        "client",
-    ),
-    _m("transport/client/acks/{status}", "cumulative", "acks received, by status (accepted, stale, ...)", "client"),
-    _m("transport/client/decode_errors/{reason}", "cumulative", "coordinator messages that failed to decode", "client"),
-    _m("transport/client/unacked", "gauge", "groups sent and not yet acknowledged", "client"),
-    _m("transport/client/backlog", "gauge", "groups queued for the socket, not yet sent (back-pressure)", "client"),
-    _m("transport/client/pending_grants", "gauge", "grants received and not yet started", "client"),
+@dataclass(frozen=True)
+class Family:
+    """The builder of a key family's keys: ``rollout_finish_reason_key("stop")`` is ``rollout/finish/stop``.
+
+    Called with one value per placeholder, in the template's order; each must be one path segment (not empty, no
+    ``/``; a free-text ``source`` or ``component`` may hold a ``/``), else ValueError."""
+
+    template: str
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        return tuple(_PLACEHOLDER.findall(self.template))
+
+    def __call__(self, *values: object) -> str:
+        names = self.placeholders
+        if len(values) != len(names):
+            raise TypeError(f"{self.template} takes {len(names)} value(s) ({', '.join(names)}), got {len(values)}")
+        parts = {name: str(value) for name, value in zip(names, values, strict=True)}
+        for name, text in parts.items():
+            if not text or ("/" in text and name not in _FREE_TEXT):
+                raise ValueError(f"{name}={text!r} is not one path segment of {self.template}")
+        return self.template.format_map(parts)
+
+    @cached_property
+    def _regex(self) -> re.Pattern[str]:
+        return _pattern(self.template)
+
+    def parse(self, key: str) -> tuple[str, ...] | None:
+        """The placeholders' values of ``key`` (in the template's order), or None when ``key`` is not of this family:
+        ``val_source_reward_mean_key.parse("val/arith/reward_mean")`` is ``("arith",)``."""
+        match = self._regex.fullmatch(key)
+        return None if match is None else match.groups()
+
+    def matches(self, key: str) -> bool:
+        return self.parse(key) is not None
+
+
+# The catalog in the order of docs/metrics.md; _m and _f add to it, and return what producers and readers use.
+_ENTRIES: list[Metric] = []
+
+
+def _m(key: str, reduction: str, meaning: str, *records: str) -> str:
+    """Catalogue an exact key; returns the key (a module constant named after it)."""
+    assert not _PLACEHOLDER.search(key), key
+    _ENTRIES.append(Metric(key, reduction, meaning, records or ("step",)))
+    return key
+
+
+def _f(template: str, reduction: str, meaning: str, *records: str) -> Family:
+    """Catalogue a key family; returns its builder (a module attribute named after it, ending in ``_key``)."""
+    assert _PLACEHOLDER.search(template), template
+    _ENTRIES.append(Metric(template, reduction, meaning, records or ("step",)))
+    return Family(template)
+
+
+# ---------------------------------------------------------------------------------------------------- the keys
+# Every key of the system is defined here, once. An exact key is a constant named after it: upper case, each run of
+# characters other than letters and digits an underscore (``learner/actor/pg_loss``: LEARNER_ACTOR_PG_LOSS). A family
+# is a `Family` named the same way in lower case with ``_key`` appended, its placeholders' names included
+# (``rollout/finish/{reason}``: rollout_finish_reason_key). Producers and readers import these; a test forbids
+# namespace literals anywhere else (tests/test_metric_keys_defined_once.py).
+
+# ---- the rollouts trained this step (runtime/rollout_metrics.py)
+ROLLOUT_REWARD_MEAN = _m("rollout/reward_mean", "batch", "mean reward of the completions trained this step")
+rollout_reward_component_key = _f(
+    "rollout/reward/{component}", "batch", "mean of one named reward component over the same completions"
 )
+ROLLOUT_RESPONSE_LENGTH_MEAN = _m("rollout/response_length_mean", "batch", "mean completion length, in tokens")
+ROLLOUT_GENERATED_TOKENS = _m("rollout/generated_tokens", "batch", "completion tokens trained this step")
+ROLLOUT_GROUP_GENERATE_S_MEAN = _m(
+    "rollout/group_generate_s_mean", "batch", "mean seconds an actor spent generating one group"
+)
+rollout_finish_reason_key = _f(
+    "rollout/finish/{reason}", "batch", "share of completions that ended for this reason (`stop`, `length`, ...)"
+)
+ROLLOUT_EOS_FRACTION = _m(
+    "rollout/eos_fraction", "batch", "share of completions whose last token is the tokenizer's EOS"
+)
+ROLLOUT_STALENESS_MEAN = _m(
+    "rollout/staleness_mean", "batch", "mean staleness of the step's groups: versions behind the weights trained"
+)
+ROLLOUT_STALENESS_MAX = _m("rollout/staleness_max", "batch", "largest staleness of the step's groups")
+rollout_staleness_hist_lag_key = _f(
+    "rollout/staleness_hist/{lag}", "batch", "share of the step's groups with this staleness"
+)
+ROLLOUT_VERSION_SPAN_MEAN = _m(
+    "rollout/version_span_mean", "batch", "mean versions a completion spanned (weights updated while it ran)"
+)
+ROLLOUT_VERSION_SPAN_MAX = _m("rollout/version_span_max", "batch", "largest version span of a completion")
+ROLLOUT_NUM_TURNS_MEAN = _m("rollout/num_turns_mean", "batch", "multi-turn: mean model turns per episode")
+ROLLOUT_NUM_TURNS_MAX = _m("rollout/num_turns_max", "batch", "multi-turn: most model turns in one episode")
+ROLLOUT_TURN_LENGTH_MEAN = _m(
+    "rollout/turn_length_mean", "batch", "multi-turn: mean tokens the model sampled in one turn"
+)
+ROLLOUT_SAMPLED_TOKENS_MEAN = _m(
+    "rollout/sampled_tokens_mean", "batch", "multi-turn: mean sampled (trained) tokens per episode"
+)
+ROLLOUT_TOOL_CALLS_MEAN = _m("rollout/tool_calls_mean", "batch", "multi-turn: mean tool calls per episode")
+ROLLOUT_TOOL_ERRORS = _m(
+    "rollout/tool_errors", "batch", "multi-turn: tool calls that failed (unparseable, unknown tool, error, timeout)"
+)
+ROLLOUT_TEMPLATE_MISMATCHES = _m(
+    "rollout/template_mismatches", "batch", "multi-turn: episodes whose text differs from the whole-chat rendering"
+)
+ROLLOUT_RETOKENIZATION_DRIFT = _m(
+    "rollout/retokenization_drift",
+    "batch",
+    "multi-turn: episodes whose sampled tokens differ from re-encoding their text (trained as sampled)",
+)
+# ---- the learner's update (learner/step.py, update.py, critic.py)
+LEARNER_ACTOR_PG_LOSS = _m("learner/actor/pg_loss", "update_mean", "policy-gradient loss of a mini-batch")
+LEARNER_ACTOR_KL_LOSS = _m(
+    "learner/actor/kl_loss", "update_mean", "KL loss against the reference policy (with `use_kl_loss`)"
+)
+LEARNER_ACTOR_LOSS = _m(
+    "learner/actor/loss", "update_mean", "total loss of a mini-batch (policy gradient, entropy bonus, KL loss)"
+)
+LEARNER_ACTOR_GRAD_NORM = _m("learner/actor/grad_norm", "update_mean", "gradient norm before clipping")
+LEARNER_ACTOR_LR = _m("learner/actor/lr", "last", "learning rate")
+LEARNER_ACTOR_ENTROPY = _m("learner/actor/entropy", "token_mean", "entropy of the policy on the trained tokens")
+LEARNER_ACTOR_PG_CLIPFRAC = _m(
+    "learner/actor/pg_clipfrac",
+    "mean",
+    "share of tokens where the ratio clip was active (GMPO: with a positive advantage)",
+)
+LEARNER_ACTOR_PG_CLIPFRAC_LOWER = _m(
+    "learner/actor/pg_clipfrac_lower",
+    "mean",
+    "share held by the dual clip (GMPO: clipped with a negative advantage; else 0)",
+)
+LEARNER_ACTOR_PPO_KL = _m("learner/actor/ppo_kl", "mean", "approximate KL between the proximal and the current policy")
+LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED = _m(
+    "learner/actor/proximal_pass_skipped", "step", "1 when the proximal log-probs came from the update's forward"
+)
+LEARNER_ACTOR_SKIPPED_UPDATES = _m(
+    "learner/actor/skipped_updates", "step", "optimizer updates skipped for a non-finite loss or gradient"
+)
+LEARNER_ACTOR_SKIPPED_TOTAL = _m(
+    "learner/actor/skipped_total", "cumulative", "skipped optimizer updates since the run started"
+)
+LEARNER_CRITIC_LOSS = _m("learner/critic/loss", "update_mean", "value loss of a mini-batch (`adv_estimator: gae`)")
+LEARNER_CRITIC_GRAD_NORM = _m("learner/critic/grad_norm", "update_mean", "critic gradient norm before clipping")
+LEARNER_CRITIC_LR = _m("learner/critic/lr", "last", "critic learning rate")
+LEARNER_CRITIC_VF_CLIPFRAC = _m(
+    "learner/critic/vf_clipfrac", "mean", "share of value predictions clipped by `cliprange_value`"
+)
+LEARNER_CRITIC_VPRED_MEAN = _m("learner/critic/vpred_mean", "token_mean", "mean value prediction on the trained tokens")
+LEARNER_CRITIC_SKIPPED_UPDATES = _m(
+    "learner/critic/skipped_updates", "step", "critic updates skipped for a non-finite loss or gradient"
+)
+LEARNER_REWARD_KL_PENALTY = _m(
+    "learner/reward_kl_penalty", "batch", "KL to the reference subtracted from the reward (`use_kl_in_reward`)"
+)
+LEARNER_REWARD_KL_PENALTY_COEFF = _m(
+    "learner/reward_kl_penalty_coeff", "step", "the coefficient of that penalty this step"
+)
+# rollout correction (algorithms/rollout_correction.py): whole batch, or per micro-batch without a proximal pass
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_MEAN = _m(
+    "learner/rollout_corr/rollout_is_mean", "mean", "mean importance weight pi_old / pi_rollout"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_MAX = _m("learner/rollout_corr/rollout_is_max", "max", "largest importance weight")
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_MIN = _m("learner/rollout_corr/rollout_is_min", "min", "smallest importance weight")
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_EFF_SAMPLE_SIZE = _m(
+    "learner/rollout_corr/rollout_is_eff_sample_size", "mean", "effective sample size of the weights, in (0, 1]"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_RATIO_FRACTION_HIGH = _m(
+    "learner/rollout_corr/rollout_is_ratio_fraction_high", "mean", "share of ratios above the upper threshold"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_RATIO_FRACTION_LOW = _m(
+    "learner/rollout_corr/rollout_is_ratio_fraction_low", "mean", "share of ratios below the lower threshold"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_OOB_RATIO = _m(
+    "learner/rollout_corr/rollout_is_oob_ratio", "mean", "share of tokens zeroed outside the bounds (IcePop)"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_IS_BATCH_NORM_FACTOR = _m(
+    "learner/rollout_corr/rollout_is_batch_norm_factor", "mean", "the mean the weights were divided by"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_RS_MASKED_FRACTION = _m(
+    "learner/rollout_corr/rollout_rs_masked_fraction", "mean", "share of tokens removed by rejection sampling"
+)
+LEARNER_ROLLOUT_CORR_ROLLOUT_RS_SEQ_MASKED_FRACTION = _m(
+    "learner/rollout_corr/rollout_rs_seq_masked_fraction", "mean", "share of sequences with a rejected token"
+)
+learner_rollout_corr_rollout_rs_option_masked_fraction_key = _f(
+    "learner/rollout_corr/rollout_rs_{option}_masked_fraction", "mean", "the same, for one rejection option"
+)
+learner_rollout_corr_rollout_rs_option_seq_masked_fraction_key = _f(
+    "learner/rollout_corr/rollout_rs_{option}_seq_masked_fraction", "mean", "the same per sequence, one option"
+)
+# the step's batch
+LEARNER_BATCH_SIZE = _m("learner/batch/size", "batch", "completions trained this step")
+LEARNER_BATCH_REWARD_MEAN = _m(
+    "learner/batch/reward_mean", "batch", "mean reward (sum of token-level scores) of the trained completions"
+)
+LEARNER_BATCH_RESPONSE_LENGTH_MEAN = _m(
+    "learner/batch/response_length_mean", "batch", "mean response length, in tokens"
+)
+LEARNER_BATCH_SAMPLED_LENGTH_MEAN = _m(
+    "learner/batch/sampled_length_mean",
+    "batch",
+    "mean number of response tokens the model sampled (multi-turn: without the observation tokens)",
+)
+LEARNER_BATCH_ADVANTAGES_MEAN = _m(
+    "learner/batch/advantages_mean", "batch", "mean advantage over the tokens in the loss"
+)
+LEARNER_BATCH_ADVANTAGES_MAX = _m(
+    "learner/batch/advantages_max", "batch", "largest advantage over the tokens in the loss"
+)
+LEARNER_BATCH_ADVANTAGES_MIN = _m(
+    "learner/batch/advantages_min", "batch", "smallest advantage over the tokens in the loss"
+)
+LEARNER_BATCH_INFORMATIVE_GROUPS = _m(
+    "learner/batch/informative_groups", "batch", "groups whose rewards differ (the others get zero advantage)"
+)
+LEARNER_BATCH_TRUNCATED_MASKED = _m(
+    "learner/batch/truncated_masked",
+    "batch",
+    "truncated responses (finish reason `length`) left out of the loss (`mask_truncated_responses`)",
+)
+LEARNER_BATCH_INVALID_GROUPS = _m(
+    "learner/batch/invalid_groups",
+    "batch",
+    "groups dropped for a token id outside the vocabulary (normally 0: the coordinator refuses them)",
+)
+LEARNER_BATCH_PADDING_WASTE = _m(
+    "learner/batch/padding_waste", "batch", "share of the computed token slots that were padding"
+)
+LEARNER_BATCH_TOKENS_COMPUTED = _m(
+    "learner/batch/tokens_computed",
+    "batch",
+    "token slots the actor updates computed, padding included, over all ranks (with shared prompts each group's"
+    " prompt counts once per micro-batch)",
+)
+LEARNER_BATCH_TOKEN_IMBALANCE = _m(
+    "learner/batch/token_imbalance",
+    "batch",
+    "busiest rank's tokens over the mean rank's, minus 1 (mean over mini-batches)",
+)
+LEARNER_STALENESS_MEAN = _m(
+    "learner/staleness/mean", "batch", "mean staleness of the trained completions: versions behind"
+)
+LEARNER_STALENESS_MAX = _m("learner/staleness/max", "batch", "largest staleness of a trained completion")
+LEARNER_OFFPOLICY_ESS = _m(
+    "learner/offpolicy/ess",
+    "batch",
+    "effective sample size of pi_proximal / pi_behaviour (learner vs actor policy) over the tokens",
+)
+LEARNER_OFFPOLICY_ABS_LOG_RATIO_MEAN = _m(
+    "learner/offpolicy/abs_log_ratio_mean", "batch", "mean absolute log ratio of the proximal to the behaviour"
+)
+LEARNER_PERF_STEP_TIME_S = _m(
+    "learner/perf/step_time_s", "step", "seconds of the learner step (log-prob passes and updates)"
+)
+LEARNER_PERF_UPDATE_TIME_S = _m("learner/perf/update_time_s", "step", "seconds of its optimizer updates")
+LEARNER_PERF_TOKENS_PER_S = _m(
+    "learner/perf/tokens_per_s", "step", "batch tokens (prompt and response) per second of the step"
+)
+LEARNER_PERF_UPDATE_TOKENS_PER_S = _m(
+    "learner/perf/update_tokens_per_s", "step", "tokens computed by the updates per second of the updates"
+)
+LEARNER_VERSION = _m("learner/version", "step", "policy version after the step")
+LEARNER_IDLE_FRACTION = _m("learner/idle_fraction", "step", "share of the step spent waiting for rollouts")
+LEARNER_PEAK_MEMORY_MIB = _m(
+    "learner/peak_memory_mib",
+    "gauge",
+    "learner rank 0's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
+)
+# ---- the actor fleet, from the counters actors report about once a second (runtime/metrics.py ActorActivity)
+ACTOR_GEN_TOKENS_PER_S = _m(
+    "actor/gen_tokens_per_s",
+    "rate",
+    "the actor fleet's generation rate, tokens per second (from the counters actors report every second)",
+)
+ACTOR_IDLE_FRACTION = _m("actor/idle_fraction", "rate", "share of actor time with nothing to generate (same counters)")
+# ---- weight sync (weight_sync/publisher.py), on the steps that publish
+SYNC_SECONDS = _m("sync/seconds", "step", "seconds to publish the step's weights")
+SYNC_BYTES = _m("sync/bytes", "step", "bytes of weights broadcast")
+SYNC_BANDWIDTH_MBPS = _m("sync/bandwidth_MBps", "step", "broadcast bandwidth, MiB per second")
+SYNC_ACTORS = _m("sync/actors", "step", "actors the weights went to")
+SYNC_EPOCH = _m("sync/epoch", "step", "weight-sync epoch (a new one each time the group is re-formed)")
+SYNC_JOIN_SECONDS = _m(
+    "sync/join_seconds", "step", "seconds to settle a new epoch's membership (steps that re-form the group)"
+)
+SYNC_LEFT_OUT = _m("sync/left_out", "cumulative", "invited actors not ready within `join_timeout_s`")
+SYNC_FAILURES = _m("sync/failures", "cumulative", "failed group formations and transfers")
+# ---- the rollout plane (transport/coordinator.py, transport/metrics.py)
+TRANSPORT_QUEUE_DEPTH = _m("transport/queue_depth", "gauge", "groups received and waiting for the learner")
+TRANSPORT_LEASED = _m("transport/leased", "gauge", "prompts leased to actors")
+TRANSPORT_TAKEN = _m("transport/taken", "gauge", "groups handed to the learner, not yet trained")
+TRANSPORT_REGRANT_QUEUE = _m("transport/regrant_queue", "gauge", "prompts waiting to be granted again")
+TRANSPORT_IN_FLIGHT = _m("transport/in_flight", "gauge", "prompts granted and not yet trained or dropped")
+TRANSPORT_INFLIGHT_CAP = _m("transport/inflight_cap", "gauge", "admission cap on prompts in flight")
+TRANSPORT_ACTORS_ALIVE = _m("transport/actors_alive", "gauge", "actors heard from within `peer_timeout_s`")
+TRANSPORT_ACTORS_QUARANTINED = _m(
+    "transport/actors_quarantined", "gauge", "actors quarantined after `max_invalid_groups` invalid groups"
+)
+TRANSPORT_POLICY_VERSION = _m("transport/policy_version", "gauge", "the coordinator's published policy version")
+TRANSPORT_TRAINED_TOTAL = _m(
+    "transport/trained_total", "gauge", "prompts trained (the ledger's count, restored on resume)"
+)
+TRANSPORT_DROPPED_TOTAL = _m(
+    "transport/dropped_total", "gauge", "prompts dropped and not granted again (the ledger's count)"
+)
+TRANSPORT_DATA_EPOCH = _m("transport/data_epoch", "gauge", "pass over the data the cursor is in")
+TRANSPORT_DATA_POSITION = _m(
+    "transport/data_position", "gauge", "prompts of that pass handed out so far (the data cursor)"
+)
+TRANSPORT_GRANTS_PER_S = _m("transport/grants_per_s", "rate", "prompts granted per second")
+TRANSPORT_GROUPS_PER_S = _m("transport/groups_per_s", "rate", "rollout groups accepted per second")
+TRANSPORT_BYTES_PER_S = _m("transport/bytes_per_s", "rate", "bytes of accepted rollout groups per second")
+TRANSPORT_GRANTS_TOTAL = _m("transport/grants_total", "cumulative", "prompts granted")
+TRANSPORT_GROUPS_RECEIVED_TOTAL = _m("transport/groups_received_total", "cumulative", "rollout groups accepted")
+TRANSPORT_BYTES_RECEIVED_TOTAL = _m("transport/bytes_received_total", "cumulative", "bytes of accepted rollout groups")
+TRANSPORT_TRAINED = _m("transport/trained", "cumulative", "groups marked trained by the learner")
+TRANSPORT_LEASE_EXPIRIES = _m(
+    "transport/lease_expiries", "cumulative", "leases expired (actor dead or too slow); their prompts re-granted"
+)
+TRANSPORT_DUPLICATES = _m(
+    "transport/duplicates", "cumulative", "deliveries dropped as a duplicate (a re-sent or re-granted prompt)"
+)
+TRANSPORT_LATE_ACCEPTED = _m("transport/late_accepted", "cumulative", "deliveries accepted after their lease expired")
+TRANSPORT_UNKNOWN_GROUPS = _m(
+    "transport/unknown_groups", "cumulative", "deliveries for a prompt the coordinator never leased"
+)
+TRANSPORT_CREDIT_WAITS = _m(
+    "transport/credit_waits", "cumulative", "work requests with credit that admission could not grant to yet"
+)
+TRANSPORT_ACTORS_PRESUMED_DEAD = _m(
+    "transport/actors_presumed_dead", "cumulative", "actors silent for `peer_timeout_s`"
+)
+TRANSPORT_REJECTED_ACTORS = _m(
+    "transport/rejected_actors", "cumulative", "hellos refused: the actor registry was full of live actors"
+)
+TRANSPORT_DROPS_STALE = _m(
+    "transport/drops/stale", "cumulative", "groups over the staleness bound, dropped or re-granted (`stale_policy`)"
+)
+TRANSPORT_DROPS_QUARANTINED = _m(
+    "transport/drops/quarantined", "cumulative", "groups refused because their actor is quarantined"
+)
+TRANSPORT_DROPS_OVERSIZE = _m(
+    "transport/drops/oversize", "cumulative", "grants not sent because the message would exceed the size cap"
+)
+transport_drops_invalid_reason_key = _f(
+    "transport/drops/invalid_{reason}",
+    "cumulative",
+    "groups refused by validation, their prompts granted again, by reason: malformed, wrong_completion_count, "
+    "bad_version, empty_response, response_too_long, token_out_of_vocab, bad_logprobs, bad_loss_mask, bad_turns, "
+    "missing_filter_metric",
+)
+TRANSPORT_DROPS_TOTAL = _m("transport/drops_total", "cumulative", "all of transport/drops/*")
+transport_decode_errors_reason_key = _f(
+    "transport/decode_errors/{reason}", "cumulative", "messages that failed to decode, by reason"
+)
+TRANSPORT_DECODE_ERRORS_TOTAL = _m("transport/decode_errors_total", "cumulative", "all of transport/decode_errors/*")
+transport_send_failures_reason_key = _f(
+    "transport/send_failures/{reason}", "cumulative", "messages the coordinator could not send, by reason"
+)
+transport_staleness_lag_key = _f(
+    "transport/staleness/{lag}", "cumulative", "trained groups with this staleness (0..max_staleness)"
+)
+TRANSPORT_STALENESS_MEAN = _m(
+    "transport/staleness_mean", "cumulative", "mean staleness over every group trained since the start"
+)
+transport_version_span_span_key = _f(
+    "transport/version_span/{span}", "cumulative", "accepted groups spanning this many versions (`8+` for more)"
+)
+TRANSPORT_ACTORS_GENERATED_TOKENS_TOTAL = _m(
+    "transport/actors/generated_tokens_total",
+    "cumulative",
+    "tokens generated, summed over all actors (restarts included)",
+)
+TRANSPORT_ACTORS_IDLE_S_TOTAL = _m(
+    "transport/actors/idle_s_total", "cumulative", "actor-seconds with nothing to generate, over all actors"
+)
+TRANSPORT_ACTORS_UPTIME_S_TOTAL = _m(
+    "transport/actors/uptime_s_total", "cumulative", "actor-seconds since each actor started, over all actors"
+)
+TRANSPORT_ACTORS_SERVED_CHECKS_TOTAL = _m(
+    "transport/actors/served_checks_total",
+    "cumulative",
+    "LoRA runs: updates whose served adapter an actor checked against the learner's probe, over all actors",
+)
+TRANSPORT_ACTORS_SERVED_CHECK_FAILURES_TOTAL = _m(
+    "transport/actors/served_check_failures_total",
+    "cumulative",
+    "... of which the served adapter did not compute what the learner's does (that actor stops generating)",
+)
+TRANSPORT_ACTORS_LOADED_VERSION_MIN = _m(
+    "transport/actors/loaded_version_min",
+    "gauge",
+    "oldest policy version (a LoRA run: adapter version) a live actor has loaded, by its last report",
+)
+TRANSPORT_ACTORS_LOADED_VERSION_MAX = _m(
+    "transport/actors/loaded_version_max", "gauge", "newest policy version a live actor has loaded"
+)
+TRANSPORT_FILTER_FILTERED_GROUPS = _m(
+    "transport/filter/filtered_groups", "step", "DAPO dynamic sampling: groups filtered for the step just trained"
+)
+TRANSPORT_FILTER_FILTERED_FRACTION = _m(
+    "transport/filter/filtered_fraction", "step", "their share of that step's groups"
+)
+TRANSPORT_FILTER_GRANTS_PER_TRAINED_GROUP = _m(
+    "transport/filter/grants_per_trained_group",
+    "cumulative",
+    "grants settled per trained group: 1 unfiltered, 1 / (1 - f) with a filtered share f",
+)
+TRANSPORT_FILTER_FILTERED_TOTAL = _m("transport/filter/filtered_total", "cumulative", "prompts filtered")
+TRANSPORT_EVAL_ROUNDS = _m("transport/eval/rounds", "cumulative", "validation rounds started")
+TRANSPORT_EVAL_GRANTS = _m("transport/eval/grants", "cumulative", "validation prompts granted")
+TRANSPORT_EVAL_LEASE_EXPIRIES = _m(
+    "transport/eval/lease_expiries", "cumulative", "validation leases expired; their prompts granted again"
+)
+TRANSPORT_EVAL_DUPLICATES = _m(
+    "transport/eval/duplicates", "cumulative", "validation deliveries dropped as a duplicate"
+)
+TRANSPORT_EVAL_WRONG_VERSION = _m(
+    "transport/eval/wrong_version", "cumulative", "validation deliveries under another version (granted again)"
+)
+TRANSPORT_EVAL_LATE = _m("transport/eval/late", "cumulative", "validation deliveries for a round already closed")
+TRANSPORT_EVAL_UNKNOWN = _m(
+    "transport/eval/unknown", "cumulative", "validation deliveries for an unknown round or prompt"
+)
+TRANSPORT_EVAL_OPEN_PROMPTS = _m(
+    "transport/eval/open_prompts", "gauge", "prompts of the open validation round not yet delivered"
+)
+# ---- validation rounds (runtime/validation.py)
+VAL_VERSION = _m("val/version", "round", "the policy version evaluated", "val")
+VAL_WALL_S = _m("val/wall_s", "round", "seconds from the round's start to its last result", "val")
+VAL_NUM_SAMPLES = _m("val/num_samples", "round", "completions scored", "val")
+VAL_NUM_PROMPTS = _m("val/num_prompts", "round", "prompts with results", "val")
+VAL_PROMPTS_MISSING = _m("val/prompts_missing", "round", "prompts not back when the round closed (timed out)", "val")
+VAL_REWARD_MEAN = _m("val/reward_mean", "round", "mean reward over every sample", "val")
+VAL_RESPONSE_LENGTH_MEAN = _m("val/response_length_mean", "round", "mean response length, in tokens", "val")
+val_mean_n_key = _f(
+    "val/mean@{n}", "round", "with `val_kwargs.n` > 1: mean over prompts of the per-prompt mean reward", "val"
+)
+val_best_n_key = _f(
+    "val/best@{n}", "round", "with `val_kwargs.n` > 1: mean over prompts of the per-prompt best reward", "val"
+)
+val_source_reward_mean_key = _f(
+    "val/{source}/reward_mean", "round", "mean reward per data source (`arith` for `builtin:arith`)", "val"
+)
+val_source_component_mean_key = _f(
+    "val/{source}/{component}_mean", "round", "mean reward component per data source (`acc_mean`: accuracy)", "val"
+)
+val_core_source_reward_mean_n_key = _f(
+    "val-core/{source}/reward/mean@{n}", "round", "verl's name for the per-source mean@n", "val"
+)
+val_core_source_reward_best_n_mean_key = _f(
+    "val-core/{source}/reward/best@{n}/mean", "round", "verl's name for the per-source best@n (exact here)", "val"
+)
+TIME_WALL_S = _m("time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val")
+# ---- an actor's totals at exit (actor/loop.py, actor/emulated.py, rewards/worker.py)
+ACTOR_GROUPS_SENT = _m("actor/groups_sent", "cumulative", "training groups delivered", "actor")
+ACTOR_GROUPS_ABORTED = _m(
+    "actor/groups_aborted", "cumulative", "groups whose generation was aborted (not delivered)", "actor"
+)
+ACTOR_EVAL_GROUPS_SENT = _m("actor/eval_groups_sent", "cumulative", "validation groups delivered", "actor")
+ACTOR_EVAL_GRANTS_DROPPED = _m(
+    "actor/eval_grants_dropped",
+    "cumulative",
+    "validation grants pinned to a version older than the loaded one",
+    "actor",
+)
+ACTOR_UPDATE_FAILURES = _m("actor/update_failures", "cumulative", "weight updates that failed", "actor")
+ACTOR_SERVED_CHECKS = _m(
+    "actor/served_checks", "cumulative", "LoRA updates whose served adapter was checked on the probe", "actor"
+)
+ACTOR_SERVED_CHECK_FAILURES = _m(
+    "actor/served_check_failures",
+    "cumulative",
+    "checked updates whose served model did not compute the learner's log-probs (the actor then stops)",
+    "actor",
+)
+ACTOR_SERVED_CHECK_DIFF = _m(
+    "actor/served_check_diff", "last", "the last check's mean |log-prob difference| on the probe", "actor"
+)
+ACTOR_IDLE_SECONDS = _m("actor/idle_seconds", "cumulative", "seconds with nothing to generate", "actor")
+ACTOR_GENERATED_TOKENS = _m("actor/generated_tokens", "cumulative", "tokens generated", "actor")
+ACTOR_POLICY_VERSION = _m("actor/policy_version", "last", "policy version loaded at exit", "actor")
+ACTOR_EPISODES = _m("actor/episodes", "cumulative", "multi-turn episodes played", "actor")
+ACTOR_TEMPLATE_MISMATCHES = _m(
+    "actor/template_mismatches", "cumulative", "episodes that failed the multi-turn template check", "actor"
+)
+ACTOR_RETOKENIZATION_DRIFT = _m(
+    "actor/retokenization_drift",
+    "cumulative",
+    "episodes whose sampled tokens differ from re-encoding their text (kept as sampled)",
+    "actor",
+)
+actor_env_counter_key = _f(
+    "actor/env_{counter}",
+    "cumulative",
+    "the environment worker's counters (calls, errors, timeouts, restarts, episode_timeouts, episodes_lost)",
+    "actor",
+)
+REWARD_CALLS = _m("reward/calls", "cumulative", "reward worker calls", "actor")
+REWARD_ERRORS = _m("reward/errors", "cumulative", "reward worker calls that raised (scored 0)", "actor")
+REWARD_TIMEOUTS = _m("reward/timeouts", "cumulative", "reward worker calls that timed out (scored 0)", "actor")
+REWARD_WORKER_RESTARTS = _m("reward/worker_restarts", "cumulative", "reward worker processes restarted", "actor")
+ACTOR_EMULATED_TOKENS_PER_S = _m(
+    "actor/emulated/tokens_per_s", "step", "the emulated engine's configured rate", "actor"
+)
+ACTOR_EMULATED_PAUSED_S = _m(
+    "actor/emulated/paused_s", "cumulative", "seconds the emulated engine was paused for weight updates", "actor"
+)
+ACTOR_EMULATED_UPDATES = _m(
+    "actor/emulated/updates", "cumulative", "weight updates the emulated engine received", "actor"
+)
+ACTOR_EMULATED_PROCESS_CPU_S = _m(
+    "actor/emulated/process_cpu_s", "cumulative", "CPU seconds of the emulated actor's process", "actor"
+)
+# ---- the actor's rollout client (transport/client.py)
+transport_client_counter_key = _f(
+    "transport/client/{counter}",
+    "cumulative",
+    "counters: groups_sent, groups_resent, send_blocked, oversize, control_deferred, stray_acks, rejoins, reconnects",
+    "client",
+)
+transport_client_acks_status_key = _f(
+    "transport/client/acks/{status}", "cumulative", "acks received, by status (accepted, stale, ...)", "client"
+)
+transport_client_decode_errors_reason_key = _f(
+    "transport/client/decode_errors/{reason}", "cumulative", "coordinator messages that failed to decode", "client"
+)
+TRANSPORT_CLIENT_UNACKED = _m("transport/client/unacked", "gauge", "groups sent and not yet acknowledged", "client")
+TRANSPORT_CLIENT_BACKLOG = _m(
+    "transport/client/backlog", "gauge", "groups queued for the socket, not yet sent (back-pressure)", "client"
+)
+TRANSPORT_CLIENT_PENDING_GRANTS = _m(
+    "transport/client/pending_grants", "gauge", "grants received and not yet started", "client"
+)
+
+METRICS: tuple[Metric, ...] = tuple(_ENTRIES)
+
+
+# Metrics the algorithms name themselves (algorithms/: the objective's policy metrics, rollout correction's, the
+# KL-in-reward penalty's): the learner files them under its namespace with these. Each name is one segment.
+def _under(prefix: str, name: str) -> str:
+    if not name or "/" in name:
+        raise ValueError(f"metric name {name!r} is not one path segment (under {prefix})")
+    return prefix + name
+
+
+def learner_key(name: str) -> str:
+    """``learner/<name>``: ``reward_kl_penalty`` and ``reward_kl_penalty_coeff`` of algorithms/kl.py."""
+    return _under("learner/", name)
+
+
+def learner_actor_key(name: str) -> str:
+    """``learner/actor/<name>``: the policy metrics an objective reports (``pg_clipfrac``, ``ppo_kl``, ...)."""
+    return _under("learner/actor/", name)
+
+
+def learner_rollout_corr_key(name: str) -> str:
+    """``learner/rollout_corr/<name>``: rollout correction's metrics (``rollout_is_mean``, ``rollout_rs_...``)."""
+    return _under("learner/rollout_corr/", name)
+
 
 _EXACT: dict[str, Metric] = {m.key: m for m in METRICS if not m.is_family}
 # Most specific first (the longest fixed text): rollout_rs_{option}_seq_masked_fraction before
@@ -425,7 +701,8 @@ def find(key: str, record: str | None = None) -> Metric | None:
 
 
 def metric_key(key: str) -> str:
-    """``key`` itself, after checking that the catalog names it exactly; KeyError otherwise (for readers' constants)."""
+    """``key`` itself, after checking that the catalog names it exactly; KeyError otherwise (for a key given from
+    outside the code, such as a command line's; the code imports the constants)."""
     if key not in _EXACT:
         raise KeyError(f"{key!r} is not a metric of async_rl.metric_catalog")
     return key
@@ -438,7 +715,7 @@ def unknown_keys(keys: Iterable[str], record: str | None = None) -> list[str]:
 
 def record_kind(record: Mapping[str, object]) -> str:
     """``val`` for a validation round's metrics.jsonl line, ``step`` for a training step's."""
-    return "val" if "val/version" in record else "step"
+    return "val" if VAL_VERSION in record else "step"
 
 
 # ---------------------------------------------------------------------------------------------------- staleness

@@ -55,6 +55,58 @@ def test_metric_key_accepts_only_exact_catalog_keys() -> None:
             mc.metric_key(bad)
 
 
+def _name(key: str) -> str:
+    """The rule the catalog names its keys by: upper case, each run of other characters than letters and digits an
+    underscore (a placeholder by its name)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", re.sub(r"\{([a-z_]+)\}", r"\1", key)).strip("_").upper()
+
+
+def test_every_key_is_one_named_constant_and_every_family_one_builder() -> None:
+    constants = {name: value for name, value in vars(mc).items() if name.isupper() and isinstance(value, str)}
+    builders = {name: value for name, value in vars(mc).items() if isinstance(value, mc.Family)}
+    exact = [m.key for m in mc.METRICS if not m.is_family]
+    families = [m.key for m in mc.METRICS if m.is_family]
+    assert sorted(constants.values()) == sorted(exact)
+    assert sorted(b.template for b in builders.values()) == sorted(families)
+    assert [(n, k) for n, k in constants.items() if n != _name(k)] == []
+    assert [(n, b.template) for n, b in builders.items() if n != _name(b.template).lower() + "_key"] == []
+    # a builder's key (any value per placeholder) is named by its own entry, and parsed back to the values
+    for builder in builders.values():
+        values = tuple(f"v{i}" for i in range(len(builder.placeholders)))
+        key = builder(*values)
+        assert mc.find(key).key == builder.template, key  # type: ignore[union-attr]
+        assert builder.parse(key) == values and builder.matches(key)
+
+
+def test_builders_fill_one_segment_per_placeholder() -> None:
+    assert mc.rollout_finish_reason_key("stop") == "rollout/finish/stop"
+    assert mc.transport_staleness_lag_key(3) == "transport/staleness/3"
+    assert mc.val_core_source_reward_best_n_mean_key("arith", 4) == "val-core/arith/reward/best@4/mean"
+    assert mc.val_source_component_mean_key("arith", "acc") == "val/arith/acc_mean"
+    for bad in ("a/b", ""):
+        with pytest.raises(ValueError, match="not one path segment"):
+            mc.rollout_finish_reason_key(bad)
+    with pytest.raises(TypeError, match="takes 2 value"):
+        mc.val_source_component_mean_key("arith")
+    # a data source's or a reward component's name may hold a "/" (verl's openai/gsm8k), and the catalog names it
+    key = mc.val_source_reward_mean_key("openai/gsm8k")
+    assert key == "val/openai/gsm8k/reward_mean" and mc.find(key, "val").key == "val/{source}/reward_mean"  # type: ignore[union-attr]
+    assert mc.val_source_reward_mean_key.parse(key) == ("openai/gsm8k",)
+    assert mc.val_source_reward_mean_key.parse("val/reward_mean") is None
+    assert mc.find(mc.rollout_reward_component_key("format/strict")) is not None
+
+
+def test_the_learner_files_algorithm_metrics_under_catalogued_prefixes() -> None:
+    for builder in (mc.learner_key, mc.learner_actor_key, mc.learner_rollout_corr_key):
+        prefix = builder("x").removesuffix("x")
+        assert any(m.key.startswith(prefix) for m in mc.METRICS), prefix
+        with pytest.raises(ValueError, match="not one path segment"):
+            builder("a/b")
+    assert mc.learner_actor_key("pg_clipfrac") == mc.LEARNER_ACTOR_PG_CLIPFRAC
+    assert mc.learner_rollout_corr_key("rollout_is_mean") == mc.LEARNER_ROLLOUT_CORR_ROLLOUT_IS_MEAN
+    assert mc.learner_key("reward_kl_penalty") == mc.LEARNER_REWARD_KL_PENALTY
+
+
 def test_the_doc_tables_are_the_catalog_printed() -> None:
     blocks = mc.doc_blocks(METRICS_DOC.read_text(encoding="utf-8"))
     assert sorted(blocks) == sorted(["reductions", *mc.RECORDS]), "one generated table per record, and reductions"
@@ -95,7 +147,7 @@ def test_check_cli_lists_the_keys_no_entry_names(tmp_path: Path, capsys: pytest.
 # ---------------------------------------------------------------------------------------------------- producers
 def test_every_key_the_coordinator_reports_is_catalogued() -> None:
     from async_rl.transport import Coordinator, PlaneSettings, PromptRecord
-    from async_rl.transport.metrics import ACTOR_REPORT_KEYS, DECLARED_DROPS, EVAL_COUNTERS, TransportMetrics
+    from async_rl.transport.metrics import ACTOR_REPORT_TOTALS, COUNTERS, DECLARED_DROPS, TransportMetrics
 
     records = [PromptRecord(np.arange(i, i + 4, dtype=np.int32), {"ground_truth": str(i)}) for i in range(4)]
     coord = Coordinator(records, PlaneSettings.defaults(), seed=0, autostart=False)
@@ -107,16 +159,14 @@ def test_every_key_the_coordinator_reports_is_catalogued() -> None:
     tm = TransportMetrics(max_staleness=2)
     for name in ("rejected_actors", "lease_expiries"):
         tm.count(name)
-    tm.drops["stale"] += 1
-    tm.drops["oversize"] += 1
+    tm.drops[mc.TRANSPORT_DROPS_STALE] += 1
+    tm.drops[mc.TRANSPORT_DROPS_OVERSIZE] += 1
     keys |= set(tm.snapshot({}, {"frames": 1}, {"unroutable": 2}))
     assert mc.unknown_keys(keys, "step") == []
-    for name in (
-        *EVAL_COUNTERS,
-        *(f"drops/{d}" for d in DECLARED_DROPS),
-        *(f"actors/{k}_total" for k in ACTOR_REPORT_KEYS),
-    ):
-        assert f"transport/{name}" in keys
+    assert {*COUNTERS.values(), *DECLARED_DROPS, *ACTOR_REPORT_TOTALS.values()} <= keys
+    assert "transport/drops/invalid_malformed" in keys and "transport/eval/rounds" in keys
+    with pytest.raises(KeyError, match="not a coordinator counter"):
+        tm.count("no_such_counter")
 
 
 def test_each_invalid_reason_is_named_in_the_catalog() -> None:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.config import Config, load_config  # noqa: E402
 from async_rl.config.resolve import LearnerStart  # noqa: E402
 from async_rl.learner import (  # noqa: E402
@@ -131,8 +132,8 @@ def timed_step(learner: Learner, groups: list[SampledGroup]) -> dict[str, float]
     return {
         "step_s": elapsed,
         "tokens_per_s": tokens / elapsed,
-        "padding_waste": metrics["learner/batch/padding_waste"],
-        "imbalance": metrics["learner/batch/token_imbalance"],
+        "padding_waste": metrics[mc.LEARNER_BATCH_PADDING_WASTE],
+        "imbalance": metrics[mc.LEARNER_BATCH_TOKEN_IMBALANCE],
     }
 
 
@@ -200,7 +201,7 @@ def bench_shared(args: argparse.Namespace) -> BenchLine:
         s = learner_config(groups, mini=groups_n, micro=micro, layout="shared" if shared else "padded", lr=1e-6)
         learners[shared] = Learner(s, START, local_context(), source)
     tokens = {
-        shared: learner.train_step(groups)["learner/batch/tokens_computed"] for shared, learner in learners.items()
+        shared: learner.train_step(groups)[mc.LEARNER_BATCH_TOKENS_COMPUTED] for shared, learner in learners.items()
     }
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(args.rounds):  # interleaved, alternating which goes first, so both see the same background load

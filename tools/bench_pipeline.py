@@ -55,6 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
 
 UNLIMITED_TOKENS_PER_S = 1e9
@@ -112,7 +113,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def throughput(records: list[dict[str, Any]], batch: int, warmup: int) -> float:
     """Groups trained per second from the end of step ``warmup`` to the end of the last step (``time/wall_s``)."""
-    by_step = {int(r["step"]): float(r["time/wall_s"]) for r in records}
+    by_step = {int(r["step"]): float(r[mc.TIME_WALL_S]) for r in records}
     last = max(by_step, default=0)
     if warmup < 1 or last < warmup + 1 or warmup not in by_step:
         raise ValueError(f"need steps {warmup}..{warmup + 1}+ to measure after {warmup} warm-up steps, got {last}")
@@ -210,11 +211,11 @@ def measure(
         steps=len(records),
         groups_per_s=gps,
         step_s=shape.batch / gps,
-        staleness_max=max(float(r.get("rollout/staleness_max", 0.0)) for r in records),
-        idle_fraction=mean_after(records, "learner/idle_fraction", warmup),
-        sync_s=mean_after(records, "sync/seconds", warmup),
-        actor_paused_s=float(actor.get("actor/emulated/paused_s", float("nan"))),
-        actor_cpu_s=float(actor.get("actor/emulated/process_cpu_s", float("nan"))),
+        staleness_max=max(float(r.get(mc.ROLLOUT_STALENESS_MAX, 0.0)) for r in records),
+        idle_fraction=mean_after(records, mc.LEARNER_IDLE_FRACTION, warmup),
+        sync_s=mean_after(records, mc.SYNC_SECONDS, warmup),
+        actor_paused_s=float(actor.get(mc.ACTOR_EMULATED_PAUSED_S, float("nan"))),
+        actor_cpu_s=float(actor.get(mc.ACTOR_EMULATED_PROCESS_CPU_S, float("nan"))),
         wall_s=time.monotonic() - started,
     )
     if result.staleness_max > staleness:

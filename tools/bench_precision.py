@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
@@ -97,8 +98,8 @@ def timed_step(learner: Any, groups: list[Any]) -> float:
     t0 = time.perf_counter()
     metrics = learner.train_step(groups)
     elapsed = time.perf_counter() - t0
-    assert metrics["learner/actor/proximal_pass_skipped"] == 1.0, "the step should be one optimizer step"
-    assert metrics["learner/actor/skipped_updates"] == 0.0, "a non-finite update was skipped"
+    assert metrics[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED] == 1.0, "the step should be one optimizer step"
+    assert metrics[mc.LEARNER_ACTOR_SKIPPED_UPDATES] == 0.0, "a non-finite update was skipped"
     return elapsed
 
 

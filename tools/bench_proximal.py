@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def timed_step(learner: Any, groups: list[Any], *, force_proximal: bool) -> floa
         elapsed = time.perf_counter() - t0
     finally:
         learner._reuses_proximal = reuses.__get__(learner)
-    skipped = metrics["learner/actor/proximal_pass_skipped"]
+    skipped = metrics[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED]
     assert skipped == (0.0 if force_proximal else 1.0), f"the proximal pass was not as asked: skipped={skipped}"
     return elapsed
 

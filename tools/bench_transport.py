@@ -29,6 +29,7 @@ import zmq
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.transport import (  # noqa: E402 - after the sys.path tweak so the script runs from a checkout
     Coordinator,
     GroupSampling,
@@ -152,7 +153,7 @@ def bench_plane(args: argparse.Namespace) -> tuple[float, int]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    group_bytes = int(metrics["transport/bytes_received_total"] / max(1, metrics["transport/groups_received_total"]))
+    group_bytes = int(metrics[mc.TRANSPORT_BYTES_RECEIVED_TOTAL] / max(1, metrics[mc.TRANSPORT_GROUPS_RECEIVED_TOTAL]))
     return elapsed / max(1, args.groups - first), group_bytes
 
 

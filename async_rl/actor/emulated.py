@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from async_rl import metric_catalog as mc
 from async_rl.actor.engine import EngineOutput, EngineStats, UpdateMode
 from async_rl.rewards import RewardResult
 from async_rl.transport.protocol import GroupSampling
@@ -261,10 +262,10 @@ class EmulatedEngine:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "actor/emulated/tokens_per_s": self.pacer.tokens_per_s,
-            "actor/emulated/paused_s": self.pacer.paused_s,
-            "actor/emulated/updates": float(self.stats.updates),
-            "actor/emulated/process_cpu_s": time.process_time(),  # the whole actor process: should stay near zero
+            mc.ACTOR_EMULATED_TOKENS_PER_S: self.pacer.tokens_per_s,
+            mc.ACTOR_EMULATED_PAUSED_S: self.pacer.paused_s,
+            mc.ACTOR_EMULATED_UPDATES: float(self.stats.updates),
+            mc.ACTOR_EMULATED_PROCESS_CPU_S: time.process_time(),  # the whole actor process: should stay near zero
         }
 
 

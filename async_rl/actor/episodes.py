@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import numpy as np
 
+from async_rl import metric_catalog as mc
 from async_rl.actor.chat_render import ChatRenderer
 from async_rl.actor.engine import EngineOutput
 from async_rl.transport.protocol import Completion, EpisodeStats, GroupSampling, PromptGrant, TurnSpan, make_completion
@@ -221,11 +222,11 @@ class EpisodeRunner:
 
     def metrics(self) -> dict[str, float]:
         out = {
-            "actor/episodes": float(self.episodes),
-            "actor/template_mismatches": float(self.template_mismatches),
-            "actor/retokenization_drift": float(self.retokenized),
+            mc.ACTOR_EPISODES: float(self.episodes),
+            mc.ACTOR_TEMPLATE_MISMATCHES: float(self.template_mismatches),
+            mc.ACTOR_RETOKENIZATION_DRIFT: float(self.retokenized),
         }
-        out.update({f"actor/env_{k}": float(v) for k, v in self.envs.metrics().items()})
+        out.update({mc.actor_env_counter_key(k): float(v) for k, v in self.envs.metrics().items()})
         return out
 
 

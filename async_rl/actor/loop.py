@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from async_rl import metric_catalog as mc
 from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateMode
 from async_rl.actor.episodes import EpisodeRunner
 from async_rl.peft_format import LoRASpec, adapter_config
@@ -480,17 +481,17 @@ class ActorLoop:
     def metrics(self) -> dict[str, float]:
         s = self.stats
         out = {
-            "actor/groups_sent": float(s.groups_sent),
-            "actor/groups_aborted": float(s.groups_aborted),
-            "actor/eval_groups_sent": float(s.eval_groups_sent),
-            "actor/eval_grants_dropped": float(s.eval_grants_dropped),
-            "actor/update_failures": float(s.update_failures),
-            "actor/served_checks": float(s.served_checks),
-            "actor/served_check_failures": float(s.served_check_failures),
-            "actor/served_check_diff": s.served_check_diff,
-            "actor/idle_seconds": s.idle_seconds,
-            "actor/generated_tokens": float(self.engine.stats.generated_tokens),
-            "actor/policy_version": float(self.engine.version),
+            mc.ACTOR_GROUPS_SENT: float(s.groups_sent),
+            mc.ACTOR_GROUPS_ABORTED: float(s.groups_aborted),
+            mc.ACTOR_EVAL_GROUPS_SENT: float(s.eval_groups_sent),
+            mc.ACTOR_EVAL_GRANTS_DROPPED: float(s.eval_grants_dropped),
+            mc.ACTOR_UPDATE_FAILURES: float(s.update_failures),
+            mc.ACTOR_SERVED_CHECKS: float(s.served_checks),
+            mc.ACTOR_SERVED_CHECK_FAILURES: float(s.served_check_failures),
+            mc.ACTOR_SERVED_CHECK_DIFF: s.served_check_diff,
+            mc.ACTOR_IDLE_SECONDS: s.idle_seconds,
+            mc.ACTOR_GENERATED_TOKENS: float(self.engine.stats.generated_tokens),
+            mc.ACTOR_POLICY_VERSION: float(self.engine.version),
         }
         if self.episodes is not None:
             out.update(self.episodes.metrics())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from async_rl import metric_catalog as mc
 from async_rl.algorithms import value_loss
 from async_rl.config.critic import CriticConfig
 from async_rl.config.resolve import resolved
@@ -118,9 +119,9 @@ class Critic:
                 global_num_seqs=seqs,
                 loss_scale_factor=c.loss_scale_factor,
             )
-            acc.mean("critic/vf_clipfrac", clipfrac)
+            acc.mean(mc.LEARNER_CRITIC_VF_CLIPFRAC, clipfrac)
             mask = loss_mask.float()
-            acc.ratio("critic/vpred_mean", (vpreds.detach() * mask).sum(), mask.sum())
+            acc.ratio(mc.LEARNER_CRITIC_VPRED_MEAN, (vpreds.detach() * mask).sum(), mask.sum())
             return loss
 
         return run_updates(self.ctx, self.trained, plan, batch, micro_loss, acc)

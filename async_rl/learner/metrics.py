@@ -48,7 +48,7 @@ def _stack(values: list[Value], device: torch.device) -> torch.Tensor:
 
 
 class MetricAccumulator:
-    """Collects metric contributions; :meth:`reduce` returns ``{prefix + key: float}`` identical on all ranks."""
+    """Collects metric contributions; :meth:`reduce` returns ``{key: float}`` identical on all ranks."""
 
     def __init__(self) -> None:
         self._sum: dict[str, Value] = {}
@@ -77,7 +77,7 @@ class MetricAccumulator:
     def min(self, key: str, value: Value) -> None:
         self._min[key] = _pick(self._min.get(key, float("inf")), value, largest=False)
 
-    def reduce(self, ctx: DistContext, prefix: str = "") -> dict[str, float]:
+    def reduce(self, ctx: DistContext) -> dict[str, float]:
         """All-reduce every metric over the ranks (one collective per kind) and read them on the host once."""
         out: dict[str, float] = {}
         keys = sorted(self._sum)
@@ -86,10 +86,10 @@ class MetricAccumulator:
             t = ctx.all_reduce(_stack(values, ctx.device).reshape(len(keys), 2), "sum")
             for k, (s, d) in zip(keys, t.tolist(), strict=True):
                 # a mean counts 1 per contribution, so it is a ratio too; totals ignore the denominator
-                out[prefix + k] = s if k in self._totals else (s / d if d else float("nan"))
+                out[k] = s if k in self._totals else (s / d if d else float("nan"))
         for store, op in ((self._max, "max"), (self._min, "min")):
             ks = sorted(store)
             if ks:
                 t = ctx.all_reduce(_stack([store[k] for k in ks], ctx.device), op)
-                out.update({prefix + k: v for k, v in zip(ks, t.tolist(), strict=True)})
+                out.update(zip(ks, t.tolist(), strict=True))
         return out

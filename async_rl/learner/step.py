@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from async_rl import metric_catalog as mc
 from async_rl.algorithms import (
     AdaptiveKLController,
     FixedKLController,
@@ -263,7 +264,7 @@ class Learner:
             rewards, kl_metrics = apply_kl_in_reward(
                 rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl, algo.kl_penalty
             )
-            acc.update({f"learner/{k}": float(v) for k, v in kl_metrics.items()})
+            acc.update({mc.learner_key(k): float(v) for k, v in kl_metrics.items()})
         batch["token_level_rewards"] = rewards
         advantages, returns = compute_advantages(
             algo.adv_estimator,
@@ -288,12 +289,12 @@ class Learner:
         if spec.rs_bounds is not None:
             kept, rs_metrics = rejection_mask(old, behaviour, batch["loss_mask"], bounds=spec.rs_bounds)
             batch["loss_mask"] = kept
-            out.update({f"learner/rollout_corr/{k}": float(v) for k, v in rs_metrics.items()})
+            out.update({mc.learner_rollout_corr_key(k): float(v) for k, v in rs_metrics.items()})
         if spec.rollout_is is None:
             return
         weights, is_metrics = correction_weights(old, behaviour, batch["loss_mask"], spec)
         batch["is_weights"] = weights
-        out.update({f"learner/rollout_corr/{k}": float(v) for k, v in is_metrics.items()})
+        out.update({mc.learner_rollout_corr_key(k): float(v) for k, v in is_metrics.items()})
 
     # ------------------------------------------------------------------ actor update
     def _reuses_proximal(self, batch_size: int) -> bool:
@@ -345,16 +346,19 @@ class Learner:
             )
             loss = out.loss
             if out.kl_loss is not None:
-                acc.total("actor/kl_loss_sum", out.kl_loss)
+                acc.total("_kl_loss_sum", out.kl_loss)
             if self.loss_hook is not None:
                 loss = self.loss_hook(loss)
             fmask = out.mask.float()
-            acc.ratio("actor/entropy", (entropy.detach() * fmask).sum(), fmask.sum())
-            acc.total("actor/pg_loss_sum", out.pg_loss)
-            for prefix, values in (("actor", out.policy_metrics), ("rollout_corr", out.correction_metrics)):
+            acc.ratio(mc.LEARNER_ACTOR_ENTROPY, (entropy.detach() * fmask).sum(), fmask.sum())
+            acc.total("_pg_loss_sum", out.pg_loss)
+            for key_of, values in (
+                (mc.learner_actor_key, out.policy_metrics),
+                (mc.learner_rollout_corr_key, out.correction_metrics),
+            ):
                 for key, value in values.items():
                     kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
-                    getattr(acc, kind)(f"{prefix}/{key}", value)
+                    getattr(acc, kind)(key_of(key), value)
             return loss
 
         return micro_loss
@@ -391,7 +395,7 @@ class Learner:
             bad = [group_ids[i] for i in invalid]
             what = "dropped %d group(s) with token ids outside the vocabulary of %d: %s"
             log_rank0(ctx, logger, what, len(bad), self.vocab_size, bad, level=logging.ERROR)
-        out["learner/batch/invalid_groups"] = float(len(invalid))
+        out[mc.LEARNER_BATCH_INVALID_GROUPS] = float(len(invalid))
         acc = MetricAccumulator()
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
@@ -409,7 +413,7 @@ class Learner:
             batch["values"] = self.critic.values(batch)
         self.model.train()
         self._rewards_and_advantages(batch, out)
-        out["learner/batch/truncated_masked"] = float(
+        out[mc.LEARNER_BATCH_TRUNCATED_MASKED] = float(
             mask_truncated(batch) if actor_cfg.mask_truncated_responses else 0
         )
         t_update = time.perf_counter()
@@ -440,38 +444,37 @@ class Learner:
             self.layout,
             batch["index"].tolist(),
         )
-        acc.total("batch/real_tokens_computed", real)
-        acc.total("batch/slots_computed", slots)
+        acc.total("_real_tokens_computed", real)
+        acc.total("_slots_computed", slots)
         n_updates = plan.num_updates
-        reduced = acc.reduce(ctx, prefix="learner/")
-        for name in ("pg_loss", "kl_loss"):
-            key = f"learner/actor/{name}_sum"
-            if key in reduced:
-                reduced[f"learner/actor/{name}"] = reduced.pop(key) / n_updates
-        computed = reduced.pop("learner/batch/real_tokens_computed")
-        total_slots = reduced.pop("learner/batch/slots_computed")
-        offpolicy = {k: reduced.pop(k) for k in list(reduced) if k.startswith("learner/offpolicy/_")}
+        reduced = acc.reduce(ctx)
+        for name, key in (("_pg_loss_sum", mc.LEARNER_ACTOR_PG_LOSS), ("_kl_loss_sum", mc.LEARNER_ACTOR_KL_LOSS)):
+            if name in reduced:
+                reduced[key] = reduced.pop(name) / n_updates
+        computed = reduced.pop("_real_tokens_computed")
+        total_slots = reduced.pop("_slots_computed")
+        offpolicy = {k: reduced.pop(k) for k in list(reduced) if k.startswith("_offpolicy/")}
         out.update(reduced)
         t_end = time.perf_counter()
         out.update(self._batch_metrics(batch, offpolicy if reuse else None))
-        out["learner/actor/proximal_pass_skipped"] = float(reuse or spec.bypass_loss_type is not None)
+        out[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED] = float(reuse or spec.bypass_loss_type is not None)
         self.version += 1
         out.update(
             {
-                "learner/batch/padding_waste": 1.0 - computed / total_slots if total_slots else 0.0,
-                "learner/batch/tokens_computed": total_slots,
-                "learner/batch/token_imbalance": plan.imbalance,
-                "learner/actor/skipped_updates": float(skipped),
-                "learner/actor/skipped_total": float(self.actor.guard.skipped_total),
-                "learner/perf/step_time_s": t_end - t_start,
-                "learner/perf/update_time_s": t_end - t_update,
-                "learner/perf/tokens_per_s": float(batch["attention_mask"].sum()) / max(t_end - t_start, 1e-9),
-                "learner/perf/update_tokens_per_s": computed / max(t_end - t_update, 1e-9),
-                "learner/version": float(self.version),
+                mc.LEARNER_BATCH_PADDING_WASTE: 1.0 - computed / total_slots if total_slots else 0.0,
+                mc.LEARNER_BATCH_TOKENS_COMPUTED: total_slots,
+                mc.LEARNER_BATCH_TOKEN_IMBALANCE: plan.imbalance,
+                mc.LEARNER_ACTOR_SKIPPED_UPDATES: float(skipped),
+                mc.LEARNER_ACTOR_SKIPPED_TOTAL: float(self.actor.guard.skipped_total),
+                mc.LEARNER_PERF_STEP_TIME_S: t_end - t_start,
+                mc.LEARNER_PERF_UPDATE_TIME_S: t_end - t_update,
+                mc.LEARNER_PERF_TOKENS_PER_S: float(batch["attention_mask"].sum()) / max(t_end - t_start, 1e-9),
+                mc.LEARNER_PERF_UPDATE_TOKENS_PER_S: computed / max(t_end - t_update, 1e-9),
+                mc.LEARNER_VERSION: float(self.version),
             }
         )
         if self.critic is not None:
-            out["learner/critic/skipped_updates"] = float(skipped_critic)
+            out[mc.LEARNER_CRITIC_SKIPPED_UPDATES] = float(skipped_critic)
         log_rank0(ctx, logger, "step -> version %d: %s", self.version, _brief(out))
         return out
 
@@ -489,8 +492,8 @@ class Learner:
             count, w_sum, w2_sum = float(w.numel()), float(w.sum()), float((w**2).sum())
             abs_sum = float(log_ratio.abs().sum())
         else:
-            count, w_sum = offpolicy["learner/offpolicy/_count"], offpolicy["learner/offpolicy/_w_sum"]
-            w2_sum, abs_sum = offpolicy["learner/offpolicy/_w2_sum"], offpolicy["learner/offpolicy/_abs_sum"]
+            count, w_sum = offpolicy["_offpolicy/count"], offpolicy["_offpolicy/w_sum"]
+            w2_sum, abs_sum = offpolicy["_offpolicy/w2_sum"], offpolicy["_offpolicy/abs_sum"]
         ess = w_sum**2 / (count * w2_sum) if count else 1.0
         scores = batch["token_level_scores"].sum(-1)
         groups = batch["index"]
@@ -499,18 +502,18 @@ class Learner:
         )
         return {
             # groups whose samples' rewards differ: the only ones a group-relative advantage learns from
-            "learner/batch/informative_groups": float(informative),
-            "learner/batch/size": float(len(batch)),
-            "learner/batch/response_length_mean": float(batch["response_lengths"].float().mean()),
-            "learner/batch/sampled_length_mean": float(mask.sum(-1).float().mean()),
-            "learner/batch/reward_mean": float(batch["token_level_scores"].sum(-1).mean()),
-            "learner/batch/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
-            "learner/batch/advantages_max": float(adv.max()) if adv.numel() else 0.0,
-            "learner/batch/advantages_min": float(adv.min()) if adv.numel() else 0.0,
-            "learner/staleness/mean": histogram_mean(lags),
-            "learner/staleness/max": float(max(lags, default=0)),
-            "learner/offpolicy/ess": ess,
-            "learner/offpolicy/abs_log_ratio_mean": abs_sum / count if count else 0.0,
+            mc.LEARNER_BATCH_INFORMATIVE_GROUPS: float(informative),
+            mc.LEARNER_BATCH_SIZE: float(len(batch)),
+            mc.LEARNER_BATCH_RESPONSE_LENGTH_MEAN: float(batch["response_lengths"].float().mean()),
+            mc.LEARNER_BATCH_SAMPLED_LENGTH_MEAN: float(mask.sum(-1).float().mean()),
+            mc.LEARNER_BATCH_REWARD_MEAN: float(batch["token_level_scores"].sum(-1).mean()),
+            mc.LEARNER_BATCH_ADVANTAGES_MEAN: float(adv.mean()) if adv.numel() else 0.0,
+            mc.LEARNER_BATCH_ADVANTAGES_MAX: float(adv.max()) if adv.numel() else 0.0,
+            mc.LEARNER_BATCH_ADVANTAGES_MIN: float(adv.min()) if adv.numel() else 0.0,
+            mc.LEARNER_STALENESS_MEAN: histogram_mean(lags),
+            mc.LEARNER_STALENESS_MAX: float(max(lags, default=0)),
+            mc.LEARNER_OFFPOLICY_ESS: ess,
+            mc.LEARNER_OFFPOLICY_ABS_LOG_RATIO_MEAN: abs_sum / count if count else 0.0,
         }
 
 
@@ -527,12 +530,17 @@ def _accumulate_offpolicy(
     """Sums (over ranks and micro-batches) behind the batch's off-policy ESS and mean |log ratio|."""
     log_ratio = (old_log_prob - rollout_log_prob)[mask.bool()].double()
     w = log_ratio.clamp(-20, 20).exp()
-    acc.total("offpolicy/_count", float(w.numel()))
-    acc.total("offpolicy/_w_sum", w.sum())
-    acc.total("offpolicy/_w2_sum", (w**2).sum())
-    acc.total("offpolicy/_abs_sum", log_ratio.abs().sum())
+    acc.total("_offpolicy/count", float(w.numel()))
+    acc.total("_offpolicy/w_sum", w.sum())
+    acc.total("_offpolicy/w2_sum", (w**2).sum())
+    acc.total("_offpolicy/abs_sum", log_ratio.abs().sum())
 
 
 def _brief(metrics: dict[str, float]) -> str:
-    keys = ("learner/actor/pg_loss", "learner/actor/entropy", "learner/actor/grad_norm", "learner/perf/tokens_per_s")
+    keys = (
+        mc.LEARNER_ACTOR_PG_LOSS,
+        mc.LEARNER_ACTOR_ENTROPY,
+        mc.LEARNER_ACTOR_GRAD_NORM,
+        mc.LEARNER_PERF_TOKENS_PER_S,
+    )
     return " ".join(f"{k.rsplit('/', 1)[-1]}={metrics[k]:.4g}" for k in keys if k in metrics)

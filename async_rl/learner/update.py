@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from async_rl import metric_catalog as mc
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
 from async_rl.learner.metrics import MetricAccumulator
@@ -27,6 +28,12 @@ __all__ = ["MicroLossFn", "TrainedModel", "run_updates"]
 
 MicroLossFn = Callable[[list[int], float, float], torch.Tensor]
 """``(rows, global_num_tokens, global_num_seqs) -> loss``: a micro-batch's share of the mini-batch loss."""
+
+# The metrics run_updates records for a trained model, by its name: (loss, grad_norm, lr).
+UPDATE_KEYS = {
+    "actor": (mc.LEARNER_ACTOR_LOSS, mc.LEARNER_ACTOR_GRAD_NORM, mc.LEARNER_ACTOR_LR),
+    "critic": (mc.LEARNER_CRITIC_LOSS, mc.LEARNER_CRITIC_GRAD_NORM, mc.LEARNER_CRITIC_LR),
+}
 
 
 @dataclass
@@ -67,9 +74,10 @@ def run_updates(
 ) -> int:
     """Run every optimizer step of ``plan``; returns the number of skipped (non-finite) steps.
 
-    Records ``<name>/loss`` (the whole mini-batch loss) and ``<name>/grad_norm``, both averaged over the steps taken,
-    and ``<name>/lr``.
+    Records ``learner/<name>/loss`` (the whole mini-batch loss) and ``learner/<name>/grad_norm``, both averaged over
+    the steps taken, and ``learner/<name>/lr`` (`UPDATE_KEYS`).
     """
+    loss_key, grad_norm_key, lr_key = UPDATE_KEYS[trained.name]
     skipped = 0
     for epoch in plan.epochs:
         for mini in epoch:
@@ -94,9 +102,9 @@ def run_updates(
             )
             if stepped:
                 # identical on every rank (the total is all-reduced), so the mean over ranks is the value itself
-                acc.mean(f"{trained.name}/grad_norm", norm)
-                acc.mean(f"{trained.name}/loss", total)
+                acc.mean(grad_norm_key, norm)
+                acc.mean(loss_key, total)
             else:
                 skipped += 1
-    acc.mean(f"{trained.name}/lr", trained.lr)
+    acc.mean(lr_key, trained.lr)
     return skipped

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from async_rl import metric_catalog as mc
 from async_rl.frames import kill_child, read_frame, spawn_child, write_frame
 from async_rl.rewards.base import RewardResult, load_reward_fn, normalize_reward
 
@@ -105,10 +106,10 @@ class RewardWorker:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "reward/calls": float(self.calls),
-            "reward/errors": float(self.errors),
-            "reward/timeouts": float(self.timeouts),
-            "reward/worker_restarts": float(self.restarts),
+            mc.REWARD_CALLS: float(self.calls),
+            mc.REWARD_ERRORS: float(self.errors),
+            mc.REWARD_TIMEOUTS: float(self.timeouts),
+            mc.REWARD_WORKER_RESTARTS: float(self.restarts),
         }
 
     def close(self) -> None:

@@ -14,8 +14,8 @@ Optional backends whose package is missing (tensorboard, wandb) are skipped with
 run, and an error inside one of them later disables that backend only: metrics must never stop training. Errors of
 the jsonl and console sinks propagate (a full disk should be noticed).
 
-Every key is defined in the metric catalog (``runtime/metric_catalog.py``: key, reduction, meaning); a key logged
-that the catalog does not name is warned about once, and the keys read here are taken through ``metric_key``.
+Every key is defined in the metric catalog (``async_rl/metric_catalog.py``: key, reduction, meaning); a key logged
+that the catalog does not name is warned about once, and the keys read here are the catalog's constants.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TextIO
 
-from async_rl.metric_catalog import find, metric_key, record_kind
+from async_rl import metric_catalog as mc
+from async_rl.metric_catalog import find, record_kind
 
 logger = logging.getLogger(__name__)
 
@@ -47,26 +48,27 @@ __all__ = [
 
 ALLOWED_BACKENDS = ("console", "jsonl", "tensorboard", "wandb")
 METRICS_FILE = "metrics.jsonl"
-WALL_KEY = metric_key("time/wall_s")
+WALL_KEY = mc.TIME_WALL_S
 # Present in (only) the records of validation rounds (runtime/validation.py), logged at the evaluated version's step.
-VAL_VERSION_KEY = metric_key("val/version")
+VAL_VERSION_KEY = mc.VAL_VERSION
 
-# (label, key, format) for the console line; missing keys are left out. Keys: runtime/metric_catalog.py.
-_CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = tuple(
-    (label, metric_key(key), fmt)
-    for label, key, fmt in (
-        ("reward", "learner/batch/reward_mean", "{:.3f}"),
-        ("gen tok/s", "actor/gen_tokens_per_s", "{:.4g}"),
-        ("learn tok/s", "learner/perf/tokens_per_s", "{:.4g}"),
-        ("stale", "learner/staleness/mean", "{:.2f}"),
-        ("ess", "learner/offpolicy/ess", "{:.3f}"),
-        ("sync", "sync/seconds", "{:.2f}s"),
-        ("pg_loss", "learner/actor/pg_loss", "{:.4g}"),
-    )
+# (label, key, format) for the console line; missing keys are left out.
+_CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("reward", mc.LEARNER_BATCH_REWARD_MEAN, "{:.3f}"),
+    ("gen tok/s", mc.ACTOR_GEN_TOKENS_PER_S, "{:.4g}"),
+    ("learn tok/s", mc.LEARNER_PERF_TOKENS_PER_S, "{:.4g}"),
+    ("stale", mc.LEARNER_STALENESS_MEAN, "{:.2f}"),
+    ("ess", mc.LEARNER_OFFPOLICY_ESS, "{:.3f}"),
+    ("sync", mc.SYNC_SECONDS, "{:.2f}s"),
+    ("pg_loss", mc.LEARNER_ACTOR_PG_LOSS, "{:.4g}"),
 )
-_ACTOR_TOTALS = tuple(metric_key(f"transport/actors/{k}_total") for k in ("generated_tokens", "idle_s", "uptime_s"))
-_ACTORS_ALIVE = metric_key("transport/actors_alive")
-_VAL_REWARD, _VAL_SAMPLES, _VAL_WALL = (metric_key(f"val/{k}") for k in ("reward_mean", "num_samples", "wall_s"))
+_ACTOR_TOTALS = (
+    mc.TRANSPORT_ACTORS_GENERATED_TOKENS_TOTAL,
+    mc.TRANSPORT_ACTORS_IDLE_S_TOTAL,
+    mc.TRANSPORT_ACTORS_UPTIME_S_TOTAL,
+)
+_ACTORS_ALIVE = mc.TRANSPORT_ACTORS_ALIVE
+_VAL_REWARD, _VAL_SAMPLES, _VAL_WALL = mc.VAL_REWARD_MEAN, mc.VAL_NUM_SAMPLES, mc.VAL_WALL_S
 
 
 class Sink(Protocol):
@@ -120,8 +122,8 @@ class ActorActivity:
         self._prev = (tokens, idle, uptime)
         alive = max(1.0, _pick(metrics, _ACTORS_ALIVE) or 1.0)
         return {
-            "actor/idle_fraction": min(1.0, max(0.0, d_idle / d_up)),
-            "actor/gen_tokens_per_s": max(0.0, d_tokens) / d_up * alive,
+            mc.ACTOR_IDLE_FRACTION: min(1.0, max(0.0, d_idle / d_up)),
+            mc.ACTOR_GEN_TOKENS_PER_S: max(0.0, d_tokens) / d_up * alive,
         }
 
 
@@ -139,8 +141,9 @@ def format_val_line(metrics: Mapping[str, Any]) -> str:
     """A validation round in one line, e.g. ``reward 0.875 | arith 0.875 | 8 samples | 3.2s``."""
     parts = [f"reward {_pick(metrics, _VAL_REWARD) or 0.0:.3f}"]
     for key, value in sorted(metrics.items()):
-        if key.startswith("val/") and key.endswith("/reward_mean") and key.count("/") == 2:
-            parts.append(f"{key.split('/')[1]} {value:.3f}")
+        source = mc.val_source_reward_mean_key.parse(key)
+        if source is not None:
+            parts.append(f"{source[0]} {value:.3f}")
     parts.append(f"{int(metrics.get(_VAL_SAMPLES, 0))} samples")
     parts.append(f"{float(metrics.get(_VAL_WALL, 0.0)):.1f}s")
     return " | ".join(parts)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from async_rl.metric_catalog import metric_key
+from async_rl import metric_catalog as mc
 from async_rl.runtime.metrics import VAL_VERSION_KEY, WALL_KEY, read_metrics
 
 logger = logging.getLogger(__name__)
@@ -37,17 +37,16 @@ __all__ = [
     "validation_records",
 ]
 
-REWARD_KEY = metric_key("learner/batch/reward_mean")
+REWARD_KEY = mc.LEARNER_BATCH_REWARD_MEAN
 REWARD_KEYS = (REWARD_KEY,)  # the keys a reward curve is read from, first found wins (tuning/sweep_report.py)
-COMPONENT_PREFIX = "rollout/reward/"  # rollout/reward/{component}
-GEN_RATE_KEY = metric_key("actor/gen_tokens_per_s")
-LEARNER_RATE_KEY = metric_key("learner/perf/tokens_per_s")
-STALENESS_KEY = metric_key("learner/staleness/mean")
-STALENESS_MAX_KEY = metric_key("learner/staleness/max")
-ESS_KEY = metric_key("learner/offpolicy/ess")
-SYNC_KEY = metric_key("sync/seconds")
-VAL_REWARD_KEY = metric_key("val/reward_mean")
-TURNS_KEY = metric_key("rollout/num_turns_mean")
+GEN_RATE_KEY = mc.ACTOR_GEN_TOKENS_PER_S
+LEARNER_RATE_KEY = mc.LEARNER_PERF_TOKENS_PER_S
+STALENESS_KEY = mc.LEARNER_STALENESS_MEAN
+STALENESS_MAX_KEY = mc.LEARNER_STALENESS_MAX
+ESS_KEY = mc.LEARNER_OFFPOLICY_ESS
+SYNC_KEY = mc.SYNC_SECONDS
+VAL_REWARD_KEY = mc.VAL_REWARD_MEAN
+TURNS_KEY = mc.ROLLOUT_NUM_TURNS_MEAN
 MAX_COMPONENTS = 8
 
 Series = tuple[list[float], list[float]]
@@ -93,7 +92,12 @@ def _series(records: Sequence[dict[str, Any]], key: str, x_key: str = "step") ->
 
 
 def _component_keys(records: Sequence[dict[str, Any]]) -> list[str]:
-    found = {k for r in records for k in r if k.startswith(COMPONENT_PREFIX) and finite_number(r.get(k)) is not None}
+    found = {
+        k
+        for r in records
+        for k in r
+        if mc.rollout_reward_component_key.matches(k) and finite_number(r.get(k)) is not None
+    }
     keys = sorted(found)
     if len(keys) > MAX_COMPONENTS:
         logger.info("plot: %d reward components, drawing the first %d", len(keys), MAX_COMPONENTS)
@@ -184,8 +188,8 @@ def _validation_panel(
 ) -> None:
     """Validation reward (overall, and per data source when there are several) against ``x_key``, with the reward
     components validation reports (``val/<source>/<name>_mean``: e.g. ``acc``, the guessing game's ``solved``)."""
-    per_source = {k for r in records for k in r if k.startswith("val/") and k.endswith("_mean") and k.count("/") == 2}
-    sources = sorted(k for k in per_source if k.endswith("/reward_mean"))
+    per_source = {k for r in records for k in r if mc.val_source_component_mean_key.matches(k)}
+    sources = sorted(k for k in per_source if mc.val_source_reward_mean_key.matches(k))
     components = sorted(per_source - set(sources))
     series = [(VAL_REWARD_KEY, _series(records, VAL_REWARD_KEY, x_key))]
     if len(sources) > 1:
@@ -221,7 +225,7 @@ def _episode_panels(axes: Any, records: Sequence[dict[str, Any]]) -> None:
         "per episode",
         [
             ("model turns", _series(records, TURNS_KEY)),
-            ("tool calls", _series(records, metric_key("rollout/tool_calls_mean"))),
+            ("tool calls", _series(records, mc.ROLLOUT_TOOL_CALLS_MEAN)),
         ],
     )
     _lines_panel(
@@ -229,9 +233,9 @@ def _episode_panels(axes: Any, records: Sequence[dict[str, Any]]) -> None:
         "episodes: errors and template checks",
         "episodes (tool calls) per step",
         [
-            ("failed tool calls", _series(records, metric_key("rollout/tool_errors"))),
-            ("template mismatches", _series(records, metric_key("rollout/template_mismatches"))),
-            ("re-tokenization drift", _series(records, metric_key("rollout/retokenization_drift"))),
+            ("failed tool calls", _series(records, mc.ROLLOUT_TOOL_ERRORS)),
+            ("template mismatches", _series(records, mc.ROLLOUT_TEMPLATE_MISMATCHES)),
+            ("re-tokenization drift", _series(records, mc.ROLLOUT_RETOKENIZATION_DRIFT)),
         ],
     )
 
@@ -267,8 +271,8 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         "rollout transport",
         "groups",
         [
-            ("queue depth", _series(records, metric_key("transport/queue_depth"))),
-            ("dropped as stale (cumulative)", _series(records, metric_key("transport/drops/stale"))),
+            ("queue depth", _series(records, mc.TRANSPORT_QUEUE_DEPTH)),
+            ("dropped as stale (cumulative)", _series(records, mc.TRANSPORT_DROPS_STALE)),
         ],
     )
     _lines_panel(
@@ -276,8 +280,8 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         "idle fractions (waiting for work)",
         "fraction of time",
         [
-            ("learner (waiting for groups)", _series(records, metric_key("learner/idle_fraction"))),
-            ("actors (nothing to generate)", _series(records, metric_key("actor/idle_fraction"))),
+            ("learner (waiting for groups)", _series(records, mc.LEARNER_IDLE_FRACTION)),
+            ("actors (nothing to generate)", _series(records, mc.ACTOR_IDLE_FRACTION)),
         ],
     )
     _lines_panel(
@@ -285,8 +289,8 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         "response length",
         "tokens",
         [
-            ("mean response length", _series(records, metric_key("learner/batch/response_length_mean"))),
-            ("of which sampled (trained)", _series(records, metric_key("learner/batch/sampled_length_mean"))),
+            ("mean response length", _series(records, mc.LEARNER_BATCH_RESPONSE_LENGTH_MEAN)),
+            ("of which sampled (trained)", _series(records, mc.LEARNER_BATCH_SAMPLED_LENGTH_MEAN)),
         ],
     )
     _validation_panel(axes[4][0], val, "step", "validation reward vs step (policy version)", "step")

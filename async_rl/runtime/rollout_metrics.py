@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from async_rl import metric_catalog as mc
 from async_rl.metric_catalog import histogram_mean, lag_histogram
 
 if TYPE_CHECKING:
@@ -46,24 +47,24 @@ def rollout_metrics(
                 components.setdefault(name, []).append(float(value))
     n = max(len(rewards), 1)
     out = {
-        "rollout/reward_mean": sum(rewards) / n,
-        "rollout/response_length_mean": sum(lengths) / n,
-        "rollout/generated_tokens": float(sum(lengths)),
-        "rollout/group_generate_s_mean": sum(gen_s) / max(len(gen_s), 1),
+        mc.ROLLOUT_REWARD_MEAN: sum(rewards) / n,
+        mc.ROLLOUT_RESPONSE_LENGTH_MEAN: sum(lengths) / n,
+        mc.ROLLOUT_GENERATED_TOKENS: float(sum(lengths)),
+        mc.ROLLOUT_GROUP_GENERATE_S_MEAN: sum(gen_s) / max(len(gen_s), 1),
     }
     for name, values in components.items():
-        out[f"rollout/reward/{name}"] = sum(values) / len(values)
+        out[mc.rollout_reward_component_key(name)] = sum(values) / len(values)
     for reason, count in finish.items():
-        out[f"rollout/finish/{reason}"] = count / n
+        out[mc.rollout_finish_reason_key(reason)] = count / n
     if eos_token_id is not None:
-        out["rollout/eos_fraction"] = eos / n
+        out[mc.ROLLOUT_EOS_FRACTION] = eos / n
     lags = lag_histogram(trained_version, (g.version for g in groups))
-    out["rollout/staleness_mean"] = histogram_mean(lags)
-    out["rollout/staleness_max"] = float(max(lags, default=0))
+    out[mc.ROLLOUT_STALENESS_MEAN] = histogram_mean(lags)
+    out[mc.ROLLOUT_STALENESS_MAX] = float(max(lags, default=0))
     for lag, count in lags.items():
-        out[f"rollout/staleness_hist/{lag}"] = count / max(len(groups), 1)
-    out["rollout/version_span_max"] = float(max(spans, default=0))
-    out["rollout/version_span_mean"] = histogram_mean(spans)
+        out[mc.rollout_staleness_hist_lag_key(lag)] = count / max(len(groups), 1)
+    out[mc.ROLLOUT_VERSION_SPAN_MAX] = float(max(spans, default=0))
+    out[mc.ROLLOUT_VERSION_SPAN_MEAN] = histogram_mean(spans)
     out.update(episode_metrics(groups))
     return out
 
@@ -78,14 +79,14 @@ def episode_metrics(groups: Sequence[RolloutGroup]) -> dict[str, float]:
     stats = [c.episode for c in episodes if c.episode is not None]
     n = len(episodes)
     out = {
-        "rollout/num_turns_mean": sum(turns) / n,
-        "rollout/num_turns_max": float(max(turns)),
-        "rollout/turn_length_mean": sum(turn_lengths) / max(len(turn_lengths), 1),
-        "rollout/sampled_tokens_mean": sum(turn_lengths) / n,
+        mc.ROLLOUT_NUM_TURNS_MEAN: sum(turns) / n,
+        mc.ROLLOUT_NUM_TURNS_MAX: float(max(turns)),
+        mc.ROLLOUT_TURN_LENGTH_MEAN: sum(turn_lengths) / max(len(turn_lengths), 1),
+        mc.ROLLOUT_SAMPLED_TOKENS_MEAN: sum(turn_lengths) / n,
     }
     if stats:
-        out["rollout/tool_calls_mean"] = sum(s.tool_calls for s in stats) / len(stats)
-        out["rollout/tool_errors"] = float(sum(s.tool_errors for s in stats))
-        out["rollout/template_mismatches"] = float(sum(s.template_mismatch for s in stats))
-        out["rollout/retokenization_drift"] = float(sum(s.retokenization_drift for s in stats))
+        out[mc.ROLLOUT_TOOL_CALLS_MEAN] = sum(s.tool_calls for s in stats) / len(stats)
+        out[mc.ROLLOUT_TOOL_ERRORS] = float(sum(s.tool_errors for s in stats))
+        out[mc.ROLLOUT_TEMPLATE_MISMATCHES] = float(sum(s.template_mismatch for s in stats))
+        out[mc.ROLLOUT_RETOKENIZATION_DRIFT] = float(sum(s.retokenization_drift for s in stats))
     return out

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from async_rl import metric_catalog as mc
 from async_rl.config import Config
 from async_rl.config.names import needs_critic
 from async_rl.config.precision import precision_line, rollout_precision
@@ -163,7 +164,7 @@ class Trainer:
 
     def _log_validation(self, step: int, values: dict[str, float]) -> None:
         if self.sink is not None:
-            self.sink.log(step, {**values, "time/wall_s": time.monotonic() - self.started})
+            self.sink.log(step, {**values, mc.TIME_WALL_S: time.monotonic() - self.started})
 
     # ------------------------------------------------------------------ the run
     def train(self) -> dict[str, Any]:
@@ -210,9 +211,9 @@ class Trainer:
         if self.sink is not None and self.coordinator is not None:
             metrics.update(self.coordinator.metrics())
             metrics.update(self.actor_activity(metrics))
-            metrics["learner/idle_fraction"] = rollouts.wait_s / max(time.monotonic() - step_started, 1e-9)
-            metrics["time/wall_s"] = time.monotonic() - self.started
-            metrics["learner/peak_memory_mib"] = peak_memory_mib(self.ctx.device)
+            metrics[mc.LEARNER_IDLE_FRACTION] = rollouts.wait_s / max(time.monotonic() - step_started, 1e-9)
+            metrics[mc.TIME_WALL_S] = time.monotonic() - self.started
+            metrics[mc.LEARNER_PEAK_MEMORY_MIB] = peak_memory_mib(self.ctx.device)
             self.sink.log(step + 1, metrics)
         return metrics
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from async_rl import metric_catalog as mc
 from async_rl.config import Config
 from async_rl.transport.evaluation import EvalResult
 from async_rl.transport.protocol import GroupSampling
@@ -101,30 +102,32 @@ def validation_metrics(result: EvalResult, sources: Sequence[str]) -> dict[str, 
         per_prompt.setdefault(sources[index], []).append(group)
     n = max((len(g) for groups in per_prompt.values() for g in groups), default=1)
     out: dict[str, float] = {
-        "val/version": float(result.version),
-        "val/wall_s": result.wall_s,
-        "val/num_samples": float(len(rewards)),
-        "val/num_prompts": float(sum(len(groups) for groups in per_prompt.values())),
-        "val/prompts_missing": float(result.num_prompts - len(result.completions)),
-        "val/reward_mean": _mean(rewards),
-        "val/response_length_mean": _mean([float(x) for x in lengths]),
+        mc.VAL_VERSION: float(result.version),
+        mc.VAL_WALL_S: result.wall_s,
+        mc.VAL_NUM_SAMPLES: float(len(rewards)),
+        mc.VAL_NUM_PROMPTS: float(sum(len(groups) for groups in per_prompt.values())),
+        mc.VAL_PROMPTS_MISSING: float(result.num_prompts - len(result.completions)),
+        mc.VAL_REWARD_MEAN: _mean(rewards),
+        mc.VAL_RESPONSE_LENGTH_MEAN: _mean([float(x) for x in lengths]),
     }
     all_groups = [g for groups in per_prompt.values() for g in groups]
     if n > 1:
-        out[f"val/mean@{n}"] = _mean([_mean(g) for g in all_groups])
-        out[f"val/best@{n}"] = _mean([max(g) for g in all_groups])
+        out[mc.val_mean_n_key(n)] = _mean([_mean(g) for g in all_groups])
+        out[mc.val_best_n_key(n)] = _mean([max(g) for g in all_groups])
     components: dict[tuple[str, str], list[float]] = {}
     for index in sorted(result.completions):
         for c in result.completions[index]:
             for name, value in (c.reward_components or {}).items():
                 components.setdefault((sources[index], name), []).append(float(value))
     for (source, name), values in sorted(components.items()):
-        out[f"val/{source}/{name}_mean"] = _mean(values)  # e.g. acc, the unshaped score under overlong shaping
+        out[mc.val_source_component_mean_key(source, name)] = _mean(
+            values
+        )  # e.g. acc, the unshaped score under overlong shaping
     for source, groups in sorted(per_prompt.items()):
-        out[f"val/{source}/reward_mean"] = _mean([r for g in groups for r in g])
-        out[f"val-core/{source}/reward/mean@{n}"] = _mean([_mean(g) for g in groups])
+        out[mc.val_source_reward_mean_key(source)] = _mean([r for g in groups for r in g])
+        out[mc.val_core_source_reward_mean_n_key(source, n)] = _mean([_mean(g) for g in groups])
         if n > 1:
-            out[f"val-core/{source}/reward/best@{n}/mean"] = _mean([max(g) for g in groups])
+            out[mc.val_core_source_reward_best_n_mean_key(source, n)] = _mean([max(g) for g in groups])
     return out
 
 
@@ -233,8 +236,8 @@ class Validator:
         logger.info(
             "validation of policy version %d: reward %.4f over %d samples of %d/%d prompts in %.1f s",
             result.version,
-            metrics["val/reward_mean"],
-            int(metrics["val/num_samples"]),
+            metrics[mc.VAL_REWARD_MEAN],
+            int(metrics[mc.VAL_NUM_SAMPLES]),
             len(result.completions),
             result.num_prompts,
             result.wall_s,

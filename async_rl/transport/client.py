@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from async_rl import metric_catalog as mc
 from async_rl.transport import sockets
 from async_rl.transport.codec import MessageTooLarge, ProtocolError, WireCodec, WireLimits
 from async_rl.transport.metrics import BadMessageLog
@@ -110,7 +111,8 @@ class RolloutClient:
         self.weight_sync: WeightSyncPlan | None = None  # the learner's latest plan (Welcome, VersionUpdate)
         self.shutdown_requested = False
         self.version_updates = 0
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()  # transport/client/{counter}
+        self.acks: Counter[str] = Counter()  # acks received, by status
         self.bad = BadMessageLog("message from the coordinator")
         self._grants_seen = 0
         self._pending: deque[PromptGrant] = deque()
@@ -250,12 +252,14 @@ class RolloutClient:
         return sum(1 for entry in self._unacked.values() if entry.sent_at is None)
 
     def metrics(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = {f"transport/client/{k}": v for k, v in self.counters.items()}
+        out: dict[str, float | int] = {mc.transport_client_counter_key(k): v for k, v in self.counters.items()}
+        for status, value in self.acks.items():
+            out[mc.transport_client_acks_status_key(status)] = value
         for reason, value in self.bad.counts.items():
-            out[f"transport/client/decode_errors/{reason}"] = value
-        out["transport/client/unacked"] = len(self._unacked)
-        out["transport/client/backlog"] = self.backlog
-        out["transport/client/pending_grants"] = len(self._pending)
+            out[mc.transport_client_decode_errors_reason_key(reason)] = value
+        out[mc.TRANSPORT_CLIENT_UNACKED] = len(self._unacked)
+        out[mc.TRANSPORT_CLIENT_BACKLOG] = self.backlog
+        out[mc.TRANSPORT_CLIENT_PENDING_GRANTS] = len(self._pending)
         return out
 
     def close(self, linger_s: float = 0.5) -> None:
@@ -356,7 +360,7 @@ class RolloutClient:
                 if self._unacked.pop((ack.eval_round, ack.prompt_id, ack.lease_id), None) is None:
                     self.counters["stray_acks"] += 1
                 else:
-                    self.counters[f"acks/{ack.status}"] += 1
+                    self.acks[ack.status] += 1
         elif isinstance(msg, Heartbeat):
             self.policy_version = max(self.policy_version, msg.policy_version)
         elif isinstance(msg, VersionUpdate):

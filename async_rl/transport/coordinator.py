@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from async_rl import metric_catalog as mc
 from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.staleness import staleness
 from async_rl.transport import admission as adm
@@ -321,21 +322,21 @@ class Coordinator:
             led = self._ledger
             epoch, position = self.source.cursor(led.next_prompt_id)
             gauges: dict[str, float | int] = {
-                "queue_depth": len(led.received),
-                "leased": len(led.leases),
-                "taken": len(led.taken),
-                "regrant_queue": len(led.regrant),
-                "in_flight": led.in_flight,
-                "inflight_cap": self._admission.cap,
-                "actors_alive": len(self._actors.alive()),
+                mc.TRANSPORT_QUEUE_DEPTH: len(led.received),
+                mc.TRANSPORT_LEASED: len(led.leases),
+                mc.TRANSPORT_TAKEN: len(led.taken),
+                mc.TRANSPORT_REGRANT_QUEUE: len(led.regrant),
+                mc.TRANSPORT_IN_FLIGHT: led.in_flight,
+                mc.TRANSPORT_INFLIGHT_CAP: self._admission.cap,
+                mc.TRANSPORT_ACTORS_ALIVE: len(self._actors.alive()),
                 **_loaded_versions([a.loaded_version for a in self._actors.alive()]),
-                "policy_version": self._version,
-                "trained_total": led.trained_total,
-                "dropped_total": led.dropped_total,
-                "data_epoch": epoch,
-                "data_position": position,
-                "eval/open_prompts": 0 if self._eval is None else self._eval.open_count,
-                "actors_quarantined": len(self._quarantine),
+                mc.TRANSPORT_POLICY_VERSION: self._version,
+                mc.TRANSPORT_TRAINED_TOTAL: led.trained_total,
+                mc.TRANSPORT_DROPPED_TOTAL: led.dropped_total,
+                mc.TRANSPORT_DATA_EPOCH: epoch,
+                mc.TRANSPORT_DATA_POSITION: position,
+                mc.TRANSPORT_EVAL_OPEN_PROMPTS: 0 if self._eval is None else self._eval.open_count,
+                mc.TRANSPORT_ACTORS_QUARANTINED: len(self._quarantine),
                 **self._filter.metrics(led.trained_total, led.grants_settled, led.filtered_total),
             }
             decode_errors, send_failures = self._io.stats()
@@ -416,7 +417,7 @@ class Coordinator:
         regrant = self.settings.stale_policy == "regrant"
         stale = self._ledger.purge_stale(self._version, self.k, regrant)
         if stale:
-            self._metrics.drops["stale"] += len(stale)
+            self._metrics.drops[mc.TRANSPORT_DROPS_STALE] += len(stale)
 
     # ---- the coordinator thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -537,7 +538,7 @@ class Coordinator:
                 state.reported = dict(msg.stats)
         elif isinstance(msg, RolloutGroup):
             if actor_id in self._quarantine:
-                self._metrics.drops["quarantined"] += 1
+                self._metrics.drops[mc.TRANSPORT_DROPS_QUARANTINED] += 1
                 status: AckStatus = "invalid"
             elif msg.eval_round >= 0:
                 status = self._deliver_eval_locked(msg, now)
@@ -591,7 +592,7 @@ class Coordinator:
             self._metrics.count("late_accepted")
         version = group.version
         if not adm.within_bound(self._version, version, self.k):
-            self._metrics.drops["stale"] += 1
+            self._metrics.drops[mc.TRANSPORT_DROPS_STALE] += 1
             self._ledger.reject_stale(group.prompt_id, regrant=self.settings.stale_policy == "regrant")
             return "stale"
         self._metrics.groups.add()
@@ -618,7 +619,7 @@ class Coordinator:
 
     def _invalid_locked(self, group: RolloutGroup, reason: InvalidReason) -> AckStatus:
         """Count a group that failed validation (its prompt is already back to be granted again)."""
-        self._metrics.drops[f"invalid_{reason}"] += 1
+        self._metrics.drops[mc.transport_drops_invalid_reason_key(reason)] += 1
         logger.warning("rejected rollout group of prompt %d from %s: %s", group.prompt_id, group.actor_id, reason)
         if reason == "missing_filter_metric" and not self._missing_metric_logged:
             self._missing_metric_logged = True
@@ -764,7 +765,7 @@ class Coordinator:
         with self._cv:
             for pid in too_big:
                 logger.error("prompt %d can never fit in max_message_bytes: dropped", pid)
-                self._metrics.drops["oversize"] += 1
+                self._metrics.drops[mc.TRANSPORT_DROPS_OVERSIZE] += 1
                 self._ledger.drop_leased(pid)
             self._ledger.revoke([by_id[pid] for pid in unsent])
             actor.granted_total = max(0, actor.granted_total - len(unsent) - len(too_big))
@@ -793,4 +794,7 @@ def _loaded_versions(versions: list[int]) -> dict[str, float | int]:
     """The oldest and newest policy version (or LoRA adapter version) the live actors have loaded; none without one."""
     if not versions:
         return {}
-    return {"actors/loaded_version_min": min(versions), "actors/loaded_version_max": max(versions)}
+    return {
+        mc.TRANSPORT_ACTORS_LOADED_VERSION_MIN: min(versions),
+        mc.TRANSPORT_ACTORS_LOADED_VERSION_MAX: max(versions),
+    }

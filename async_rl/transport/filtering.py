@@ -57,6 +57,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from async_rl import metric_catalog as mc
 from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.transport.protocol import RolloutGroup
 
@@ -150,10 +151,10 @@ class GroupFilter:
     def metrics(self, trained_total: int, grants_settled: int, filtered_total: int) -> dict[str, float | int]:
         f, t = self.last_filtered, self.last_taken
         return {
-            "filter/filtered_groups": f,
-            "filter/filtered_fraction": f / (f + t) if f + t else 0.0,
-            "filter/grants_per_trained_group": grants_settled / trained_total if trained_total else 0.0,
-            "filter/filtered_total": filtered_total,
+            mc.TRANSPORT_FILTER_FILTERED_GROUPS: f,
+            mc.TRANSPORT_FILTER_FILTERED_FRACTION: f / (f + t) if f + t else 0.0,
+            mc.TRANSPORT_FILTER_GRANTS_PER_TRAINED_GROUP: grants_settled / trained_total if trained_total else 0.0,
+            mc.TRANSPORT_FILTER_FILTERED_TOTAL: filtered_total,
         }
 
     # ---- persistence ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Everything here is plain Python state mutated by the owner under its own lock; `TransportMetrics.snapshot` turns it
 into the flat ``{"transport/...": number}`` dict the learner logs. The keys and their meanings are the
-``transport/...`` entries of the metric catalog (runtime/metric_catalog.py), which also defines staleness.
+``transport/...`` entries of the metric catalog (async_rl/metric_catalog.py), and the keys are taken from there.
 """
 
 from __future__ import annotations
@@ -12,32 +12,55 @@ import math
 import time
 from collections import Counter, OrderedDict
 
+from async_rl import metric_catalog as mc
 from async_rl.metric_catalog import histogram_mean
 from async_rl.transport.validation import INVALID_REASONS
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "transport/"
-# Cumulative counters an actor reports on its periodic Heartbeat: tokens generated, seconds with nothing to generate,
-# seconds since it started. The coordinator sums their growth over all actors (``transport/actors/<key>_total``).
-ACTOR_REPORT_KEYS = ("generated_tokens", "idle_s", "uptime_s", "served_checks", "served_check_failures")
+# Cumulative counters an actor reports on its periodic Heartbeat (under these names): tokens generated, seconds with
+# nothing to generate, seconds since it started, served-adapter checks. The coordinator sums their growth over all
+# actors into the metric each maps to.
+ACTOR_REPORT_TOTALS = {
+    "generated_tokens": mc.TRANSPORT_ACTORS_GENERATED_TOKENS_TOTAL,
+    "idle_s": mc.TRANSPORT_ACTORS_IDLE_S_TOTAL,
+    "uptime_s": mc.TRANSPORT_ACTORS_UPTIME_S_TOTAL,
+    "served_checks": mc.TRANSPORT_ACTORS_SERVED_CHECKS_TOTAL,
+    "served_check_failures": mc.TRANSPORT_ACTORS_SERVED_CHECK_FAILURES_TOTAL,
+}
+ACTOR_REPORT_KEYS = tuple(ACTOR_REPORT_TOTALS)
 # Validation rounds (transport.evaluation): rounds started, prompts granted, leases expired (actor dead, timeout, moved
 # past the pinned version), and deliveries dropped as a duplicate, under a wrong version (granted again), for a round
 # already closed (late) or unknown.
-EVAL_COUNTERS = (
-    "eval/rounds",
-    "eval/grants",
-    "eval/lease_expiries",
-    "eval/duplicates",
-    "eval/wrong_version",
-    "eval/late",
-    "eval/unknown",
-)
-# Rollout groups refused by the coordinator (``transport/drops/<reason>``, always reported): each reason of
-# transport.validation as ``invalid_<reason>`` (its prompt is granted again), and ``quarantined``, a group from a
-# sender quarantined after ``max_invalid_groups`` invalid ones. ``actors_quarantined`` counts those senders.
-INVALID_DROPS = tuple(f"invalid_{reason}" for reason in INVALID_REASONS)
-DECLARED_DROPS = (*INVALID_DROPS, "quarantined")
+EVAL_COUNTERS = {
+    "eval/rounds": mc.TRANSPORT_EVAL_ROUNDS,
+    "eval/grants": mc.TRANSPORT_EVAL_GRANTS,
+    "eval/lease_expiries": mc.TRANSPORT_EVAL_LEASE_EXPIRIES,
+    "eval/duplicates": mc.TRANSPORT_EVAL_DUPLICATES,
+    "eval/wrong_version": mc.TRANSPORT_EVAL_WRONG_VERSION,
+    "eval/late": mc.TRANSPORT_EVAL_LATE,
+    "eval/unknown": mc.TRANSPORT_EVAL_UNKNOWN,
+}
+# The coordinator's counters: the name `TransportMetrics.count` takes (and the coordinator's saved state holds) and
+# the metric it is reported as; always, except those in COUNTED_ONLY, reported once counted.
+COUNTERS = {
+    "lease_expiries": mc.TRANSPORT_LEASE_EXPIRIES,
+    "duplicates": mc.TRANSPORT_DUPLICATES,
+    "late_accepted": mc.TRANSPORT_LATE_ACCEPTED,
+    "unknown_groups": mc.TRANSPORT_UNKNOWN_GROUPS,
+    "credit_waits": mc.TRANSPORT_CREDIT_WAITS,
+    "trained": mc.TRANSPORT_TRAINED,
+    "actors_presumed_dead": mc.TRANSPORT_ACTORS_PRESUMED_DEAD,
+    **EVAL_COUNTERS,
+    "rejected_actors": mc.TRANSPORT_REJECTED_ACTORS,
+}
+COUNTED_ONLY = frozenset({"rejected_actors"})
+# Rollout groups refused by the coordinator (`TransportMetrics.drops`, by metric key, always reported): each reason of
+# transport.validation as ``transport/drops/invalid_<reason>`` (its prompt is granted again), and ``quarantined``, a
+# group from a sender quarantined after ``max_invalid_groups`` invalid ones. ``actors_quarantined`` counts those
+# senders.
+INVALID_DROPS = tuple(mc.transport_drops_invalid_reason_key(reason) for reason in INVALID_REASONS)
+DECLARED_DROPS = (*INVALID_DROPS, mc.TRANSPORT_DROPS_QUARANTINED)
 # Group filtering (DAPO dynamic sampling, transport.filtering) reports the gauges ``transport/filter/{filtered_groups,
 # filtered_fraction, grants_per_trained_group, filtered_total}``, always (zero when off); filtering.py defines them.
 
@@ -105,14 +128,14 @@ class BadMessageLog:
 
 
 class TransportMetrics:
-    """The coordinator's metric state. Keys produced by `snapshot` are all prefixed ``transport/``."""
+    """The coordinator's metric state; `snapshot` reports it under the catalog's ``transport/...`` keys."""
 
     SPAN_BUCKETS = 8  # version_span/0..7 and version_span/8+
 
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness
-        self.counters: Counter[str] = Counter()
-        self.drops: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()  # by COUNTERS name
+        self.drops: Counter[str] = Counter()  # by metric key (transport/drops/...)
         self.staleness: Counter[int] = Counter()
         self.version_span: Counter[int] = Counter()
         self.grants = RateMeter()
@@ -130,6 +153,8 @@ class TransportMetrics:
             self.actor_totals[key] += new - old if new >= old else new
 
     def count(self, name: str, amount: int = 1) -> None:
+        if name not in COUNTERS:
+            raise KeyError(f"{name!r} is not a coordinator counter (transport.metrics.COUNTERS)")
         self.counters[name] += amount
 
     def record_span(self, span: int) -> None:
@@ -141,44 +166,34 @@ class TransportMetrics:
     def snapshot(
         self, gauges: dict[str, float | int], decode_errors: dict[str, int], send_failures: dict[str, int]
     ) -> dict[str, float | int]:
+        """Every metric, under its catalog key: the owner's ``gauges`` (already keyed so), these counters, and the
+        decode errors and send failures by reason."""
         now = time.monotonic()
-        out: dict[str, float | int] = {PREFIX + k: v for k, v in gauges.items()}
-        out[PREFIX + "grants_per_s"] = self.grants.rate(now)
-        out[PREFIX + "groups_per_s"] = self.groups.rate(now)
-        out[PREFIX + "bytes_per_s"] = self.bytes.rate(now)
-        out[PREFIX + "grants_total"] = int(self.grants.total)
-        out[PREFIX + "groups_received_total"] = int(self.groups.total)
-        out[PREFIX + "bytes_received_total"] = int(self.bytes.total)
-        for name in (
-            "lease_expiries",
-            "duplicates",
-            "late_accepted",
-            "unknown_groups",
-            "credit_waits",
-            "trained",
-            "actors_presumed_dead",
-        ):
-            out[PREFIX + name] = self.counters[name]
-        for name in EVAL_COUNTERS:
-            out[PREFIX + name] = self.counters[name]
-        for name, value in self.counters.items():
-            out.setdefault(PREFIX + name, value)
-        for reason in DECLARED_DROPS:
-            out[PREFIX + "drops/" + reason] = self.drops[reason]
-        for reason, value in self.drops.items():
-            out[PREFIX + "drops/" + reason] = value
-        out[PREFIX + "drops_total"] = sum(self.drops.values())
-        for key in ACTOR_REPORT_KEYS:
-            out[f"{PREFIX}actors/{key}_total"] = float(self.actor_totals[key])
+        out: dict[str, float | int] = dict(gauges)
+        out[mc.TRANSPORT_GRANTS_PER_S] = self.grants.rate(now)
+        out[mc.TRANSPORT_GROUPS_PER_S] = self.groups.rate(now)
+        out[mc.TRANSPORT_BYTES_PER_S] = self.bytes.rate(now)
+        out[mc.TRANSPORT_GRANTS_TOTAL] = int(self.grants.total)
+        out[mc.TRANSPORT_GROUPS_RECEIVED_TOTAL] = int(self.groups.total)
+        out[mc.TRANSPORT_BYTES_RECEIVED_TOTAL] = int(self.bytes.total)
+        for name, key in COUNTERS.items():
+            if name not in COUNTED_ONLY or name in self.counters:
+                out[key] = self.counters[name]
+        for key in DECLARED_DROPS:
+            out[key] = self.drops[key]
+        out.update(self.drops)
+        out[mc.TRANSPORT_DROPS_TOTAL] = sum(self.drops.values())
+        for name, key in ACTOR_REPORT_TOTALS.items():
+            out[key] = float(self.actor_totals[name])
         for reason, value in send_failures.items():
-            out[PREFIX + "send_failures/" + reason] = value
+            out[mc.transport_send_failures_reason_key(reason)] = value
         for reason, value in decode_errors.items():
-            out[PREFIX + "decode_errors/" + reason] = value
-        out[PREFIX + "decode_errors_total"] = sum(decode_errors.values())
+            out[mc.transport_decode_errors_reason_key(reason)] = value
+        out[mc.TRANSPORT_DECODE_ERRORS_TOTAL] = sum(decode_errors.values())
         for k in range(self.max_staleness + 1):
-            out[f"{PREFIX}staleness/{k}"] = self.staleness[k]
-        out[PREFIX + "staleness_mean"] = histogram_mean(self.staleness)
+            out[mc.transport_staleness_lag_key(k)] = self.staleness[k]
+        out[mc.TRANSPORT_STALENESS_MEAN] = histogram_mean(self.staleness)
         for span in range(self.SPAN_BUCKETS):
-            out[f"{PREFIX}version_span/{span}"] = self.version_span[span]
-        out[f"{PREFIX}version_span/{self.SPAN_BUCKETS}+"] = self.version_span[self.SPAN_BUCKETS]
+            out[mc.transport_version_span_span_key(span)] = self.version_span[span]
+        out[mc.transport_version_span_span_key(f"{self.SPAN_BUCKETS}+")] = self.version_span[self.SPAN_BUCKETS]
         return out

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from async_rl import metric_catalog as mc
 from async_rl.runtime.metrics import WALL_KEY, read_metrics
 from async_rl.runtime.plot import REWARD_KEYS
 from async_rl.runtime.plot import by_step as _by_step
@@ -30,12 +31,12 @@ from async_rl.tuning.sweep import RunOutcome, SweepRun
 
 __all__ = ["COLUMNS", "plot_sweep", "summarize_run", "write_report", "write_table"]
 
-ESS_KEY = "learner/offpolicy/ess"
-STALENESS_KEYS = ("learner/staleness/mean", "rollout/staleness_mean")
-SPAN_KEY = "rollout/version_span_mean"
-DROP_KEYS = ("transport/drops_total", "transport/drops/stale", "transport/dropped_total")
-STEP_TIME_KEY = "learner/perf/step_time_s"
-TOKEN_RATE_KEY = "learner/perf/tokens_per_s"
+ESS_KEY = mc.LEARNER_OFFPOLICY_ESS
+STALENESS_KEYS = (mc.LEARNER_STALENESS_MEAN, mc.ROLLOUT_STALENESS_MEAN)
+SPAN_KEY = mc.ROLLOUT_VERSION_SPAN_MEAN
+DROP_KEYS = (mc.TRANSPORT_DROPS_TOTAL, mc.TRANSPORT_DROPS_STALE, mc.TRANSPORT_DROPPED_TOTAL)
+STEP_TIME_KEY = mc.LEARNER_PERF_STEP_TIME_S
+TOKEN_RATE_KEY = mc.LEARNER_PERF_TOKENS_PER_S
 
 # (column, markdown header, format) in table order.
 COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from async_rl import metric_catalog as mc
 from async_rl.tuning.profile import REPO_ROOT, InJob, Profile
 from async_rl.tuning.simulator import LearnerModel, SharedCompute, SimConfig, SimResult, simulate
 
@@ -114,13 +115,13 @@ def calibrate(profile: Profile, out: Path, steps: int = 20, warmup: int = 5, rer
         if s <= warmup or s - 1 not in by_step:
             continue
         r = by_step[s]
-        wall = float(r["time/wall_s"]) - float(by_step[s - 1]["time/wall_s"])
-        t, y = float(r["learner/perf/step_time_s"]), float(r.get("sync/seconds", 0.0))
-        wait = float(r.get("learner/idle_fraction", 0.0)) * wall
+        wall = float(r[mc.TIME_WALL_S]) - float(by_step[s - 1][mc.TIME_WALL_S])
+        t, y = float(r[mc.LEARNER_PERF_STEP_TIME_S]), float(r.get(mc.SYNC_SECONDS, 0.0))
+        wait = float(r.get(mc.LEARNER_IDLE_FRACTION, 0.0)) * wall
         train.append(t)
         sync.append(y)
         rest.append(max(0.0, wall - t - y - wait))
-        step_tokens = tokens + float(r.get("rollout/generated_tokens", 0.0))
+        step_tokens = tokens + float(r.get(mc.ROLLOUT_GENERATED_TOKENS, 0.0))
         ratio.append(t / model.step_s(step_tokens))
     if not train:
         raise ValueError(f"calibration run logged no steps after warm-up {warmup}")
@@ -139,8 +140,8 @@ def predict_from_run(profile: Profile, case: Case, rows: list[dict[str, float]],
     actor's share of it stays modelled.
     """
     after = [r for r in rows if int(r["step"]) > warmup]
-    train = statistics.median(float(r["learner/perf/step_time_s"]) for r in after)
-    sync = statistics.median(float(r.get("sync/seconds", 0.0)) for r in after)
+    train = statistics.median(float(r[mc.LEARNER_PERF_STEP_TIME_S]) for r in after)
+    sync = statistics.median(float(r.get(mc.SYNC_SECONDS, 0.0)) for r in after)
     gen_factor = profile.shared.generation_factor if profile.shared is not None else 1.0
     overhead = profile.calibration.overhead_s if profile.calibration is not None else 0.0
     cfg = replace(
@@ -154,12 +155,12 @@ def predict_from_run(profile: Profile, case: Case, rows: list[dict[str, float]],
 
 def measured_rate(rows: list[dict[str, float]], warmup: int) -> tuple[float, float]:
     """Steps/s after ``warmup`` steps and the mean learner idle fraction over the same steps."""
-    by_step = {int(r["step"]): r for r in rows if "time/wall_s" in r}
+    by_step = {int(r["step"]): r for r in rows if mc.TIME_WALL_S in r}
     last = max(by_step)
     if last <= warmup or warmup not in by_step:
         raise ValueError(f"need more than {warmup} logged steps, got {sorted(by_step)[:5]}...")
-    rate = (last - warmup) / (by_step[last]["time/wall_s"] - by_step[warmup]["time/wall_s"])
-    idle = [by_step[s].get("learner/idle_fraction", 0.0) for s in range(warmup + 1, last + 1) if s in by_step]
+    rate = (last - warmup) / (by_step[last][mc.TIME_WALL_S] - by_step[warmup][mc.TIME_WALL_S])
+    idle = [by_step[s].get(mc.LEARNER_IDLE_FRACTION, 0.0) for s in range(warmup + 1, last + 1) if s in by_step]
     return rate, sum(idle) / max(len(idle), 1)
 
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from async_rl import metric_catalog as mc
 from async_rl.transport.protocol import AdapterPlan, ServedCheck, WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
@@ -63,7 +64,7 @@ class _Coordinator(Protocol):
 def send_metrics(report: SendReport) -> dict[str, float]:
     """The ``sync/...`` metrics of one completed broadcast: the bytes on the wire and their rate (MiB/s)."""
     mib_per_s = report.nbytes / 2**20 / max(report.seconds, 1e-9)
-    return {"sync/bytes": float(report.nbytes), "sync/bandwidth_MBps": mib_per_s}
+    return {mc.SYNC_BYTES: float(report.nbytes), mc.SYNC_BANDWIDTH_MBPS: mib_per_s}
 
 
 class WeightPublisher:
@@ -196,7 +197,7 @@ class WeightPublisher:
             )
             self.group.abort_if = self._member_gone
             self.sender = WeightSender(self.group, bucket_size_mb=self.bucket_size_mb)
-        return {"sync/join_seconds": time.monotonic() - t0}
+        return {mc.SYNC_JOIN_SECONDS: time.monotonic() - t0}
 
     def _member_gone(self) -> str | None:
         """Why the transfer in flight cannot complete: a member the coordinator now presumes dead (or quarantined)."""
@@ -247,10 +248,10 @@ class WeightPublisher:
         assert self.coordinator is not None
         metrics.update(
             {
-                "sync/actors": float(len(self.members) if send else 0),
-                "sync/epoch": float(self.epoch),
-                "sync/left_out": float(self.left_out),
-                "sync/failures": float(self.failures),
+                mc.SYNC_ACTORS: float(len(self.members) if send else 0),
+                mc.SYNC_EPOCH: float(self.epoch),
+                mc.SYNC_LEFT_OUT: float(self.left_out),
+                mc.SYNC_FAILURES: float(self.failures),
             }
         )
         if not send:
@@ -262,14 +263,14 @@ class WeightPublisher:
             assert self.sender is not None and self.sender.group is self.group
             report = self.sender.send(it, version=version, manifest=manifest)
             self.coordinator.confirm_weights(version, list(self.members))
-            metrics.update({"sync/seconds": time.monotonic() - started, **send_metrics(report)})
+            metrics.update({mc.SYNC_SECONDS: time.monotonic() - started, **send_metrics(report)})
         except Exception as exc:  # a dead or slow actor: re-form next time, keep training
             self.failures += 1
             logger.warning("weight publish of version %d failed (%s); the group is re-formed next time", version, exc)
             self.group.abandon(str(exc))  # members still waiting on a peer stop at once
             for _ in it:  # keep the other learner ranks' collective gathers in step
                 pass
-            metrics.update({"sync/seconds": time.monotonic() - started, "sync/failures": float(self.failures)})
+            metrics.update({mc.SYNC_SECONDS: time.monotonic() - started, mc.SYNC_FAILURES: float(self.failures)})
         self.last = metrics
         return metrics
 

@@ -84,7 +84,9 @@ def _grants(client: RolloutClient, want: int, loaded: int, timeout_s: float) -> 
 def _run_until_exhausted(coord: Coordinator, client: RolloutClient, batch: int) -> list[int]:
     """Train (mark trained, bump the version) batch after batch until the wait returns []; the batch sizes seen."""
     learner = SimpleNamespace(
-        settings=SimpleNamespace(pad_token_id=0, max_prompt_length=None, max_response_length=None), version=0
+        start=SimpleNamespace(pad_token_id=0),
+        data_cfg=SimpleNamespace(max_prompt_length=None, max_response_length=None),
+        version=0,
     )
     source = RolloutSource(
         local_context(), coord, _NoPublisher(), learner, batch_size=batch, republish=_no_republish, poll_s=0.1

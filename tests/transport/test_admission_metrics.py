@@ -90,8 +90,8 @@ def test_metrics_snapshot_is_namespaced_with_histograms() -> None:
         m.record_staleness(s)
     for span in (0, 3, 11):
         m.record_span(span)
-    m.drops["stale"] += 3
-    snap = m.snapshot({"queue_depth": 5}, {"schema": 2, "ext": 1}, {"hwm": 4})
+    m.drops["transport/drops/stale"] += 3
+    snap = m.snapshot({"transport/queue_depth": 5}, {"schema": 2, "ext": 1}, {"hwm": 4})
     assert all(key.startswith("transport/") for key in snap)
     assert [snap[f"transport/staleness/{k}"] for k in range(3)] == [1, 2, 1]
     assert snap["transport/staleness_mean"] == 1.0  # (0 + 1 + 1 + 2) / 4

@@ -176,17 +176,17 @@ def test_filtered_groups_count_towards_the_step_the_buffer_is_filling() -> None:
     f.on_take(4)
     assert (f.last_filtered, f.last_taken) == (2, 4)
     assert f.metrics(trained_total=4, grants_settled=6, filtered_total=4) == {
-        "filter/filtered_groups": 2,
-        "filter/filtered_fraction": 2 / 6,
-        "filter/grants_per_trained_group": 1.5,
-        "filter/filtered_total": 4,
+        "transport/filter/filtered_groups": 2,
+        "transport/filter/filtered_fraction": 2 / 6,
+        "transport/filter/grants_per_trained_group": 1.5,
+        "transport/filter/filtered_total": 4,
     }
     f.on_take(4)
     f.on_take(4)
     f.on_take(4)  # nothing was filtered for this one
     assert (f.last_filtered, f.pending) == (0, [])
-    assert f.metrics(0, 0, 0)["filter/filtered_fraction"] == 0.0
-    assert f.metrics(0, 0, 0)["filter/grants_per_trained_group"] == 0.0
+    assert f.metrics(0, 0, 0)["transport/filter/filtered_fraction"] == 0.0
+    assert f.metrics(0, 0, 0)["transport/filter/grants_per_trained_group"] == 0.0
 
 
 def test_the_budget_is_max_num_gen_batches_times_the_step() -> None:

@@ -554,7 +554,13 @@ class Coordinator:
             self._metrics.count("eval/late" if group.eval_round < self._next_eval_round else "eval/unknown")
             return "unknown"
         # versions are the round's to judge: anything but exactly its version is "stale" and granted again
-        reason = check_group(group, rnd.sampling, policy_version=None, vocab_size=self.vocab_size)
+        reason = check_group(
+            group,
+            rnd.sampling,
+            policy_version=None,
+            max_response_length=rnd.sampling.max_tokens,
+            vocab_size=self.vocab_size,
+        )
         if reason is not None and rnd.reject(group.prompt_id, group.lease_id):
             return self._invalid_locked(group, reason)
         verdict = rnd.deliver(group.prompt_id, group.lease_id, group.completions, now)
@@ -580,6 +586,7 @@ class Coordinator:
             group,
             self.sampling,
             policy_version=self._version,
+            max_response_length=self.sampling.max_tokens,
             min_version=min_version,
             vocab_size=self.vocab_size,
             required_component=self._filter.required_component,

@@ -34,7 +34,7 @@ def _on_policy_groups(seed: int = 21) -> list[SampledGroup]:
     """Scripted groups whose behaviour log-probs are exactly the initial model's (pi_rollout == pi_old)."""
     groups = scripted_groups(4, 4, seed=seed)
     learner = Learner(settings(**COMMON), local_context(), tiny_policy)
-    batch = collate_groups(groups, max_response_length=12)
+    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
     logps = learner._log_probs(learner.model, batch)
     out, row = [], 0
     for g in groups:
@@ -79,7 +79,7 @@ def test_rejection_sampling_masks_tokens_once_per_step_before_the_loss() -> None
     # the scripted behaviour log-probs sit in [-4.5, -3.9]; the tiny model's are near -log(64) = -4.16
     learner = Learner(settings(**COMMON, rollout_rs="token_k1", rollout_rs_threshold=1.2), local_context(), tiny_policy)
     assert not learner._reuses_proximal(16)  # rejection needs the proximal log-probs before the loss counts
-    batch = collate_groups(groups, max_response_length=12)
+    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
     d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"])[batch["response_mask"].bool()]
     expected = float((d.abs() > math.log(1.2)).float().mean())  # k1 = -d kept within [log(1/1.2), log(1.2)]
     assert 0.05 < expected < 0.95  # a non-trivial share is rejected
@@ -99,7 +99,7 @@ def test_batch_normalised_weights_have_mean_one() -> None:
         tiny_policy,
     )
     assert not learner._reuses_proximal(16)
-    batch = collate_groups(groups, max_response_length=12)
+    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
     mask = batch["response_mask"].float()
     d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"]) * mask
     rows = torch.clamp(torch.exp(d.sum(-1).clamp(-20, 20)), max=5.0)  # one truncated weight per sequence

@@ -160,12 +160,12 @@ class Learner:
     def model(self) -> torch.nn.Module:
         return self.actor.model
 
-    def iter_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(self, *, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
         """Full actor weights one tensor at a time, on rank 0 (every rank must exhaust it): weight-sync input.
         With LoRA only the adapter, under PEFT's names (what vLLM loads as an adapter)."""
         return iter_full_state(self.model, self.ctx, dtype=dtype, rename=self._sync_name)
 
-    def weight_manifest(self, *, dtype: torch.dtype | None = None) -> list[TensorSpec]:
+    def weight_manifest(self, *, dtype: torch.dtype | None) -> list[TensorSpec]:
         """What :meth:`iter_weights` yields, from metadata alone (the weight sync plans its buckets from it)."""
         return full_state_manifest(self.model, dtype=dtype, rename=self._sync_name)
 

@@ -228,7 +228,7 @@ DEMONSTRATION: list[Message] = [
 
 
 def make_calculator_problems(
-    n: int, *, seed: int = 0, split: str = "train", demonstration: bool = True
+    n: int, *, seed: int, split: str = "train", demonstration: bool = True
 ) -> list[dict[str, Any]]:
     """``n`` word problems for :class:`CalculatorEnv`; ``split`` is "train" or "eval" (about 10%, never overlapping:
     a hash of the template and operands decides, as in :mod:`async_rl.data.arith`). The same seed gives the same list.

@@ -40,6 +40,7 @@ class Critic:
         max_consecutive_nonfinite: int,
         rollout_n: int,
         micro_forward: int,
+        seed: int,
     ) -> None:
         self.settings = settings
         self.ctx = ctx
@@ -50,6 +51,7 @@ class Critic:
             source,
             ctx,
             role="critic",
+            seed=seed,
             compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
             value_head=True,

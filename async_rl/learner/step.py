@@ -121,6 +121,7 @@ class Learner:
                 ref if ref is not None else policy,
                 ctx,
                 role="ref",
+                seed=s.seed,
                 trainable=False,
                 compute_dtype=self.compute_dtype,
                 shared_prompt=self.layout == "shared",
@@ -146,6 +147,7 @@ class Learner:
                 max_consecutive_nonfinite=s.max_consecutive_nonfinite,
                 rollout_n=s.rollout_n,
                 micro_forward=s.log_prob_micro_batch_size_per_gpu,
+                seed=s.seed,
             )
         self.kl_ctrl: KLController | None = None
         if s.use_kl_in_reward:

@@ -69,7 +69,7 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     res: dict[str, Any] = {}
     # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
     ref = tiny_policy()
-    sharded = build_model(tiny_policy, ctx, role="raw")
+    sharded = build_model(tiny_policy, ctx, role="raw", seed=0)
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
     ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
     half = ids[ctx.rank * 2 : ctx.rank * 2 + 2].to(ctx.device)
@@ -132,7 +132,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in expected.tensors.items())
     )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
-    tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied")
+    tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied", seed=0)
     tied_full = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=None))
     tied_ref = tiny_policy(seed=2, tie=True).state_dict()
     res[f"tied_export_ok_rank{ctx.rank}"] = "lm_head.weight" not in tied_full and all(

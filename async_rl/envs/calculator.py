@@ -160,7 +160,8 @@ class CalculatorEnv(ToolEnvironment):
     """Word problems with one ``calculator(expression)`` tool; reward 1.0 for the right final number, else 0.0.
 
     Keyword arguments are :class:`ToolEnvironment`'s (``max_parallel_calls``, ``max_tool_response_length``,
-    ``truncate_side``). The driver enforces the turn limit and then asks :meth:`final_reward` of the last turn.
+    ``truncate_side``, ``tool_format``). The driver enforces the turn limit and then asks :meth:`final_reward` of the
+    last turn.
     """
 
     tools = [CALCULATOR_TOOL]

@@ -366,9 +366,7 @@ class LearnerSettings:
         return _default_learner().replace(**overrides)
 
     @classmethod
-    def from_config(
-        cls, cfg: Config, total_training_steps: int | None = None, *, pad_token_id: int = 0
-    ) -> LearnerSettings:
+    def from_config(cls, cfg: Config, *, total_training_steps: int | None, pad_token_id: int = 0) -> LearnerSettings:
         """Build from a validated config (derived keys filled in; ``load_config`` and ``validate_config`` do that).
 
         ``total_training_steps`` is the run length when the config leaves it to the data (``trainer.total_epochs``,
@@ -462,4 +460,4 @@ def lora_spec(cfg: Config) -> LoRASpec | None:
 
 @functools.cache
 def _default_learner() -> LearnerSettings:
-    return LearnerSettings.from_config(default_config())
+    return LearnerSettings.from_config(default_config(), total_training_steps=None)

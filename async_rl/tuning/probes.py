@@ -190,7 +190,7 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
         _model_and_records(cfg, workdir)
     ctx.barrier()
     model_path, records = _model_and_records(cfg, workdir)
-    settings = LearnerSettings.from_config(cfg)
+    settings = LearnerSettings.from_config(cfg, total_training_steps=cfg.trainer.total_training_steps)
     learner = Learner(settings, ctx, model_path)
     vocab = int(getattr(learner.model.config, "vocab_size", 64))
     paired = bool(params.get("contend"))

@@ -23,7 +23,6 @@ KNOWN: set[tuple[str, str, str]] = {
     ("actor/loop.py", "poll", "timeout_s"),
     ("actor/loop.py", "request_work", "timeout_s"),
     ("learner/dist.py", "local_context", "device"),
-    ("learner/settings.py", "from_config", "total_training_steps"),
     ("rewards/worker.py", "__init__", "timeout_s"),
     ("runtime/validation.py", "wait_eval", "timeout_s"),
     ("transport/client.py", "flush", "timeout_s"),
@@ -33,15 +32,10 @@ KNOWN: set[tuple[str, str, str]] = {
     ("transport/coordinator.py", "get_groups", "timeout_s"),
     ("transport/coordinator.py", "wait_eval", "timeout_s"),
     ("tuning/probes.py", "_await", "timeout_s"),
-    ("tuning/recommend.py", "sim_config", "seed"),
     ("tuning/sweep.py", "execute_run", "timeout_s"),
     ("tuning/validate.py", "run_case", "timeout_s"),
-    ("weight_sync/buckets.py", "__init__", "device"),
-    ("weight_sync/buckets.py", "fill_buckets", "device"),
     ("weight_sync/client.py", "announce", "timeout_s"),
-    ("weight_sync/group.py", "resolve_backend", "backend"),
     ("weight_sync/membership.py", "announce_at", "timeout_s"),
-    ("weight_sync/verify.py", "__init__", "seed"),
 }
 
 

@@ -120,6 +120,8 @@ def test_bad_types_and_ranges_name_the_key() -> None:
 
 
 def test_mask_truncated_responses_reaches_the_learner_settings() -> None:
-    assert LearnerSettings.from_config(load_config(None, [])).mask_truncated_responses is False
+    assert (
+        LearnerSettings.from_config(load_config(None, []), total_training_steps=None).mask_truncated_responses is False
+    )
     cfg = load_config(None, ["actor_rollout_ref.actor.mask_truncated_responses=true"])
-    assert LearnerSettings.from_config(cfg).mask_truncated_responses is True
+    assert LearnerSettings.from_config(cfg, total_training_steps=None).mask_truncated_responses is True

@@ -39,15 +39,19 @@ def test_a_verl_command_line_ports_with_the_same_meaning() -> None:
             f"{RC}.rollout_rs_threshold=0.99_1.001,0.01",
         ],
     )
-    s = LearnerSettings.from_config(cfg)
+    s = LearnerSettings.from_config(cfg, total_training_steps=None)
     assert (s.rollout_is, s.rollout_is_threshold) == ("sequence", "0.5_5.0")
     assert s.is_batch_normalize and not s.bypass_mode
     assert (s.rollout_rs, s.rollout_rs_threshold) == ("seq_mean_k1,token_k3", "0.99_1.001,0.01")
-    plain = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=3"]))
+    plain = LearnerSettings.from_config(
+        load_config(None, [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=3"]), total_training_steps=None
+    )
     assert (plain.rollout_is, plain.rollout_is_threshold) == ("token", 3.0)
-    off = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=null"]))
+    off = LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=null"]), total_training_steps=None)
     assert off.rollout_is is None
-    bypass = LearnerSettings.from_config(load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"]))
+    bypass = LearnerSettings.from_config(
+        load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"]), total_training_steps=None
+    )
     assert (bypass.bypass_mode, bypass.bypass_loss_type) == (True, "reinforce")
 
 

@@ -50,7 +50,7 @@ def test_param_dtype_resolves_per_device(
     param_dtype: str, device: torch.device, expected: torch.dtype, cpuinfo: Path
 ) -> None:
     assert resolve_compute_dtype(param_dtype, device, cpuinfo=cpuinfo) == expected
-    s = LearnerSettings.from_config(load_config(None, [f"{KEY}={param_dtype}"]))
+    s = LearnerSettings.from_config(load_config(None, [f"{KEY}={param_dtype}"]), total_training_steps=None)
     assert s.param_dtype == param_dtype
     if not (param_dtype == "auto" and device == CPU):  # that one depends on this host's CPU, see below
         assert s.compute_dtype(device) == expected

@@ -97,7 +97,7 @@ def test_from_config_reads_verl_names() -> None:
             "trainer.seed=7",
         ],
     )
-    s = LearnerSettings.from_config(cfg)
+    s = LearnerSettings.from_config(cfg, total_training_steps=None)
     assert (s.ppo_mini_batch_size, s.ppo_micro_batch_size_per_gpu, s.ppo_epochs, s.rollout_n) == (8, 2, 3, 5)
     assert (s.clip_ratio, s.clip_ratio_high, s.loss_agg_mode, s.loss_mode) == (
         0.2,
@@ -120,15 +120,19 @@ def test_from_config_reads_verl_names() -> None:
     assert s.critic is not None and (s.critic.ppo_mini_batch_size, s.critic.cliprange_value) == (4, 0.2)
     assert s.critic.optim.lr == 1e-5
     # the defaults are the config's; disabled correction means no IS weights; dynamic batches are refused
-    assert LearnerSettings.from_config(default_config()) == LearnerSettings.defaults()
-    assert LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=null"])).rollout_is is None
+    assert LearnerSettings.from_config(default_config(), total_training_steps=None) == LearnerSettings.defaults()
+    assert (
+        LearnerSettings.from_config(load_config(None, [f"{RC}.rollout_is=null"]), total_training_steps=None).rollout_is
+        is None
+    )
     icepop = LearnerSettings.from_config(
-        load_config(None, [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_5.0"])
+        load_config(None, [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold=0.5_5.0"]),
+        total_training_steps=None,
     )
     assert (icepop.rollout_is, icepop.rollout_is_threshold) == ("sequence", "0.5_5.0")
     for key in (f"{ARR}.actor.use_dynamic_bsz", f"{ARR}.ref.log_prob_use_dynamic_bsz", "critic.use_dynamic_bsz"):
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            LearnerSettings.from_config(load_config(None, [f"{key}=true"]))
+            LearnerSettings.from_config(load_config(None, [f"{key}=true"]), total_training_steps=None)
 
 
 def test_every_setting_comes_from_its_config_key() -> None:
@@ -189,15 +193,17 @@ def test_every_setting_comes_from_its_config_key() -> None:
     default = LearnerSettings.defaults()
     for name, (key, value, expected) in keys.items():
         assert getattr(default, name) != expected, f"{name}: pick a non-default value"
-        got = LearnerSettings.from_config(load_config(None, [f"{key}={value}", *needs.get(name, [])]))
+        got = LearnerSettings.from_config(
+            load_config(None, [f"{key}={value}", *needs.get(name, [])]), total_training_steps=None
+        )
         assert getattr(got, name) == expected, key
     bypass = load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"])
-    assert LearnerSettings.from_config(bypass).bypass_loss_type == "reinforce"
-    assert LearnerSettings.from_config(default_config(), pad_token_id=3).pad_token_id == 3
+    assert LearnerSettings.from_config(bypass, total_training_steps=None).bypass_loss_type == "reinforce"
+    assert LearnerSettings.from_config(default_config(), pad_token_id=3, total_training_steps=None).pad_token_id == 3
     not_keys = {"optim", "critic", "bypass_loss_type", "pad_token_id", "lora"}  # sections, the two checked above
     assert set(keys) | not_keys == {f.name for f in dataclasses.fields(LearnerSettings)}
     # lora: one spec from actor_rollout_ref.model.{lora_rank, lora_alpha, target_modules, exclude_modules}
-    assert LearnerSettings.from_config(default_config()).lora is None
+    assert LearnerSettings.from_config(default_config(), total_training_steps=None).lora is None
     lora = LearnerSettings.from_config(
         load_config(
             None,
@@ -207,7 +213,8 @@ def test_every_setting_comes_from_its_config_key() -> None:
                 "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
                 "actor_rollout_ref.model.exclude_modules=[layers.0.self_attn.q_proj]",
             ],
-        )
+        ),
+        total_training_steps=None,
     ).lora
     assert lora == LoRASpec(4, 12.0, ("q_proj", "v_proj"), ("layers.0.self_attn.q_proj",))
     assert lora.scaling == 3.0
@@ -215,9 +222,11 @@ def test_every_setting_comes_from_its_config_key() -> None:
 
 def test_critic_settings_come_from_the_critic_section() -> None:
     cfg = load_config(None, ["critic.shuffle=true", "critic.ppo_epochs=2", "critic.optim.lr=3e-5"])
-    critic = LearnerSettings.from_config(cfg).critic
+    critic = LearnerSettings.from_config(cfg, total_training_steps=None).critic
     assert critic is not None and (critic.shuffle, critic.ppo_epochs, critic.optim.lr) == (True, 2, 3e-5)
-    inherited = LearnerSettings.from_config(load_config(None, [f"{ARR}.actor.shuffle=true"])).critic
+    inherited = LearnerSettings.from_config(
+        load_config(None, [f"{ARR}.actor.shuffle=true"]), total_training_steps=None
+    ).critic
     assert inherited is not None and inherited.shuffle  # null = the actor's
     assert LearnerSettings.defaults(adv_estimator="grpo").critic is None
 
@@ -226,7 +235,7 @@ def test_from_config_accepts_the_real_config_tree() -> None:
     from async_rl.config import load_config
 
     cfg = load_config(["configs/demo_ppo.yaml"], [])
-    s = LearnerSettings.from_config(cfg)
+    s = LearnerSettings.from_config(cfg, total_training_steps=None)
     assert s.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     assert s.rollout_n == cfg.actor_rollout_ref.rollout.n
     assert s.adv_estimator == cfg.algorithm.adv_estimator

@@ -63,10 +63,10 @@ def test_optimizer_schedules_get_the_derived_horizon(path: str) -> None:
         assert (s.critic.optim.total_training_steps, s.critic.optim.lr_warmup_steps) == (435, 87)
     # Without the derived value a cosine schedule has no horizon: the learner must pass it.
     with pytest.raises(ValueError, match="total_training_steps must be > 0 for the cosine schedule"):
-        LearnerSettings.from_config(cfg)
+        LearnerSettings.from_config(cfg, total_training_steps=None)
     # A set trainer.total_training_steps still wins over the derived value's absence.
     fixed = load_config([path], [*overrides[:2], "trainer.total_training_steps=40"])
-    assert LearnerSettings.from_config(fixed).optim.total_training_steps == 40
+    assert LearnerSettings.from_config(fixed, total_training_steps=None).optim.total_training_steps == 40
 
 
 def test_dry_run_says_when_the_data_is_not_here() -> None:

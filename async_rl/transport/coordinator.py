@@ -213,12 +213,12 @@ class Coordinator:
                     state.confirmed_version = max(state.confirmed_version, version)
         self._io.wake()  # credit waiting for these weights can be served now
 
-    def get_groups(self, num_groups: int, timeout_s: float | None = None) -> list[RolloutGroup]:
+    def get_groups(self, num_groups: int, timeout_s: float | None) -> list[RolloutGroup]:
         """Block until ``num_groups`` groups within the staleness bound are buffered and return them.
 
-        Groups come oldest generation version first. Raises TimeoutError after ``timeout_s`` (the buffer is left
-        untouched). When the data is exhausted and nothing is outstanding, returns what is left (maybe fewer, or []).
-        Raises `FilterBudgetExceeded` once group filtering used up ``max_num_gen_batches`` for a step.
+        Groups come oldest generation version first. Raises TimeoutError after ``timeout_s`` (None: no limit; the
+        buffer is left untouched). When the data is exhausted and nothing is outstanding, returns what is left (maybe
+        fewer, or []). Raises `FilterBudgetExceeded` once group filtering used up ``max_num_gen_batches`` for a step.
         """
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"num_groups must be an int >= 1, got {num_groups!r}")
@@ -287,7 +287,7 @@ class Coordinator:
         logger.info("eval round %d: %d prompts under policy version %d", round_id, len(records), version)
         return round_id
 
-    def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool:
+    def wait_eval(self, round_id: int, timeout_s: float | None) -> bool:
         """Block until round ``round_id`` is complete (True) or ``timeout_s`` passed (False); 0 polls."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cv:

@@ -85,7 +85,7 @@ class InstantWeightSync:
         self.joins: list[JoinInfo] = []
         self.announced: list[str] = []
 
-    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float) -> None:
         self.announced.append(token)
 
     async def join(self, info: JoinInfo) -> None:

@@ -62,7 +62,7 @@ def worker(params: dict[str, object]) -> None:
         t0 = time.perf_counter()
         learner.train_step(groups)
         times.append(time.perf_counter() - t0)
-        for _name, _tensor in learner.iter_weights():  # the weight sync's gather, one tensor at a time
+        for _name, _tensor in learner.iter_weights(dtype=None):  # the weight sync's gather, one tensor at a time
             pass
     if ctx.is_rank0:
         peak = peak_memory_mib(ctx.device) * 2**20  # what the run's learner/peak_memory_mib reports

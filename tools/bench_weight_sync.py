@@ -133,6 +133,7 @@ def run_main(args: argparse.Namespace) -> None:
                 heads=heads,
                 kv_heads=max(1, heads // 4),
                 intermediate=4 * args.hidden,
+                seed=0,
             )
         llm = vllm.LLM(
             model=str(model_dir), enforce_eager=True, dtype="float32", max_model_len=128, **vllm_engine_kwargs()

@@ -155,7 +155,8 @@ def check_agg_loss(rep: Report, verl: Any, x: dict[str, Any]) -> None:
     tokens, seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
     for mode in sorted(ours.LOSS_AGG_MODES):
         label = f"agg_loss {mode} local (one empty row)"
-        rep.run(label, _compare_agg, rep, label, ours.agg_loss, verl.agg_loss, loss_mat, mask, mode)
+        mine = partial(ours.agg_loss, loss_scale_factor=None)
+        rep.run(label, _compare_agg, rep, label, mine, verl.agg_loss, loss_mat, mask, mode)
         for factor in (None, 1024.0):
             label = f"agg_loss {mode} micro-batch, global counts, loss_scale_factor={factor}"
 
@@ -193,7 +194,7 @@ def _policy_case(
     mask = x["mask"]
     lp_ours = x["log_prob"].clone().requires_grad_(True)
     lp_verl = x["log_prob"].clone().requires_grad_(True)
-    counts: dict[str, Any] = {}
+    counts: dict[str, Any] = {"loss_scale_factor": None}
     if global_info:
         counts = {
             "global_num_tokens": global_info["batch_num_tokens"],
@@ -272,7 +273,13 @@ def check_reinforce(rep: Report, verl: Any, x: dict[str, Any]) -> None:
                 lp_ours = x["log_prob"].clone().requires_grad_(True)
                 lp_verl = x["log_prob"].clone().requires_grad_(True)
                 mine, m_metrics = ours.reinforce_loss(
-                    lp_ours, x["adv"], mask, is_weights=w, loss_agg_mode=agg_mode, rollout_log_prob=x["rollout"]
+                    lp_ours,
+                    x["adv"],
+                    mask,
+                    is_weights=w,
+                    loss_agg_mode=agg_mode,
+                    loss_scale_factor=None,
+                    rollout_log_prob=x["rollout"],
                 )
                 theirs, v_metrics = verl.core_algos.compute_policy_loss_reinforce(
                     x["rollout"], lp_verl, x["adv"], mask, agg_mode, _actor_config(verl, agg_mode), w
@@ -305,7 +312,9 @@ def check_reinforce(rep: Report, verl: Any, x: dict[str, Any]) -> None:
         lp_ours = x["log_prob"].clone().requires_grad_(True)
         w, _ = ours.rollout_is_weights(lp_ours.detach(), x["rollout"], mask, level="token", upper=2.0, lower=None)
         kept, _ = ours.rejection_mask(lp_ours.detach(), x["rollout"], mask, bounds=parse_rs_spec("token_k1", "0.5_2.0"))
-        mine, _ = ours.reinforce_loss(lp_ours, x["adv"], kept, is_weights=w)
+        mine, _ = ours.reinforce_loss(
+            lp_ours, x["adv"], kept, is_weights=w, loss_agg_mode="token-mean", loss_scale_factor=None
+        )
         rep.close(f"{label} loss", mine, theirs)
         mine.backward()
         theirs.backward()
@@ -348,6 +357,7 @@ def check_advantages(rep: Report, verl: Any, x: dict[str, Any]) -> None:
                 values=values,
                 gamma=0.9,
                 lam=0.95,
+                norm_adv_by_std_in_grpo=True,
             ),
             partial(ca.compute_gae_advantage_return, dense, values, mask, 0.9, 0.95),
         ),
@@ -361,13 +371,20 @@ def check_advantages(rep: Report, verl: Any, x: dict[str, Any]) -> None:
                 values=values,
                 gamma=0.9,
                 lam=0.95,
+                norm_adv_by_std_in_grpo=True,
             ),
             partial(ca.compute_gae_advantage_return, noisy, values, holes, 0.9, 0.95),
         ),
         (
             "reinforce_plus_plus gamma=0.9",
             partial(
-                ours.compute_advantages, "reinforce_plus_plus", token_level_rewards=dense, response_mask=mask, gamma=0.9
+                ours.compute_advantages,
+                "reinforce_plus_plus",
+                token_level_rewards=dense,
+                response_mask=mask,
+                gamma=0.9,
+                lam=1.0,
+                norm_adv_by_std_in_grpo=True,
             ),
             partial(ca.compute_reinforce_plus_plus_outcome_advantage, dense, mask, config=algo(gamma=0.9)),
         ),
@@ -379,13 +396,15 @@ def check_advantages(rep: Report, verl: Any, x: dict[str, Any]) -> None:
                 token_level_rewards=noisy,
                 response_mask=holes,
                 gamma=0.9,
+                lam=1.0,
+                norm_adv_by_std_in_grpo=True,
             ),
             partial(ca.compute_reinforce_plus_plus_outcome_advantage, noisy, holes, config=algo(gamma=0.9)),
         ),
     ]
     for sname, scores in (("binary", binary), ("continuous", continuous)):
         rewards = outcome(scores)
-        group = {"token_level_rewards": rewards, "response_mask": mask, "index": index}
+        group = {"token_level_rewards": rewards, "response_mask": mask, "index": index, "gamma": 1.0, "lam": 1.0}
         for norm in (True, False):
             cases.append(
                 (
@@ -413,7 +432,7 @@ def check_advantages(rep: Report, verl: Any, x: dict[str, Any]) -> None:
             cases.append(
                 (
                     f"{name} {sname}",
-                    partial(ours.compute_advantages, name, **group),
+                    partial(ours.compute_advantages, name, norm_adv_by_std_in_grpo=True, **group),
                     partial(fn, rewards, mask, index, config=algo()),
                 )
             )

@@ -304,8 +304,8 @@ class ReceiveOnlyWeightSync:
         self.close()
         self.group = join_epoch(info)
 
-    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
-        await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float) -> None:
+        await asyncio.to_thread(announce_at, host, port, member, token, timeout_s=timeout_s)
 
     async def update(self, version: int) -> dict[str, Any]:
         """Receive and verify one complete update of ``version`` (the engine pauses around it)."""

@@ -122,7 +122,7 @@ class Engine(Protocol):
 class WeightSync(Protocol):
     """What the loop needs from the weight-sync driver (``AsyncEngineWeightSync``, ``ReceiveOnlyWeightSync``)."""
 
-    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None: ...
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float) -> None: ...
 
     async def join(self, info: JoinInfo) -> None: ...
 
@@ -321,7 +321,9 @@ class ActorLoop:
         token = f"{self._token}-{self._announcements}"
         try:
             async with self._keepalive():  # a store that does not answer holds us for the announcement's timeout
-                await self.weight_sync.announce(plan.host, plan.port, member=self.actor_id, token=token)
+                await self.weight_sync.announce(
+                    plan.host, plan.port, member=self.actor_id, token=token, timeout_s=plan.timeout_s
+                )
         except Exception as exc:  # the learner's store is unreachable now: try again with the next epoch's plan
             logger.warning("actor %s: could not announce itself for weight sync: %s", self.actor_id, exc)
         self._announced = where

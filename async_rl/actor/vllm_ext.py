@@ -121,7 +121,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             return None
         text_config = getattr(self.model_config, "hf_text_config", None)
         tied = bool(getattr(text_config, "tie_word_embeddings", False))
-        return LoadVerifier(self.model, device=self.device, ignore_names=["lm_head.weight"] if tied else [])
+        return LoadVerifier(self.model, device=self.device, seed=0, ignore_names=["lm_head.weight"] if tied else [])
 
     # -- vLLM WeightTransferEngine interface -------------------------------------------------------------------
     def parse_init_info(self, init_dict: dict[str, Any]) -> BroadcastInitInfo:

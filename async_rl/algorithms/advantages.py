@@ -42,7 +42,7 @@ GroupIndex = Sequence[Hashable] | np.ndarray | torch.Tensor
 """Per-row group (prompt) ids: a list, 1-D numpy array or 1-D tensor of hashables, length B."""
 
 
-def group_ids(index: GroupIndex, batch_size: int, device: torch.device | None = None) -> tuple[torch.Tensor, int]:
+def group_ids(index: GroupIndex, batch_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """Map arbitrary hashable group ids to dense ids ``0..G-1`` in order of first appearance.
 
     Returns ``(ids [B] int64, G)``. Raises ``ValueError`` naming ``index`` when it is not 1-D or its length is not B.
@@ -406,9 +406,9 @@ def compute_advantages(
     response_mask: torch.Tensor,
     index: GroupIndex | None = None,
     values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std_in_grpo: bool = True,
+    gamma: float,
+    lam: float,
+    norm_adv_by_std_in_grpo: bool,
     epsilon: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Compute ``(advantages [B, T], returns [B, T])`` with the estimator named ``estimator`` (see ``ADV_ESTIMATORS``).

@@ -29,9 +29,9 @@ def agg_loss(
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
     *,
+    loss_scale_factor: float | None,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
-    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a per-token loss ``loss_mat [B, T]`` over the valid positions of ``loss_mask [B, T]`` to a scalar.
 
@@ -43,9 +43,9 @@ def agg_loss(
     - ``token-sum``: ``sum_i s_i``
     - ``seq-mean-token-sum``: ``sum_i s_i / S``
     - ``seq-mean-token-mean``: ``sum_{i: n_i > 0} (s_i / n_i) / S``
-    - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``sum_i s_i / S / loss_scale_factor``; ``loss_scale_factor`` defaults
-      to the padded length ``T = loss_mask.shape[-1]`` (verl's default). Pass a constant (e.g. the maximum response
-      length) so the normaliser does not change with the padding of each micro-batch.
+    - ``seq-mean-token-sum-norm`` (Dr. GRPO): ``sum_i s_i / S / loss_scale_factor``; ``loss_scale_factor`` None
+      stands for the padded length ``T = loss_mask.shape[-1]`` (verl's default). Pass a constant (e.g. the maximum
+      response length) so the normaliser does not change with the padding of each micro-batch.
 
     The three ``seq-mean`` modes return 0 when ``S = 0``. ``loss_scale_factor`` is read by
     ``seq-mean-token-sum-norm`` only.
@@ -90,12 +90,12 @@ def value_loss(
     returns: torch.Tensor,
     values: torch.Tensor,
     response_mask: torch.Tensor,
-    cliprange_value: float,
-    loss_agg_mode: str = "token-mean",
     *,
+    cliprange_value: float,
+    loss_agg_mode: str,
+    loss_scale_factor: float | None,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
-    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped value loss; all inputs ``[B, T]``. Returns ``(loss, clipfrac)`` (both 0-d; clipfrac detached).
 

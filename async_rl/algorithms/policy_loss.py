@@ -180,16 +180,16 @@ def policy_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    loss_agg_mode: str = "token-mean",
-    loss_mode: str = "vanilla",
+    clip_ratio: float,
+    clip_ratio_low: float | None,
+    clip_ratio_high: float | None,
+    clip_ratio_c: float,
+    loss_agg_mode: str,
+    loss_mode: str,
+    loss_scale_factor: float | None,
     is_weights: torch.Tensor | None = None,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
-    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient loss (0-d, differentiable w.r.t. ``log_prob``) and detached 0-d metrics; inputs ``[B, T]``.
 
@@ -265,12 +265,12 @@ def reinforce_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
+    loss_agg_mode: str,
+    loss_scale_factor: float | None,
     is_weights: torch.Tensor | None = None,
-    loss_agg_mode: str = "token-mean",
     rollout_log_prob: torch.Tensor | None = None,
     global_num_tokens: Count | None = None,
     global_num_seqs: Count | None = None,
-    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Plain (unclipped) REINFORCE loss ``agg_loss(-A * log_prob * w)`` and detached 0-d metrics; inputs ``[B, T]``.
 
@@ -278,10 +278,9 @@ def reinforce_loss(
     ``rollout_correction.rollout_is_weights``; the gradient is ``-w * A * d log_prob``, aggregated like the loss.
     This is verl 0.9.1's ``compute_policy_loss_reinforce`` (used by ``loss_mode=bypass_mode`` with
     ``loss_type=reinforce``, where the rejection-sampled mask is passed as ``response_mask``). It is not a
-    ``POLICY_LOSSES`` entry because it takes no proximal ``old_log_prob``. ``loss_agg_mode`` defaults to
-    ``token-mean`` like ``policy_loss`` (verl's function default is ``seq-mean-token-sum``, but its actor passes the
-    configured mode, itself ``token-mean`` by default). Metrics: ``ppo_kl`` = masked mean of
-    ``rollout_log_prob - log_prob``, only when ``rollout_log_prob`` is given.
+    ``POLICY_LOSSES`` entry because it takes no proximal ``old_log_prob``. ``loss_agg_mode`` is the configured
+    mode, as verl's actor passes it (verl's function default, ``seq-mean-token-sum``, is never used). Metrics:
+    ``ppo_kl`` = masked mean of ``rollout_log_prob - log_prob``, only when ``rollout_log_prob`` is given.
     """
     check_2d("log_prob", log_prob)
     check_same_shape("advantages", advantages, "log_prob", log_prob)

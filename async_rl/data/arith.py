@@ -19,7 +19,7 @@ def _in_split(a: int, op: str, b: int, split: str) -> bool:
 
 
 def make_arith_problems(
-    n: int, *, seed: int = 0, digits: int = 2, ops: str = "+", split: str = "train"
+    n: int, *, seed: int, digits: int = 2, ops: str = "+", split: str = "train"
 ) -> list[dict[str, str]]:
     """``n`` problems ``a<op>b=`` with operands of up to ``digits`` digits; ``split`` is "train" or "eval" (10%)."""
     if n < 0:
@@ -48,7 +48,7 @@ CHAT_QUESTION = "What is {a} {op} {b}? Answer with just the number."
 
 
 def make_chat_arith_problems(
-    n: int, *, seed: int = 0, digits: int = 2, ops: str = "+", split: str = "train"
+    n: int, *, seed: int, digits: int = 2, ops: str = "+", split: str = "train"
 ) -> list[dict[str, object]]:
     """The same problems as :func:`make_arith_problems`, asked in chat format for instruct models.
 

@@ -34,6 +34,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "WARMSTART_LR",
     "WARMSTART_PROBLEMS",
     "character_token_ids",
     "greedy_accuracy",
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 WARMSTART_PROBLEMS = 20000  # size of the generated supervised set (train split, seed 0, 2-digit operands)
+WARMSTART_LR = 1e-3  # peak lr of the recipe (see the module docstring)
 
 
 def _encode_sft(tokenizer: Any, problems: list[dict[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,12 +110,12 @@ def warm_start(
     model_dir: str | Path,
     problems: list[dict[str, str]],
     *,
+    lr: float,
+    seed: int,
     steps: int = 1000,
     batch_size: int = 128,
-    lr: float = 1e-3,
     warmup_steps: int = 50,
     label_smoothing: float = 0.3,
-    seed: int = 0,
     log_every: int = 50,
 ) -> dict[str, float]:
     """Supervised pass over ``problems``; overwrites the checkpoint in ``model_dir``. Returns final loss and time.
@@ -226,7 +228,7 @@ def prepare_warm_model(
     if held_out is not None:
         result["heldout_greedy_accuracy_raw"] = greedy_accuracy(model_dir, held_out)
     train = make_arith_problems(WARMSTART_PROBLEMS, seed=0, digits=2, split="train")
-    result.update(warm_start(model_dir, train, steps=steps, log_every=log_every))
+    result.update(warm_start(model_dir, train, lr=WARMSTART_LR, seed=0, steps=steps, log_every=log_every))
     if held_out is not None:
         result["heldout_greedy_accuracy"] = greedy_accuracy(model_dir, held_out)
     return result

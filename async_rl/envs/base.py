@@ -163,7 +163,8 @@ class ToolEnvironment(ABC):
     are answered with ``"error: ..."`` text (never raised) and counted in ``info["tool_errors"]``; ``tool_calls``
     counts every block answered, readable or not. Responses longer than ``max_tool_response_length`` characters are
     cut per ``truncate_side`` (:func:`async_rl.envs.tool_format.truncate_text`, verl's semantics). A turn with no
-    block is the final answer: ``done`` with reward :meth:`final_reward`.
+    block is the final answer: ``done`` with reward :meth:`final_reward`. The keyword arguments are ``multi_turn``'s
+    tool options, which the actor passes (``runtime.actor_main.environment_kwargs``).
     """
 
     tools: list[dict[str, Any]] = []
@@ -172,10 +173,10 @@ class ToolEnvironment(ABC):
         self,
         tools: Mapping[str, Tool | tuple[dict[str, Any], Callable[..., str]]],
         *,
-        max_parallel_calls: int = 1,
-        max_tool_response_length: int = 256,
-        truncate_side: str = "middle",
-        tool_format: str = "hermes",
+        max_parallel_calls: int,
+        max_tool_response_length: int,
+        truncate_side: str,
+        tool_format: str,
     ) -> None:
         if tool_format not in TOOL_FORMATS:
             raise ValueError(f"tool_format must be one of {sorted(TOOL_FORMATS)}, got {tool_format!r}")

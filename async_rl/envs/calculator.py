@@ -160,7 +160,8 @@ class CalculatorEnv(ToolEnvironment):
     """Word problems with one ``calculator(expression)`` tool; reward 1.0 for the right final number, else 0.0.
 
     Keyword arguments are :class:`ToolEnvironment`'s (``max_parallel_calls``, ``max_tool_response_length``,
-    ``truncate_side``). The driver enforces the turn limit and then asks :meth:`final_reward` of the last turn.
+    ``truncate_side``, ``tool_format``). The driver enforces the turn limit and then asks :meth:`final_reward` of the
+    last turn.
     """
 
     tools = [CALCULATOR_TOOL]
@@ -228,7 +229,7 @@ DEMONSTRATION: list[Message] = [
 
 
 def make_calculator_problems(
-    n: int, *, seed: int = 0, split: str = "train", demonstration: bool = True
+    n: int, *, seed: int, split: str = "train", demonstration: bool = True
 ) -> list[dict[str, Any]]:
     """``n`` word problems for :class:`CalculatorEnv`; ``split`` is "train" or "eval" (about 10%, never overlapping:
     a hash of the template and operands decides, as in :mod:`async_rl.data.arith`). The same seed gives the same list.

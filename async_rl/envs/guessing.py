@@ -143,7 +143,7 @@ def demonstration(hi: int, secret: int | None = None) -> list[Message]:
 
 
 def make_guessing_problems(
-    n: int, *, seed: int = 0, split: str = "train", hi: int = 100, demonstration_game: bool = False
+    n: int, *, seed: int, split: str = "train", hi: int = 100, demonstration_game: bool = False
 ) -> list[dict[str, Any]]:
     """``n`` games for :class:`GuessingEnv`: secrets drawn (seeded) from [1, hi]; ``split`` "train" or "eval".
 

@@ -107,8 +107,8 @@ class EnvWorker:
         spec: str,
         kwargs: dict[str, Any] | None = None,
         *,
-        call_timeout_s: float = 10.0,
-        episode_timeout_s: float = 600.0,
+        call_timeout_s: float,
+        episode_timeout_s: float,
         grace_s: float = 2.0,
         startup_timeout_s: float = 60.0,
     ) -> None:

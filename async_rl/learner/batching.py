@@ -140,9 +140,9 @@ def group_rows(groups: Sequence[SampledGroup]) -> list[Row]:
 def collate_groups(
     groups: Sequence[SampledGroup],
     *,
+    max_prompt_length: int | None,
+    max_response_length: int | None,
     pad_token_id: int = 0,
-    max_prompt_length: int | None = None,
-    max_response_length: int | None = None,
 ) -> RolloutBatch:
     """Pad a list of groups into the learner's tensor layout (see :func:`collate_rows`)."""
     if not groups:
@@ -161,18 +161,19 @@ def collate_rows(
     rows: Sequence[Row],
     *,
     group_ids: Sequence[Any] | None = None,
+    max_prompt_length: int | None,
+    max_response_length: int | None,
     pad_token_id: int = 0,
-    max_prompt_length: int | None = None,
-    max_response_length: int | None = None,
 ) -> RolloutBatch:
     """Pad response rows into the learner's tensor layout (see module docstring): the one collation every path uses.
 
     Tensors: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/``response_mask``/
     ``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/``prompt_lengths``/
     ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``loss_mask`` is a row's own mask where
-    it has one (a multi-turn episode's sampled tokens), else its ``response_mask``. ``P``/``T`` default to the longest
-    prompt/response; a longer one raises ``ValueError``, as do empty prompts or responses and log-probs or a loss
-    mask that do not match the tokens (``group_ids`` names the group in those errors).
+    it has one (a multi-turn episode's sampled tokens), else its ``response_mask``. ``P``/``T`` are
+    ``max_prompt_length``/``max_response_length`` (None: the longest prompt/response); a longer one raises
+    ``ValueError``, as do empty prompts or responses and log-probs or a loss mask that do not match the tokens
+    (``group_ids`` names the group in those errors).
     """
     if not rows:
         raise ValueError("rows must not be empty")

@@ -43,6 +43,7 @@ class Critic:
         max_consecutive_nonfinite: int,
         rollout_n: int,
         micro_forward: int,
+        seed: int,
     ) -> None:
         self.cfg = cfg
         self.ctx = ctx
@@ -53,6 +54,7 @@ class Critic:
             source,
             ctx,
             role="critic",
+            seed=seed,
             compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
             value_head=True,
@@ -113,8 +115,8 @@ class Critic:
                 returns,
                 old,
                 loss_mask,
-                c.cliprange_value,
-                resolved(c.loss_agg_mode, "critic.loss_agg_mode"),
+                cliprange_value=c.cliprange_value,
+                loss_agg_mode=resolved(c.loss_agg_mode, "critic.loss_agg_mode"),
                 global_num_tokens=tokens,
                 global_num_seqs=seqs,
                 loss_scale_factor=c.loss_scale_factor,

@@ -74,16 +74,16 @@ def iter_full_state(
     model: nn.Module,
     ctx: DistContext,
     *,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None,
     to_cpu: bool = False,
     all_ranks: bool = False,
     rename: Rename | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, full tensor)`` for every parameter/buffer, gathering one at a time (see module docstring).
 
-    ``dtype`` casts floating tensors (e.g. ``torch.bfloat16`` for a bf16 vLLM); ``to_cpu`` moves them to host
-    memory; ``all_ranks`` yields on every rank instead of rank 0 only; ``rename`` selects and renames the tensors
-    (LoRA: the adapter only, under PEFT's names). All ranks must exhaust the iterator.
+    ``dtype`` casts floating tensors (e.g. ``torch.bfloat16`` for a bf16 vLLM; None: as stored); ``to_cpu`` moves
+    them to host memory; ``all_ranks`` yields on every rank instead of rank 0 only; ``rename`` selects and renames the
+    tensors (LoRA: the adapter only, under PEFT's names). All ranks must exhaust the iterator.
     """
     for name, value in _unique_entries(model, rename):
         full = _full(value)
@@ -98,7 +98,7 @@ def iter_full_state(
 
 
 def full_state_manifest(
-    model: nn.Module, *, dtype: torch.dtype | None = None, rename: Rename | None = None
+    model: nn.Module, *, dtype: torch.dtype | None, rename: Rename | None = None
 ) -> list[TensorSpec]:
     """What :func:`iter_full_state` will yield (name, dtype, global shape, in order), from metadata alone: no gather.
 
@@ -133,12 +133,13 @@ def export_hf(
     ctx: DistContext,
     out_dir: str | Path,
     *,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None,
     max_shard_bytes: int = 2 * 1024**3,
 ) -> Path:
     """Write ``model`` (FSDP2-sharded or plain HF) as a Hugging Face directory loadable by ``from_pretrained``.
 
-    Call on every rank. Peak extra memory on rank 0 is about one shard (``max_shard_bytes``). Returns ``out_dir``.
+    ``dtype`` casts floating tensors (None: as stored, the fp32 master weights under FSDP2). Call on every rank. Peak
+    extra memory on rank 0 is about one shard (``max_shard_bytes``). Returns ``out_dir``.
     """
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
@@ -198,7 +199,7 @@ def export_hf(
 def export_adapter(model: nn.Module, ctx: DistContext, out_dir: str | Path, config: dict[str, Any]) -> Path:
     """Write the LoRA adapter of ``model`` as a PEFT directory (``adapter_config.json`` = ``config``, safetensors
     under PEFT's names), loadable by ``peft.PeftModel.from_pretrained`` and by vLLM. Call on every rank."""
-    tensors = dict(iter_full_state(model, ctx, to_cpu=True, rename=peft_name))
+    tensors = dict(iter_full_state(model, ctx, dtype=None, to_cpu=True, rename=peft_name))
     out = Path(out_dir)
     if ctx.is_rank0:
         if not tensors:

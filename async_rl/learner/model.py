@@ -97,12 +97,12 @@ def build_model(
     ctx: DistContext,
     *,
     role: str,
+    seed: int,
     trainable: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     gradient_checkpointing: bool = False,
     value_head: bool = False,
     lora: LoRASpec | None = None,
-    seed: int = 0,
     shared_prompt: bool = False,
 ) -> nn.Module:
     """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).

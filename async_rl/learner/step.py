@@ -154,6 +154,7 @@ class Learner:
                 ref if ref is not None else policy,
                 ctx,
                 role="ref",
+                seed=self.seed,
                 trainable=False,
                 compute_dtype=self.compute_dtype,
                 shared_prompt=self.layout == "shared",
@@ -179,6 +180,7 @@ class Learner:
                 max_consecutive_nonfinite=arr.actor.max_consecutive_nonfinite,
                 rollout_n=arr.rollout.n,
                 micro_forward=self.micro_forward,
+                seed=self.seed,
             )
         self.kl_ctrl: KLController | None = None
         if self.use_kl_in_reward:
@@ -194,12 +196,12 @@ class Learner:
     def model(self) -> torch.nn.Module:
         return self.actor.model
 
-    def iter_weights(self, *, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(self, *, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
         """Full actor weights one tensor at a time, on rank 0 (every rank must exhaust it): weight-sync input.
         With LoRA only the adapter, under PEFT's names (what vLLM loads as an adapter)."""
         return iter_full_state(self.model, self.ctx, dtype=dtype, rename=self._sync_name)
 
-    def weight_manifest(self, *, dtype: torch.dtype | None = None) -> list[TensorSpec]:
+    def weight_manifest(self, *, dtype: torch.dtype | None) -> list[TensorSpec]:
         """What :meth:`iter_weights` yields, from metadata alone (the weight sync plans its buckets from it)."""
         return full_state_manifest(self.model, dtype=dtype, rename=self._sync_name)
 

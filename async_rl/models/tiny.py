@@ -107,6 +107,7 @@ def build_char_tokenizer(charset: str = DEFAULT_CHARSET) -> PreTrainedTokenizerB
 def build_tiny_model(
     out_dir: str | Path,
     *,
+    seed: int,
     charset: str = DEFAULT_CHARSET,
     layers: int = 2,
     hidden: int = 128,
@@ -116,7 +117,6 @@ def build_tiny_model(
     max_positions: int = 512,
     tie_word_embeddings: bool = False,
     init_std: float = 0.02,
-    seed: int = 0,
 ) -> Path:
     """Write a tiny fp32 Qwen2ForCausalLM plus its char-level tokenizer to ``out_dir`` and return the directory.
 

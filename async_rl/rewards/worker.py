@@ -34,7 +34,7 @@ class RewardWorker:
     Counters: ``calls``, ``errors`` (the function raised or returned something invalid), ``timeouts``, ``restarts``.
     """
 
-    def __init__(self, spec: str, *, timeout_s: float = 10.0, verl_style: bool = False) -> None:
+    def __init__(self, spec: str, *, timeout_s: float, verl_style: bool = False) -> None:
         if timeout_s <= 0:
             raise ValueError(f"reward timeout_s must be > 0, got {timeout_s}")
         load_reward_fn(spec, verl_style=verl_style)  # fail fast in the parent with a clear message

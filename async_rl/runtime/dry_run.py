@@ -118,7 +118,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         reward = f"the environment {mt.environment} (multi-turn episodes)"
     ws = cfg.async_training.weight_sync
     # On a machine without CUDA an explicit nccl backend cannot be resolved; report what the GPU machine will use.
-    backend = ws.backend if ws.backend != "auto" else resolve_backend("auto")
+    backend = ws.backend if ws.backend != "auto" else resolve_backend(backend="auto")
     files = cfg.data.train_files
     return {
         "policy": {"path": cfg.actor_rollout_ref.model.path, "status": _path_status(cfg.actor_rollout_ref.model.path)},

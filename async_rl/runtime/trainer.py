@@ -13,6 +13,7 @@ import json
 import logging
 import resource
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,9 @@ class Trainer:
             # vLLM needs room for one generated token after the probe
             ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer), min(PROBE_LENGTH, max_len - 1))
             probe = (ids, self.learner.probe_log_probs(ids))
-        report = self.publisher.publish(version, self.learner.iter_weights, self.learner.weight_manifest(), probe=probe)
+        # the master weights as they are: vLLM casts them to rollout.dtype as it loads them
+        weights, manifest = partial(self.learner.iter_weights, dtype=None), self.learner.weight_manifest(dtype=None)
+        report = self.publisher.publish(version, weights, manifest, probe=probe)
         self.published = version
         return report
 
@@ -273,7 +276,7 @@ class Trainer:
         self.validator.wait()
         self._close()
         final_dir = self.out_dir / "final_hf"
-        export_hf(self.learner.model, self.ctx, final_dir)  # collective; rank 0 writes (LoRA: merged)
+        export_hf(self.learner.model, self.ctx, final_dir, dtype=None)  # collective; rank 0 writes (LoRA: merged)
         adapter = self.learner.adapter_config(self.cfg.actor_rollout_ref.model.path)
         adapter_dir = self.out_dir / "final_adapter"
         if adapter is not None:

@@ -214,12 +214,12 @@ class Coordinator:
                     state.confirmed_version = max(state.confirmed_version, version)
         self._io.wake()  # credit waiting for these weights can be served now
 
-    def get_groups(self, num_groups: int, timeout_s: float | None = None) -> list[RolloutGroup]:
+    def get_groups(self, num_groups: int, timeout_s: float | None) -> list[RolloutGroup]:
         """Block until ``num_groups`` groups within the staleness bound are buffered and return them.
 
-        Groups come oldest generation version first. Raises TimeoutError after ``timeout_s`` (the buffer is left
-        untouched). When the data is exhausted and nothing is outstanding, returns what is left (maybe fewer, or []).
-        Raises `FilterBudgetExceeded` once group filtering used up ``max_num_gen_batches`` for a step.
+        Groups come oldest generation version first. Raises TimeoutError after ``timeout_s`` (None: no limit; the
+        buffer is left untouched). When the data is exhausted and nothing is outstanding, returns what is left (maybe
+        fewer, or []). Raises `FilterBudgetExceeded` once group filtering used up ``max_num_gen_batches`` for a step.
         """
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"num_groups must be an int >= 1, got {num_groups!r}")
@@ -288,7 +288,7 @@ class Coordinator:
         logger.info("eval round %d: %d prompts under policy version %d", round_id, len(records), version)
         return round_id
 
-    def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool:
+    def wait_eval(self, round_id: int, timeout_s: float | None) -> bool:
         """Block until round ``round_id`` is complete (True) or ``timeout_s`` passed (False); 0 polls."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cv:
@@ -555,7 +555,13 @@ class Coordinator:
             self._metrics.count("eval/late" if group.eval_round < self._next_eval_round else "eval/unknown")
             return "unknown"
         # versions are the round's to judge: anything but exactly its version is "stale" and granted again
-        reason = check_group(group, rnd.sampling, policy_version=None, vocab_size=self.vocab_size)
+        reason = check_group(
+            group,
+            rnd.sampling,
+            policy_version=None,
+            max_response_length=rnd.sampling.max_tokens,
+            vocab_size=self.vocab_size,
+        )
         if reason is not None and rnd.reject(group.prompt_id, group.lease_id):
             return self._invalid_locked(group, reason)
         verdict = rnd.deliver(group.prompt_id, group.lease_id, group.completions, now)
@@ -581,6 +587,7 @@ class Coordinator:
             group,
             self.sampling,
             policy_version=self._version,
+            max_response_length=self.sampling.max_tokens,
             min_version=min_version,
             vocab_size=self.vocab_size,
             required_component=self._filter.required_component,

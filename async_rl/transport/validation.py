@@ -58,19 +58,18 @@ def check_group(
     sampling: GroupSampling,
     *,
     policy_version: int | None,
+    max_response_length: int,
     min_version: int | None = None,
     vocab_size: int | None = None,
     required_component: str | None = None,
-    max_response_length: int | None = None,
 ) -> InvalidReason | None:
     """Why ``group`` cannot be trained (None: it can), judged against the grant's ``sampling`` (``n``, ``max_tokens``)
     and ``min_version``, the newest published ``policy_version``, the learner's ``vocab_size`` and the reward
     component group filtering reads (``required_component``); each of the last four is not checked when None.
     ``max_response_length`` bounds a multi-turn completion's total length (the learner's
-    ``data.max_response_length``); None: ``sampling.max_tokens``."""
+    ``data.max_response_length``)."""
     if len(group.completions) != sampling.n:
         return "wrong_completion_count"
-    episode_limit = sampling.max_tokens if max_response_length is None else max_response_length
     for c in group.completions:
         if c.version_min > c.version_max or (policy_version is not None and c.version_max > policy_version):
             return "bad_version"
@@ -84,7 +83,7 @@ def check_group(
         if tokens.shape[0] == 0:
             return "empty_response"
         multi_turn = c.loss_mask is not None or c.turns is not None
-        if tokens.shape[0] > (episode_limit if multi_turn else sampling.max_tokens):
+        if tokens.shape[0] > (max_response_length if multi_turn else sampling.max_tokens):
             return "response_too_long"
         if c.turns is not None and any(t.length > sampling.max_tokens for t in c.turns):
             return "response_too_long"

@@ -134,7 +134,7 @@ def bottleneck(r: SimResult) -> str:
     return "balanced"
 
 
-def sim_config(profile: Profile, c: Candidate, a: Assumptions, *, steps: int = 24, seed: int = 0) -> SimConfig:
+def sim_config(profile: Profile, c: Candidate, a: Assumptions, *, steps: int, seed: int) -> SimConfig:
     return SimConfig(
         workload=profile.workload(),
         actor_curve=profile.curve().scaled(a.gen_scale),
@@ -152,7 +152,7 @@ def sim_config(profile: Profile, c: Candidate, a: Assumptions, *, steps: int = 2
 
 
 def evaluate(profile: Profile, c: Candidate, a: Assumptions, steps: int = 24) -> Recommendation:
-    result = simulate(sim_config(profile, c, a, steps=steps))
+    result = simulate(sim_config(profile, c, a, steps=steps, seed=0))
     per_step = result.trained_tokens_per_s / result.steps_per_s if result.steps_per_s > 0 else 0.0
     return Recommendation(c, result, bottleneck(result), per_step)
 

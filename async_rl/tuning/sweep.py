@@ -240,7 +240,7 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> None:
 
 
 def execute_run(
-    run: SweepRun, *, config: str, nproc_per_node: int = 2, timeout_s: float | None = None, lock: Path | None = None
+    run: SweepRun, *, config: str, timeout_s: float | None, nproc_per_node: int = 2, lock: Path | None = None
 ) -> RunOutcome:
     """Run one job from scratch (its old run directory is removed) and return how it ended."""
     if run.run_dir.exists():

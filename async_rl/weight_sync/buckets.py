@@ -50,7 +50,7 @@ class BufferPool:
     only allocates. A failed update calls :meth:`drop` instead: a transfer cut short may still write into its buffers.
     """
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self.enabled = self.device.type == "cpu"
         self._free: dict[int, list[torch.Tensor]] = {}
@@ -146,7 +146,7 @@ def fill_buckets(
     plan: list[BucketSpec],
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     *,
-    device: torch.device | str = "cpu",
+    device: torch.device | str,
     pool: BufferPool | None = None,
 ) -> Iterator[Bucket]:
     """The bytes of each bucket of ``plan``, taking tensors from ``named_tensors`` lazily and in plan order.
@@ -204,7 +204,7 @@ class TensorAssembler:
     out-of-order chunk raises WeightSyncError naming its tensor.
     """
 
-    def __init__(self, device: torch.device | str = "cpu", pool: BufferPool | None = None) -> None:
+    def __init__(self, device: torch.device | str, pool: BufferPool | None = None) -> None:
         self.device = torch.device(device)
         self.pool = pool if pool is not None else BufferPool(self.device)
         self._partial: dict[str, _Partial] = {}

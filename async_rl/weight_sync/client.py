@@ -79,9 +79,9 @@ class EngineWeightSync:
         except Exception as exc:
             raise _structured_error({}, exc) from exc
 
-    def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+    def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float) -> None:
         """Tell learner rank 0 that this actor can receive weights (see ``weight_sync.membership``)."""
-        announce_at(host, port, member, token, timeout_s)
+        announce_at(host, port, member, token, timeout_s=timeout_s)
 
     def update(self, version: int, *, verify_load: bool = True, require_complete: bool = True) -> dict[str, Any]:
         """Receive, load and verify one complete update; return the worker's report (sizes, timings, checks).
@@ -131,9 +131,9 @@ class AsyncEngineWeightSync:
         except Exception as exc:
             raise _structured_error({}, exc) from exc
 
-    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float = 30.0) -> None:
+    async def announce(self, host: str, port: int, *, member: str, token: str, timeout_s: float) -> None:
         """Tell learner rank 0 that this actor can receive weights (a store write, off the event loop)."""
-        await asyncio.to_thread(announce_at, host, port, member, token, timeout_s)
+        await asyncio.to_thread(announce_at, host, port, member, token, timeout_s=timeout_s)
 
     async def update(self, version: int) -> dict[str, Any]:
         """Receive, load and verify one complete update (generation must be paused by the caller)."""

@@ -39,7 +39,7 @@ _PREFIX = "async_rl/weight_sync/epoch"
 _WAIT_SLICE = timedelta(seconds=0.05)  # how often a waiting member checks whether the transfer was given up
 
 
-def resolve_backend(backend: str = "auto") -> SyncBackend:
+def resolve_backend(*, backend: str) -> SyncBackend:
     """``"auto"`` -> ``"nccl"`` if CUDA is available else ``"gloo"``; explicit names are validated."""
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
@@ -92,7 +92,7 @@ class WeightSyncGroup:
         self.rank = rank
         self.world_size = world_size
         self.epoch = epoch
-        self.backend = resolve_backend(backend)
+        self.backend = resolve_backend(backend=backend)
         self.timeout_s = float(timeout_s)
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")

@@ -164,7 +164,7 @@ def await_roster(store: dist.Store, epoch: int, member: str, timeout_s: float) -
     return roster
 
 
-def announce_at(host: str, port: int, member: str, token: str, timeout_s: float = 30.0) -> None:
+def announce_at(host: str, port: int, member: str, token: str, *, timeout_s: float) -> None:
     """Actor process: connect to rank 0's store and :func:`announce` (no collective, bounded by ``timeout_s``)."""
     announce(create_store(host, port, is_master=False, timeout_s=timeout_s), member, token)
 

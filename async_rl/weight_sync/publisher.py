@@ -92,7 +92,7 @@ class WeightPublisher:
         self.ctx = ctx
         self.coordinator = coordinator
         self.host = host
-        self.backend = resolve_backend(backend)
+        self.backend = resolve_backend(backend=backend)
         self.bucket_size_mb = bucket_size_mb
         self.timeout_s = timeout_s
         self.join_timeout_s = join_timeout_s

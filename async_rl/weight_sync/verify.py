@@ -101,11 +101,11 @@ class LoadVerifier:
         model: nn.Module,
         *,
         device: torch.device | str,
+        seed: int,
         packed_modules_mapping: Mapping[str, list[str]] | None = None,
         ignore_names: Iterable[str] = (),
         probe_columns: int = 4,
         probe_rows: int = 16,
-        seed: int = 0,
     ) -> None:
         if probe_columns < 1 or probe_rows < 1:
             raise ValueError(f"probe_columns and probe_rows must be >= 1, got {probe_columns}, {probe_rows}")

@@ -83,7 +83,7 @@ def sync(engine, loop):
     line = proc.stdout.readline()
     assert line.startswith("PORT "), f"sender did not start: {line!r}"
     plan = WeightSyncPlan(
-        host="127.0.0.1", port=int(line.split()[1]), backend=resolve_backend("auto"), timeout_s=120.0,
+        host="127.0.0.1", port=int(line.split()[1]), backend=resolve_backend(backend="auto"), timeout_s=120.0,
         join_timeout_s=10.0, version=-1, epoch=0, candidates=(),
     )  # fmt: skip
     client = AsyncEngineWeightSync(eng.vllm, verify_rotation=1)

@@ -142,7 +142,12 @@ def test_two_turn_episode_layout(tok):
     from async_rl.transport.protocol import RolloutGroup
 
     group = RolloutGroup(prompt_id=7, lease_id=1, actor_id="a", completions=[c])
-    assert check_group(group, grant.sampling, policy_version=3, vocab_size=len(tok)) is None
+    assert (
+        check_group(
+            group, grant.sampling, policy_version=3, vocab_size=len(tok), max_response_length=grant.sampling.max_tokens
+        )
+        is None
+    )
 
 
 def test_turn_limit_and_length(tok):

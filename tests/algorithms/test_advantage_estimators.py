@@ -9,6 +9,7 @@ the carry as earlier verl versions did; the two agree on right-padded responses 
 """
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -24,6 +25,8 @@ from async_rl.algorithms import (
     needs_critic,
 )
 
+advantages = partial(compute_advantages, gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True)
+
 
 def _outcome(scores: list[float], lengths: list[int], t: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards with each row's score on its last valid token, and the matching mask."""
@@ -37,7 +40,7 @@ def _outcome(scores: list[float], lengths: list[int], t: int = 3) -> tuple[torch
 
 def test_grpo_group_of_four_and_singleton() -> None:
     rewards, mask = _outcome([1.0, 0.0, 0.0, 1.0, 2.0], [3, 2, 1, 3, 2])
-    adv, ret = compute_advantages("grpo", token_level_rewards=rewards, response_mask=mask, index=[7, 7, 7, 7, 8])
+    adv, ret = advantages("grpo", token_level_rewards=rewards, response_mask=mask, index=[7, 7, 7, 7, 8])
     # group 7 scores [1,0,0,1]: mean .5, deviations +-.5, unbiased var = (4 * .25) / 3 = 1/3, std = sqrt(1/3)
     expect = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # = 0.866024...
     assert adv[0, 0].item() == pytest.approx(expect, rel=1e-6)
@@ -51,7 +54,7 @@ def test_grpo_group_of_four_and_singleton() -> None:
 
 def test_grpo_without_std_normalisation_is_centred_score() -> None:
     rewards, mask = _outcome([1.0, 0.0, 0.0, 1.0], [3, 3, 3, 3])
-    adv, _ = compute_advantages(
+    adv, _ = advantages(
         "grpo", token_level_rewards=rewards, response_mask=mask, index=["a"] * 4, norm_adv_by_std_in_grpo=False
     )
     # score - mean: 1 - .5 = .5 and 0 - .5 = -.5, broadcast over all three tokens
@@ -60,16 +63,14 @@ def test_grpo_without_std_normalisation_is_centred_score() -> None:
 
 def test_grpo_accepts_numpy_tensor_and_list_index_and_bool_mask() -> None:
     rewards, mask = _outcome([1.0, 3.0, 2.0, 2.0], [3, 2, 3, 1])
-    by_list, _ = compute_advantages("grpo", token_level_rewards=rewards, response_mask=mask, index=["p", "p", "q", "q"])
-    by_np, _ = compute_advantages(
+    by_list, _ = advantages("grpo", token_level_rewards=rewards, response_mask=mask, index=["p", "p", "q", "q"])
+    by_np, _ = advantages(
         "grpo",
         token_level_rewards=rewards,
         response_mask=mask.bool(),
         index=np.array(["p", "p", "q", "q"], dtype=object),
     )
-    by_tensor, _ = compute_advantages(
-        "grpo", token_level_rewards=rewards, response_mask=mask, index=torch.tensor([0, 0, 1, 1])
-    )
+    by_tensor, _ = advantages("grpo", token_level_rewards=rewards, response_mask=mask, index=torch.tensor([0, 0, 1, 1]))
     torch.testing.assert_close(by_list, by_np)
     torch.testing.assert_close(by_list, by_tensor)
     # group q has equal scores -> std 0 -> advantage 0/(0+eps) = 0
@@ -86,7 +87,7 @@ def test_grpo_advantages_sum_to_zero_within_groups(scores: list[float], data: st
     groups = data.draw(st.lists(st.integers(0, 2), min_size=len(scores), max_size=len(scores)))
     rewards = torch.tensor(scores, dtype=torch.float64).unsqueeze(-1)
     mask = torch.ones_like(rewards)
-    adv, _ = compute_advantages(
+    adv, _ = advantages(
         "grpo", token_level_rewards=rewards, response_mask=mask, index=groups, norm_adv_by_std_in_grpo=norm
     )
     for g in set(groups):
@@ -98,8 +99,8 @@ def test_grpo_advantages_sum_to_zero_within_groups(scores: list[float], data: st
 def test_rloo_loop_and_vectorized_differ_only_on_singletons() -> None:
     rewards, mask = _outcome([1.0, 2.0, 3.0, 6.0, 5.0], [1, 2, 3, 3, 2])
     index = [0, 0, 0, 0, 1]
-    loop, ret = compute_advantages("rloo", token_level_rewards=rewards, response_mask=mask, index=index)
-    vec, _ = compute_advantages("rloo_vectorized", token_level_rewards=rewards, response_mask=mask, index=index)
+    loop, ret = advantages("rloo", token_level_rewards=rewards, response_mask=mask, index=index)
+    vec, _ = advantages("rloo_vectorized", token_level_rewards=rewards, response_mask=mask, index=index)
     # group 0: n=4, leave-one-out baseline: 1 - (2+3+6)/3 = -8/3, 2 - 10/3 = -4/3, 3 - 9/3 = 0, 6 - 6/3 = 4
     expected = [-8 / 3, -4 / 3, 0.0, 4.0]
     for i, e in enumerate(expected):
@@ -115,7 +116,7 @@ def test_rloo_loop_and_vectorized_differ_only_on_singletons() -> None:
 def test_reinforce_plus_plus_discounting_skips_padding() -> None:
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 7.0]])  # 7.0 sits on padding and must not leak back
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv, ret = compute_advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
+    adv, ret = advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
     # row 0: G2 = 1, G1 = .5 * 1, G0 = .25; row 1: padding G2 = 0 (its reward is dropped), G1 = 2, G0 = .5 * 2 = 1
     torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     # valid returns .25,.5,1,1,2: mean .95, squared deviations sum 1.8, unbiased var .45
@@ -127,14 +128,14 @@ def test_reinforce_plus_plus_carries_the_return_across_a_masked_span() -> None:
     # verl 0.9.1: a masked token inside a response (e.g. a tool observation) passes the carry through unchanged
     rewards = torch.tensor([[0.0, 5.0, 1.0]])
     mask = torch.tensor([[1.0, 0.0, 1.0]])
-    _, ret = compute_advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
+    _, ret = advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=0.5)
     # G2 = 1; masked t1: G1 = 0, carry stays 1 (its reward 5 is dropped); G0 = 0 + .5 * 1
     torch.testing.assert_close(ret, torch.tensor([[0.5, 0.0, 1.0]]))
 
 
 def test_reinforce_plus_plus_baseline() -> None:
     rewards, mask = _outcome([1.0, 3.0, 5.0], [2, 1, 2], t=2)
-    adv, ret = compute_advantages(
+    adv, ret = advantages(
         "reinforce_plus_plus_baseline", token_level_rewards=rewards, response_mask=mask, index=["a", "a", "b"]
     )
     # group a mean 2 -> -1, +1; singleton b baseline 0 -> 5. Tiled valid values: -1,-1, 1, 5,5
@@ -149,7 +150,7 @@ def test_gae_single_row_values() -> None:
     rewards = torch.tensor([[0.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 0.6, 0.7]])
     mask = torch.ones(1, 3)
-    adv, ret = compute_advantages("gae", token_level_rewards=rewards, response_mask=mask, values=values)
+    adv, ret = advantages("gae", token_level_rewards=rewards, response_mask=mask, values=values)
     # gamma=lam=1: delta2 = 1 - .7 = .3; delta1 = .7 - .6 = .1; delta0 = .6 - .5 = .1 -> A = [.5, .4, .3]
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0]]))  # A + V
     # whitened: mean .4, unbiased var (.01 + 0 + .01) / 2 = .01 -> [1, 0, -1]
@@ -161,9 +162,7 @@ def test_gae_skips_masked_positions() -> None:
     rewards = torch.tensor([[0.0, 9.0, 1.0], [0.0, 1.0, 0.0]])
     values = torch.tensor([[0.5, 99.0, 0.7], [0.5, 0.7, 0.0]])
     mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
-    _, ret = compute_advantages(
-        "gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=0.9, lam=0.8
-    )
+    _, ret = advantages("gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=0.9, lam=0.8)
     # last token: delta = 1 - .7 = .3 -> A = .3, return 1.0
     # first token: delta = 0 + .9 * .7 - .5 = .13; A = .13 + .9 * .8 * .3 = .346; return .346 + .5 = .846
     torch.testing.assert_close(ret[0, [0, 2]], torch.tensor([0.846, 1.0]))
@@ -216,18 +215,18 @@ def test_registry_and_critic_helpers() -> None:
 def test_missing_inputs_and_bad_arguments_raise_value_error() -> None:
     rewards, mask = _outcome([1.0, 0.0], [3, 2])
     with pytest.raises(ValueError, match="index"):
-        compute_advantages("grpo", token_level_rewards=rewards, response_mask=mask)
+        advantages("grpo", token_level_rewards=rewards, response_mask=mask)
     with pytest.raises(ValueError, match="values"):
-        compute_advantages("gae", token_level_rewards=rewards, response_mask=mask)
+        advantages("gae", token_level_rewards=rewards, response_mask=mask)
     with pytest.raises(ValueError, match="grpo.*rloo"):
-        compute_advantages("gpro", token_level_rewards=rewards, response_mask=mask, index=[0, 0])
+        advantages("gpro", token_level_rewards=rewards, response_mask=mask, index=[0, 0])
     with pytest.raises(ValueError, match="index"):
-        compute_advantages("rloo", token_level_rewards=rewards, response_mask=mask, index=[0, 0, 0])
+        advantages("rloo", token_level_rewards=rewards, response_mask=mask, index=[0, 0, 0])
     with pytest.raises(ValueError, match="index"):
-        compute_advantages("rloo", token_level_rewards=rewards, response_mask=mask, index=np.zeros((2, 1)))
+        advantages("rloo", token_level_rewards=rewards, response_mask=mask, index=np.zeros((2, 1)))
     with pytest.raises(ValueError, match="response_mask"):
-        compute_advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask[:, :2])
+        advantages("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask[:, :2])
     with pytest.raises(ValueError, match="token_level_rewards"):
-        compute_advantages("reinforce_plus_plus", token_level_rewards=rewards[0], response_mask=mask[0])
+        advantages("reinforce_plus_plus", token_level_rewards=rewards[0], response_mask=mask[0])
     with pytest.raises(ValueError, match="values"):
-        compute_advantages("gae", token_level_rewards=rewards, response_mask=mask, values=rewards[:, :1])
+        advantages("gae", token_level_rewards=rewards, response_mask=mask, values=rewards[:, :1])

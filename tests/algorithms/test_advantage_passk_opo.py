@@ -47,7 +47,15 @@ def test_grpo_passk_only_the_best_row_of_each_group() -> None:
     torch.testing.assert_close(ret, expected)
     raw, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(raw, torch.tensor([0.0, 0.0, 2.0, 0.0, 0.0]).unsqueeze(-1) * mask)
-    via, _ = compute_advantages("grpo_passk", token_level_rewards=rewards, response_mask=mask, index=index)
+    via, _ = compute_advantages(
+        "grpo_passk",
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=index,
+        gamma=1.0,
+        lam=1.0,
+        norm_adv_by_std_in_grpo=True,
+    )
     torch.testing.assert_close(via, expected)
 
 
@@ -66,7 +74,15 @@ def test_opo_length_weighted_baseline() -> None:
     expected = torch.tensor([4 / 7, -3 / 7, 4 / 7, 2.0]).unsqueeze(-1) * mask
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, expected)
-    via, _ = compute_advantages("opo", token_level_rewards=rewards, response_mask=mask, index=index)
+    via, _ = compute_advantages(
+        "opo",
+        token_level_rewards=rewards,
+        response_mask=mask,
+        index=index,
+        gamma=1.0,
+        lam=1.0,
+        norm_adv_by_std_in_grpo=True,
+    )
     torch.testing.assert_close(via, expected)
     # a plain group mean would be 2/3: the length weighting matters
     assert abs(adv[1, 0].item() - (0.0 - 2 / 3)) > 0.2
@@ -83,4 +99,11 @@ def test_registered_as_group_estimators() -> None:
         assert ADV_ESTIMATORS[name].needs_index and not ADV_ESTIMATORS[name].needs_values
         assert name in GROUP_ESTIMATORS
         with pytest.raises(ValueError, match="index"):
-            compute_advantages(name, token_level_rewards=torch.zeros(2, 2), response_mask=torch.ones(2, 2))
+            compute_advantages(
+                name,
+                token_level_rewards=torch.zeros(2, 2),
+                response_mask=torch.ones(2, 2),
+                gamma=1.0,
+                lam=1.0,
+                norm_adv_by_std_in_grpo=True,
+            )

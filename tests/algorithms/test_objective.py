@@ -82,7 +82,20 @@ def test_importance_weights_precomputed_or_computed_here_are_the_same_loss() -> 
     assert given.loss.item() == here.loss.item()
     assert given.correction_metrics == {} and "rollout_is_eff_sample_size" in here.correction_metrics
     plain, _ = policy_loss(
-        log_prob, log_prob, ADV, MASK, is_weights=weights, global_num_tokens=5.0, global_num_seqs=2.0
+        log_prob,
+        log_prob,
+        ADV,
+        MASK,
+        is_weights=weights,
+        global_num_tokens=5.0,
+        global_num_seqs=2.0,
+        clip_ratio=0.2,
+        clip_ratio_low=None,
+        clip_ratio_high=None,
+        clip_ratio_c=3.0,
+        loss_agg_mode="token-mean",
+        loss_mode="vanilla",
+        loss_scale_factor=None,
     )
     assert here.loss.item() == pytest.approx(plain.item())
     assert torch.equal(correction_weights(log_prob, rollout, MASK, spec)[0], weights)
@@ -93,7 +106,21 @@ def test_bypass_ppo_clip_is_ppo_against_the_rollout() -> None:
     rollout = torch.tensor([[-1.2, -1.9, 0.0], [-0.5, -2.5, -3.1]])
     spec = dataclasses.replace(SPEC, bypass_loss_type="ppo_clip", rollout_is="token")  # ppo_clip takes no weights
     out = actor_objective(_batch(log_prob, old_log_prob=torch.zeros(2, 3), rollout_log_prob=rollout), spec)
-    expected, _ = policy_loss(rollout, log_prob, ADV, MASK, global_num_tokens=5.0, global_num_seqs=2.0)
+    expected, _ = policy_loss(
+        rollout,
+        log_prob,
+        ADV,
+        MASK,
+        global_num_tokens=5.0,
+        global_num_seqs=2.0,
+        clip_ratio=0.2,
+        clip_ratio_low=None,
+        clip_ratio_high=None,
+        clip_ratio_c=3.0,
+        loss_agg_mode="token-mean",
+        loss_mode="vanilla",
+        loss_scale_factor=None,
+    )
     assert out.pg_loss.item() == pytest.approx(expected.item())
 
 
@@ -113,7 +140,14 @@ def test_bypass_reinforce_rejects_then_weights_by_the_current_policy() -> None:
     assert out.correction_metrics["rollout_rs_masked_fraction"].item() == pytest.approx(1 / 5)
     weights = torch.clamp(torch.exp(log_prob.detach() - rollout), max=2.0) * kept
     expected, _ = reinforce_loss(
-        log_prob.detach(), ADV, kept, is_weights=weights, global_num_tokens=5.0, global_num_seqs=2.0
+        log_prob.detach(),
+        ADV,
+        kept,
+        is_weights=weights,
+        global_num_tokens=5.0,
+        global_num_seqs=2.0,
+        loss_agg_mode="token-mean",
+        loss_scale_factor=None,
     )
     assert out.pg_loss.item() == pytest.approx(expected.item())
     # by hand: -(1 * -1 * e^.2 + -1 * -2 * e^-.1 + 2 * -1.5 * e^.1 + -1 * -3 * e^.1) / 5

@@ -11,6 +11,7 @@ and gradient, are detached, leave the denominators alone, and on-policy (all wei
 """
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -21,6 +22,17 @@ from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS
 
 E = math.e
 LN2 = math.log(2.0)
+
+ppo_loss = partial(
+    policy_loss,
+    clip_ratio=0.2,
+    clip_ratio_low=None,
+    clip_ratio_high=None,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    loss_mode="vanilla",
+    loss_scale_factor=None,
+)
 
 
 def _vanilla_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,7 +48,7 @@ def _vanilla_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 
 def test_vanilla_ppo_values_clipfracs_and_kl() -> None:
     old, log_prob, adv, mask = _vanilla_case()
-    loss, metrics = policy_loss(old, log_prob, adv, mask)
+    loss, metrics = ppo_loss(old, log_prob, adv, mask)
     # t1: max(-e, -1.2) = -1.2 (clipped)          t2: max(e, 1.2) = e; min(3, e) = e
     # t3: max(e^2, 1.2) = 7.389; dual clip min(3, 7.389) = 3 (lower-clipped)   t4: -1
     expected = (-1.2 + E + 3.0 - 1.0) / 4  # = 0.879570
@@ -50,7 +62,7 @@ def test_vanilla_ppo_values_clipfracs_and_kl() -> None:
 def test_vanilla_ppo_gradient_flows_only_through_unclipped_tokens() -> None:
     old, log_prob, adv, mask = _vanilla_case()
     log_prob.requires_grad_(True)
-    loss, _ = policy_loss(old, log_prob, adv, mask)
+    loss, _ = ppo_loss(old, log_prob, adv, mask)
     loss.backward()
     assert log_prob.grad is not None
     # unclipped tokens: d(-A * exp(lr))/dlr = -A * ratio, / 4 tokens: t2 -> e/4, t4 -> -1/4; clipped tokens -> 0
@@ -61,7 +73,7 @@ def test_asymmetric_clip_ranges() -> None:
     old = torch.zeros(1, 2)
     log_prob = torch.tensor([[0.5, -1.0]])  # ratios e^.5 = 1.6487 and e^-1 = .3679
     adv = torch.tensor([[1.0, -1.0]])
-    loss, metrics = policy_loss(old, log_prob, adv, torch.ones(1, 2), clip_ratio_low=0.2, clip_ratio_high=0.28)
+    loss, metrics = ppo_loss(old, log_prob, adv, torch.ones(1, 2), clip_ratio_low=0.2, clip_ratio_high=0.28)
     # t1: clamp(1.6487, .8, 1.28) = 1.28 -> max(-1.6487, -1.28) = -1.28
     # t2: clamp(.3679, .8, 1.28) = .8 -> max(.3679, .8) = .8 (< 3, no dual clip)
     assert loss.item() == pytest.approx((-1.28 + 0.8) / 2, rel=1e-6)
@@ -75,7 +87,7 @@ def test_asymmetric_clip_ranges() -> None:
     c=st.floats(1.01, 10, allow_nan=False),
 )
 def test_dual_clip_bounds_negative_advantage_loss(lr: float, a: float, c: float) -> None:
-    loss, _ = policy_loss(
+    loss, _ = ppo_loss(
         torch.zeros(1, 1, dtype=torch.float64),
         torch.tensor([[lr]], dtype=torch.float64),
         torch.tensor([[a]], dtype=torch.float64),
@@ -97,7 +109,7 @@ def _gmpo_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
 
 def test_geo_mean_values_and_clipfracs() -> None:
     old, log_prob, adv, mask = _gmpo_case()
-    loss, metrics = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean")
+    loss, metrics = ppo_loss(old, log_prob, adv, mask, loss_mode="geo_mean")
     # clamp(lr, -.2, .2) = [.2, -.1]
     # row 0 (A=+1): min(lr, clamped) = [.2, -.1] -> mean .05 -> ratio e^.05; loss -1 * e^.05 = -1.051271
     # row 1 (A=-1): max(lr, clamped) = [.5, -.1] -> mean .2 -> ratio e^.2; loss +1 * e^.2 = 1.221403
@@ -112,9 +124,9 @@ def test_geo_mean_values_and_clipfracs() -> None:
 
 def test_geo_mean_global_num_seqs() -> None:
     old, log_prob, adv, mask = _gmpo_case()
-    full, _ = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean")
+    full, _ = ppo_loss(old, log_prob, adv, mask, loss_mode="geo_mean")
     parts = [
-        policy_loss(
+        ppo_loss(
             old[i : i + 1],
             log_prob[i : i + 1],
             adv[i : i + 1],
@@ -143,10 +155,10 @@ def test_micro_batches_with_global_counts_match_full_batch(b: int, mode: str, lo
     mask = (torch.rand(b, 5, generator=gen) > 0.3).to(torch.float64)
     mask[:, 0] = 1.0
     w, _ = rollout_is_weights(old, rollout, mask, level="token", upper=2.0, lower=None)
-    full, _ = policy_loss(old, log_prob, adv, mask, is_weights=w, loss_agg_mode=mode, loss_mode=loss_mode)
+    full, _ = ppo_loss(old, log_prob, adv, mask, is_weights=w, loss_agg_mode=mode, loss_mode=loss_mode)
     total = torch.zeros((), dtype=torch.float64)
     for rows in (slice(0, b // 2), slice(b // 2, b)):
-        part, _ = policy_loss(
+        part, _ = ppo_loss(
             old[rows],
             log_prob[rows],
             adv[rows],
@@ -165,17 +177,17 @@ def test_bad_arguments_raise_value_error() -> None:
     old, log_prob, adv, mask = _vanilla_case()
     assert set(POLICY_LOSSES) == {"vanilla", "geo_mean", "gspo", "cispo"}
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        policy_loss(old, log_prob, adv, mask, clip_ratio_c=1.0)
+        ppo_loss(old, log_prob, adv, mask, clip_ratio_c=1.0)
     with pytest.raises(ValueError, match="loss_mode.*cispo.*geo_mean.*gspo.*vanilla"):
-        policy_loss(old, log_prob, adv, mask, loss_mode="sapo")
+        ppo_loss(old, log_prob, adv, mask, loss_mode="sapo")
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        policy_loss(old, log_prob, adv, mask, loss_agg_mode="sum")
+        ppo_loss(old, log_prob, adv, mask, loss_agg_mode="sum")
     with pytest.raises(ValueError, match="clip_ratio_low"):
-        policy_loss(old, log_prob, adv, mask, clip_ratio_low=-0.1)
+        ppo_loss(old, log_prob, adv, mask, clip_ratio_low=-0.1)
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(old, log_prob, adv[:, :2], mask)
+        ppo_loss(old, log_prob, adv[:, :2], mask)
     with pytest.raises(ValueError, match="old_log_prob"):
-        policy_loss(old[0], log_prob, adv, mask)
+        ppo_loss(old[0], log_prob, adv, mask)
 
 
 def test_is_weights_scale_each_token_and_are_detached() -> None:
@@ -186,7 +198,7 @@ def test_is_weights_scale_each_token_and_are_detached() -> None:
     w, _ = rollout_is_weights(old, rollout, mask, level="token", upper=2.5, lower=0.5)
     torch.testing.assert_close(w, torch.tensor([[2.0, 1.0], [0.0, 0.0]]))
     log_prob = torch.zeros(2, 2, requires_grad=True)
-    loss, metrics = policy_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w)
+    loss, metrics = ppo_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w)
     # ratio 1, A = +1: token losses -w = [-2, -1 | 0]; the rejected token still counts: token-mean over 3 tokens
     assert loss.item() == pytest.approx(-1.0)
     assert set(metrics) == {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}  # no IS metrics from the loss
@@ -196,7 +208,7 @@ def test_is_weights_scale_each_token_and_are_detached() -> None:
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-2 / 3, -1 / 3], [0.0, 0.0]]))
     # weights that do carry a graph are detached by the loss itself
     w_graph = w.clone().requires_grad_(True)
-    again, _ = policy_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w_graph)
+    again, _ = ppo_loss(old, log_prob, torch.ones(2, 2), mask, is_weights=w_graph)
     again.backward()
     assert w_graph.grad is None
 
@@ -225,8 +237,8 @@ def test_on_policy_is_weights_leave_the_loss_bitwise_unchanged(
     if mask.sum() > 0:
         assert is_m["rollout_is_min"].item() == is_m["rollout_is_max"].item() == 1.0
         assert is_m["rollout_is_eff_sample_size"].item() == 1.0
-    plain, plain_m = policy_loss(old, lp, adv, mask, loss_mode=loss_mode, loss_agg_mode=agg)
-    corrected, m = policy_loss(old, lp, adv, mask, loss_mode=loss_mode, loss_agg_mode=agg, is_weights=w)
+    plain, plain_m = ppo_loss(old, lp, adv, mask, loss_mode=loss_mode, loss_agg_mode=agg)
+    corrected, m = ppo_loss(old, lp, adv, mask, loss_mode=loss_mode, loss_agg_mode=agg, is_weights=w)
     assert torch.equal(plain, corrected)  # bitwise
     assert set(m) == set(plain_m)
     for key, value in plain_m.items():
@@ -239,7 +251,7 @@ def test_geo_mean_is_weight_is_a_geometric_mean_in_mask_mode() -> None:
     # IcePop "0.5_2" zeroes e^-1 = .368 and keeps e^.5 = 1.6487
     rollout = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 0.0, 0.0]])
     w, _ = rollout_is_weights(old, rollout, mask, level="token", upper=2.0, lower=0.5)
-    loss, _ = policy_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
+    loss, _ = ppo_loss(old, log_prob, adv, mask, loss_mode="geo_mean", is_weights=w)
     # Without weights (see test_policy_loss): row 0 -> -e^.05, row 1 -> +e^.2.
     # Row weights exp(mean log(w + 1e-10)): row 0 exp((log 1e-10 + log 1) / 2) = 1e-5 (the zeroed token nearly zeroes
     # the sequence; an arithmetic mean would give .5); row 1 exp((.5 + 0) / 2) = e^.25.
@@ -250,7 +262,7 @@ def test_geo_mean_is_weight_is_a_geometric_mean_in_mask_mode() -> None:
 def test_geo_mean_without_counts_is_a_plain_mean_over_all_rows() -> None:
     old, log_prob, adv, mask = _gmpo_case()
     pad = torch.zeros(1, 3)
-    loss, _ = policy_loss(
+    loss, _ = ppo_loss(
         torch.cat([old, pad]),
         torch.cat([log_prob, pad]),
         torch.cat([adv, pad]),

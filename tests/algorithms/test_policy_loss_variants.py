@@ -16,11 +16,23 @@ What was compared against verl 0.9.1 (``verl/trainer/ppo/core_algos.py``) and ho
 """
 
 import math
+from functools import partial
 
 import pytest
 import torch
 
 from async_rl.algorithms import policy_loss, reinforce_loss
+
+ppo_loss = partial(
+    policy_loss,
+    clip_ratio=0.2,
+    clip_ratio_low=None,
+    clip_ratio_high=None,
+    clip_ratio_c=3.0,
+    loss_agg_mode="token-mean",
+    loss_mode="vanilla",
+    loss_scale_factor=None,
+)
 
 
 def _gspo_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -35,7 +47,7 @@ def _gspo_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
 
 def test_gspo_values_and_metrics() -> None:
     old, log_prob, adv, mask = _gspo_case()
-    loss, metrics = policy_loss(old, log_prob, adv, mask, loss_mode="gspo")
+    loss, metrics = ppo_loss(old, log_prob, adv, mask, loss_mode="gspo")
     s0, s1 = math.exp(0.1), math.exp(0.5)
     # tokens: -s0, -s0, max(-s1, -1.2) = -1.2, max(s1, 1.2) = s1; token-mean over 4
     assert loss.item() == pytest.approx((-2 * s0 - 1.2 + s1) / 4, rel=1e-6)  # -0.440405
@@ -43,14 +55,14 @@ def test_gspo_values_and_metrics() -> None:
     assert metrics["pg_clipfrac_lower"].item() == 0.0
     assert metrics["ppo_kl"].item() == pytest.approx(-0.3)  # -(.2 + 0 + .6 + .4) / 4
     # a per-token ratio would have clipped row 0 token 0 (e^.2 = 1.2214 > 1.2); the sequence ratio does not
-    seq_mean, _ = policy_loss(old, log_prob, adv, mask, loss_mode="gspo", loss_agg_mode="seq-mean-token-mean")
+    seq_mean, _ = ppo_loss(old, log_prob, adv, mask, loss_mode="gspo", loss_agg_mode="seq-mean-token-mean")
     assert seq_mean.item() == pytest.approx((-s0 + (-1.2 + s1) / 2) / 2, rel=1e-6)
 
 
 def test_gspo_straight_through_gradient() -> None:
     old, log_prob, adv, mask = _gspo_case()
     log_prob.requires_grad_(True)
-    loss, _ = policy_loss(old, log_prob, adv, mask, loss_mode="gspo")
+    loss, _ = ppo_loss(old, log_prob, adv, mask, loss_mode="gspo")
     loss.backward()
     assert log_prob.grad is not None
     s0, s1 = math.exp(0.1), math.exp(0.5)
@@ -62,7 +74,7 @@ def test_gspo_straight_through_gradient() -> None:
 
 def test_gspo_log_ratio_clamped_at_ten() -> None:
     lp = torch.tensor([[15.0]], requires_grad=True)
-    loss, _ = policy_loss(torch.zeros(1, 1), lp, torch.tensor([[-1.0]]), torch.ones(1, 1), loss_mode="gspo")
+    loss, _ = ppo_loss(torch.zeros(1, 1), lp, torch.tensor([[-1.0]]), torch.ones(1, 1), loss_mode="gspo")
     # max(-A * e^10, -A * 1.2) = e^10 = 22026.47; the clamp blocks the gradient
     assert loss.item() == pytest.approx(math.exp(10.0), rel=1e-6)
     loss.backward()
@@ -74,7 +86,7 @@ def test_cispo_values_gradient_and_clipfrac() -> None:
     log_prob = torch.tensor([[-0.5, -1.1, -1.0, 7.0]], requires_grad=True)  # last token is padding
     adv = torch.tensor([[1.0, -2.0, 0.5, 3.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    loss, metrics = policy_loss(old, log_prob, adv, mask, loss_mode="cispo", clip_ratio_low=0.2, clip_ratio_high=0.28)
+    loss, metrics = ppo_loss(old, log_prob, adv, mask, loss_mode="cispo", clip_ratio_low=0.2, clip_ratio_high=0.28)
     # ratios e^.5 = 1.6487 -> clipped to 1.28; e^-.1 = .904837 (inside); e^0 = 1
     c = [1.28, math.exp(-0.1), 1.0]
     # l = -c * A * lp: .64, -.904837 * 2 * 1.1 = -1.990642, .5
@@ -97,21 +109,23 @@ def test_reinforce_loss_values_gradient_and_kl() -> None:
     w = torch.tensor([[0.5, 2.0, 0.0]])
     rollout = torch.tensor([[-1.5, -2.5, 0.0]])
     # -A * lp * w: -2 * -1 * .5 = 1; -(-1) * -2 * 2 = -4
-    loss, metrics = reinforce_loss(log_prob, adv, mask, is_weights=w, rollout_log_prob=rollout)
+    loss, metrics = reinforce_loss(
+        log_prob, adv, mask, is_weights=w, rollout_log_prob=rollout, loss_agg_mode="token-mean", loss_scale_factor=None
+    )
     assert loss.item() == pytest.approx(-1.5)  # token-mean
     assert metrics["ppo_kl"].item() == pytest.approx(-0.5)  # mean(rollout - lp) = mean(-.5, -.5)
     loss.backward()
     assert log_prob.grad is not None
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.5, 1.0, 0.0]]))  # -A * w / 2
-    total, _ = reinforce_loss(log_prob, adv, mask, is_weights=w, loss_agg_mode="token-sum")
+    total, _ = reinforce_loss(log_prob, adv, mask, is_weights=w, loss_agg_mode="token-sum", loss_scale_factor=None)
     assert total.item() == pytest.approx(-3.0)
-    plain, no_metrics = reinforce_loss(log_prob, adv, mask, loss_agg_mode="seq-mean-token-sum")
+    plain, no_metrics = reinforce_loss(log_prob, adv, mask, loss_agg_mode="seq-mean-token-sum", loss_scale_factor=None)
     assert plain.item() == pytest.approx(2.0 - 2.0)  # -A * lp = 2, -2 -> sum 0 over 1 sequence
     assert no_metrics == {}
     with pytest.raises(ValueError, match="is_weights"):
-        reinforce_loss(log_prob, adv, mask, is_weights=w[:, :2])
+        reinforce_loss(log_prob, adv, mask, is_weights=w[:, :2], loss_agg_mode="token-mean", loss_scale_factor=None)
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        reinforce_loss(log_prob, adv, mask, loss_agg_mode="mean")
+        reinforce_loss(log_prob, adv, mask, loss_agg_mode="mean", loss_scale_factor=None)
 
 
 def test_is_weights_shape_and_loss_scale_factor() -> None:
@@ -120,16 +134,16 @@ def test_is_weights_shape_and_loss_scale_factor() -> None:
     adv = torch.tensor([[1.0, -1.0, 0.0], [2.0, 1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     with pytest.raises(ValueError, match="is_weights"):
-        policy_loss(old, log_prob, adv, mask, is_weights=torch.ones(1, 3))
+        ppo_loss(old, log_prob, adv, mask, is_weights=torch.ones(1, 3))
     # loss_scale_factor reaches agg_loss: with ratio 1 every token loss is -A, row sums [0, -3] over 2 rows / 10
     same = old.clone()
-    out, _ = policy_loss(same, same, adv, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10.0)
+    out, _ = ppo_loss(same, same, adv, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10.0)
     assert out.item() == pytest.approx(-3.0 / 2 / 10)
     for mode in ("gspo", "cispo"):
-        out, _ = policy_loss(
+        out, _ = ppo_loss(
             same, same, adv, mask, loss_mode=mode, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10.0
         )
         # gspo: ratio 1 -> -A; cispo: -1 * A * log_prob = 0 with log_prob = 0
         assert out.item() == pytest.approx(-0.15 if mode == "gspo" else 0.0)
     with pytest.raises(ValueError, match="loss_scale_factor"):
-        policy_loss(old, log_prob, adv, mask, loss_scale_factor=-1.0)
+        ppo_loss(old, log_prob, adv, mask, loss_scale_factor=-1.0)

@@ -65,11 +65,15 @@ def test_warm_start_fits_one_problem_and_smoothing_caps_confidence(tmp_path):
     problems = [{"prompt": "12+30=", "ground_truth": "42"}]
     plain = _tiny(tmp_path / "plain")
     assert greedy_accuracy(plain, problems) == 0.0  # random init does not know the answer
-    warm_start(plain, problems, steps=60, batch_size=4, lr=1e-2, warmup_steps=5, label_smoothing=0.0, log_every=0)
+    warm_start(
+        plain, problems, steps=60, batch_size=4, lr=1e-2, warmup_steps=5, label_smoothing=0.0, log_every=0, seed=0
+    )
     assert greedy_accuracy(plain, problems) == 1.0
 
     smooth = _tiny(tmp_path / "smooth")
-    warm_start(smooth, problems, steps=60, batch_size=4, lr=1e-2, warmup_steps=5, label_smoothing=0.3, log_every=0)
+    warm_start(
+        smooth, problems, steps=60, batch_size=4, lr=1e-2, warmup_steps=5, label_smoothing=0.3, log_every=0, seed=0
+    )
     assert greedy_accuracy(smooth, problems) == 1.0  # smoothing keeps the argmax
 
     # Probability of the first answer token: ~1 without smoothing; the smoothed optimum is
@@ -94,7 +98,7 @@ def test_warm_start_fits_one_problem_and_smoothing_caps_confidence(tmp_path):
 )
 def test_warm_start_bad_arguments(tmp_path, kwargs, key):
     with pytest.raises(ValueError, match=key):
-        warm_start(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"}], **kwargs)
+        warm_start(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"}], lr=1e-3, seed=0, **kwargs)
 
 
 def test_prepare_warm_model_builds_trains_and_measures(tmp_path):

@@ -17,6 +17,18 @@ from typing import Any
 from async_rl.envs.base import Message, StepResult
 
 
+def tool_options(**changes: Any) -> dict[str, Any]:
+    """A tool environment's keyword arguments as the actor passes them (``runtime.actor_main.environment_kwargs``),
+    at ``multi_turn``'s config defaults, with ``changes``."""
+    options = {
+        "max_parallel_calls": 1,
+        "max_tool_response_length": 256,
+        "truncate_side": "middle",
+        "tool_format": "hermes",
+    }
+    return {**options, **changes}
+
+
 class EchoEnv:
     """Answers turn ``n`` with ``"<pid> turn <n>: <text>"``; ``"done"`` ends the episode with reward 1.0, and
     ``final_reward`` is 0.5. Constructor kwargs are echoed in the first reply so their passing can be checked."""

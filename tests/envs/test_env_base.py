@@ -18,6 +18,7 @@ from async_rl.envs.base import (
 )
 from async_rl.envs.calculator import CalculatorEnv
 from async_rl.envs.guessing import GuessingEnv
+from tests.envs.env_fixtures import tool_options
 
 FIXTURES = Path(__file__).parent / "env_fixtures.py"
 
@@ -102,7 +103,7 @@ class _TwoTools(ToolEnvironment):
 
 
 def test_tool_environment_runs_tools_and_never_raises() -> None:
-    env = _TwoTools(max_parallel_calls=3)
+    env = _TwoTools(**tool_options(max_parallel_calls=3))
     env.reset("p", "gt", {"k": 1})
     assert [t.get("name") or t["function"]["name"] for t in env.tools] == ["boom", "count"]
     result = env.step(
@@ -124,15 +125,15 @@ def test_tool_environment_runs_tools_and_never_raises() -> None:
 
 def test_tool_environment_validates_its_settings() -> None:
     with pytest.raises(ValueError, match="max_parallel_calls"):
-        _TwoTools(max_parallel_calls=0)
+        _TwoTools(**tool_options(max_parallel_calls=0))
     with pytest.raises(ValueError, match="truncate_side"):
-        _TwoTools(truncate_side="top")
+        _TwoTools(**tool_options(truncate_side="top"))
     with pytest.raises(ValueError, match="max_tool_response_length"):
-        _TwoTools(max_tool_response_length=0)
+        _TwoTools(**tool_options(max_tool_response_length=0))
 
     class Misnamed(_TwoTools):
         def __init__(self) -> None:
-            ToolEnvironment.__init__(self, {"a": ({"name": "b"}, str)})
+            ToolEnvironment.__init__(self, {"a": ({"name": "b"}, str)}, **tool_options())
 
     with pytest.raises(ValueError, match="registered as 'a' but its schema names 'b'"):
         Misnamed()

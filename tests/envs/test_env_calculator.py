@@ -16,6 +16,7 @@ from async_rl.envs.calculator import (
     make_calculator_problems,
     safe_eval,
 )
+from tests.envs.env_fixtures import tool_options
 
 
 def call(expression: str) -> str:
@@ -96,7 +97,7 @@ def test_number_formatting_and_answer_extraction() -> None:
 
 
 def test_a_two_turn_episode_rewards_the_right_answer() -> None:
-    env = CalculatorEnv()
+    env = CalculatorEnv(**tool_options())
     env.reset([{"role": "user", "content": "23 boxes of 17 apples?"}], "391", {"data_source": "calculator_tool"})
     first = env.step(f"I need 23*17. {call('23*17')}")
     assert first.done is False and first.reward == 0.0
@@ -113,7 +114,7 @@ def test_a_two_turn_episode_rewards_the_right_answer() -> None:
 
 
 def test_tool_errors_are_observations_and_counted() -> None:
-    env = CalculatorEnv(max_parallel_calls=5)
+    env = CalculatorEnv(**tool_options(max_parallel_calls=5))
     env.reset("q", "4", {})
     turn = (
         call("x+1")
@@ -139,7 +140,7 @@ def test_tool_errors_are_observations_and_counted() -> None:
 
 
 def test_calls_past_max_parallel_are_dropped_and_long_responses_cut() -> None:
-    env = CalculatorEnv(max_tool_response_length=4, truncate_side="left")
+    env = CalculatorEnv(**tool_options(max_tool_response_length=4, truncate_side="left"))
     env.reset("q", "1", {})
     result = env.step(call("10**12") + call("1+1") + call("2+2"))
     assert result.info == {"tool_calls": 1.0, "tool_errors": 0.0, "tool_calls_dropped": 2.0}
@@ -147,7 +148,7 @@ def test_calls_past_max_parallel_are_dropped_and_long_responses_cut() -> None:
 
 
 def test_the_turn_limit_reward_ignores_tool_call_blocks() -> None:
-    env = CalculatorEnv()
+    env = CalculatorEnv(**tool_options())
     env.reset("q", "391", {})
     assert env.final_reward(f"391 {call('23*17')}") == 1.0  # the answer outside the block counts
     assert env.final_reward(f"so {call('23*17')}") == 0.0  # 17 inside the block does not
@@ -188,8 +189,8 @@ def test_problem_maker_worked_example_and_bad_arguments() -> None:
         first["prompt"][-1]["content"] == "Sam had 876 stamps and bought 530 more. How many stamps does Sam have now?"
     )
     assert first["ground_truth"] == "1406"
-    assert make_calculator_problems(0) == []
+    assert make_calculator_problems(0, seed=0) == []
     with pytest.raises(ValueError, match="split"):
-        make_calculator_problems(1, split="test")
+        make_calculator_problems(1, split="test", seed=0)
     with pytest.raises(ValueError, match="n must be"):
-        make_calculator_problems(-1)
+        make_calculator_problems(-1, seed=0)

@@ -74,7 +74,7 @@ def test_problems_are_deterministic_disjoint_and_in_the_small_alphabet() -> None
     replies = [env.step(str(g)).observations for g in (0, 101, "")]
     assert all(set(m["content"]) <= ALPHABET for obs in replies for m in obs)
     with pytest.raises(ValueError, match="split"):
-        make_guessing_problems(1, split="test")
+        make_guessing_problems(1, split="test", seed=0)
 
 
 def test_format_reward_is_the_share_of_bare_number_turns() -> None:
@@ -147,7 +147,7 @@ def test_problems_with_the_demonstration_game() -> None:
     assert [r["ground_truth"] for r in train] != [r["ground_truth"] for r in held_out]  # their own streams
     for records in (train, held_out):  # both splits draw from all of [1, 20]
         assert {int(r["ground_truth"]) for r in records} == set(range(1, 21))
-    plain_question = make_guessing_problems(1, hi=20)[0]["prompt"][1]["content"]
+    plain_question = make_guessing_problems(1, hi=20, seed=0)[0]["prompt"][1]["content"]
     demo_secrets = set()
     for record in train:
         prompt = record["prompt"]

@@ -14,6 +14,7 @@ import pytest
 from async_rl.envs.base import StepResult
 from async_rl.envs.calculator import CalculatorEnv, make_calculator_problems
 from async_rl.envs.sandbox import EnvWorker
+from tests.envs.env_fixtures import tool_options
 
 ECHO = f"{Path(__file__).parent / 'env_fixtures.py'}:EchoEnv"
 
@@ -73,7 +74,7 @@ def test_a_slow_step_times_out_in_the_child_and_the_others_live_on(worker: EnvWo
 
 
 def test_a_step_that_ignores_the_alarm_is_killed_at_the_hard_deadline() -> None:
-    with EnvWorker(ECHO, call_timeout_s=0.3, grace_s=0.5) as worker:
+    with EnvWorker(ECHO, call_timeout_s=0.3, grace_s=0.5, episode_timeout_s=600.0) as worker:
         worker.reset("hung", "p", "g", {})
         worker.reset("bystander", "p", "g", {})
         old_pid, _ = echo(worker.step("bystander", "hi"))
@@ -176,10 +177,12 @@ def test_a_step_after_the_episode_deadline_ends_it() -> None:
 def test_the_calculator_through_the_worker_matches_it_in_process() -> None:
     record = make_calculator_problems(1, seed=0)[0]  # 876 + 530 = 1406
     turns = ['<tool_call>{"name": "calculator", "arguments": {"expression": "876+530"}}</tool_call>', "It is 1406."]
-    local = CalculatorEnv()
+    local = CalculatorEnv(**tool_options())
     local.reset(record["prompt"], record["ground_truth"], record["extra"])
     expected = [local.step(t) for t in turns]
-    with EnvWorker("async_rl.envs.calculator:CalculatorEnv", call_timeout_s=5.0) as worker:
+    with EnvWorker(
+        "async_rl.envs.calculator:CalculatorEnv", tool_options(), call_timeout_s=5.0, episode_timeout_s=600.0
+    ) as worker:
         worker.reset(0, record["prompt"], record["ground_truth"], record["extra"])
         assert [worker.step(0, t) for t in turns] == expected
     assert expected[0].observations[0]["content"].endswith('"content": "1406"}\n</tool_response>')
@@ -188,12 +191,14 @@ def test_the_calculator_through_the_worker_matches_it_in_process() -> None:
 
 def test_built_in_envs_take_their_options_through_the_worker() -> None:
     # the keyword arguments the actor passes a tool environment (runtime.actor_main.environment_kwargs)
-    tool_options = {"max_parallel_calls": 2, "max_tool_response_length": 64, "truncate_side": "left"}
-    with EnvWorker("async_rl.envs.guessing:GuessingEnv", {"decay": 0.25}, call_timeout_s=5.0) as w:
+    options = tool_options(max_parallel_calls=2, max_tool_response_length=64, truncate_side="left")
+    with EnvWorker(
+        "async_rl.envs.guessing:GuessingEnv", {"decay": 0.25}, call_timeout_s=5.0, episode_timeout_s=600.0
+    ) as w:
         w.reset("g", "pick a number", "3", {"hi": 10})
         assert w.step("g", "5").observations == [{"role": "user", "content": "lower"}]
         assert w.step("g", "i say 3").reward == 0.75  # turn 2 with decay 0.25
-    with EnvWorker("async_rl.envs.calculator:CalculatorEnv", tool_options, call_timeout_s=5.0) as w:
+    with EnvWorker("async_rl.envs.calculator:CalculatorEnv", options, call_timeout_s=5.0, episode_timeout_s=600.0) as w:
         w.reset("c", "q", "4", {})
         turn = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
         assert w.step("c", turn * 3).info["tool_calls_dropped"] == 1.0
@@ -217,14 +222,14 @@ def test_calls_from_many_threads_are_serialised(worker: EnvWorker) -> None:
 
 def test_bad_settings_fail_fast_and_shutdown_is_final() -> None:
     with pytest.raises(ValueError, match="cannot import environment module"):
-        EnvWorker("no_such_module_xyz:Env", call_timeout_s=1.0)
+        EnvWorker("no_such_module_xyz:Env", call_timeout_s=1.0, episode_timeout_s=600.0)
     with pytest.raises(ValueError, match="msgpack-serialisable"):
-        EnvWorker(ECHO, {"tag": object()}, call_timeout_s=1.0)
+        EnvWorker(ECHO, {"tag": object()}, call_timeout_s=1.0, episode_timeout_s=600.0)
     with pytest.raises(ValueError, match="call_timeout_s must be > 0"):
-        EnvWorker(ECHO, call_timeout_s=0)
+        EnvWorker(ECHO, call_timeout_s=0, episode_timeout_s=600.0)
     with pytest.raises(ValueError, match=r"env kwargs \['colour'\] do not fit .*unexpected keyword argument 'colour'"):
-        EnvWorker(ECHO, {"colour": "red"}, call_timeout_s=1.0)
-    worker = EnvWorker(ECHO, call_timeout_s=1.0)
+        EnvWorker(ECHO, {"colour": "red"}, call_timeout_s=1.0, episode_timeout_s=600.0)
+    worker = EnvWorker(ECHO, call_timeout_s=1.0, episode_timeout_s=600.0)
     proc = worker._proc
     assert proc is not None
     worker.reset("a", "p", "g", {})

@@ -58,7 +58,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def digest(learner: Learner) -> str:
     h = hashlib.sha256()
-    for name, t in iter_full_state(learner.model, learner.ctx, all_ranks=True):
+    for name, t in iter_full_state(learner.model, learner.ctx, all_ranks=True, dtype=None):
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -68,7 +68,7 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     res: dict[str, Any] = {}
     # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
     ref = tiny_policy()
-    sharded = build_model(tiny_policy, ctx, role="raw")
+    sharded = build_model(tiny_policy, ctx, role="raw", seed=0)
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
     ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
     half = ids[ctx.rank * 2 : ctx.rank * 2 + 2].to(ctx.device)
@@ -112,7 +112,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         md, ml = dist_l.train_step(groups), local_l.train_step(groups)
         losses.append((md["learner/actor/pg_loss"], ml["learner/actor/pg_loss"]))
     res["losses"] = losses
-    exported = dict(iter_full_state(dist_l.model, ctx, to_cpu=True))
+    exported = dict(iter_full_state(dist_l.model, ctx, to_cpu=True, dtype=None))
     if ctx.is_rank0:
         reference = {k: v.detach() for k, v in local_l.model.state_dict().items()}
         res["export_names_match"] = sorted(exported) == sorted(reference)
@@ -120,7 +120,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         res["weights_moved"] = max(float((v - tiny_policy().state_dict()[k]).abs().max()) for k, v in reference.items())
     else:
         res["nonzero_rank_items"] = len(exported)
-    hf_dir = export_hf(dist_l.model, ctx, out / "hf", max_shard_bytes=100_000)
+    hf_dir = export_hf(dist_l.model, ctx, out / "hf", max_shard_bytes=100_000, dtype=None)
     if ctx.is_rank0:
         from transformers import AutoModelForCausalLM
 
@@ -136,8 +136,8 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in expected.tensors.items())
     )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
-    tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied")
-    tied_full = dict(iter_full_state(tied, ctx, all_ranks=True))
+    tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied", seed=0)
+    tied_full = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=None))
     tied_ref = tiny_policy(seed=2, tie=True).state_dict()
     res[f"tied_export_ok_rank{ctx.rank}"] = "lm_head.weight" not in tied_full and all(
         torch.equal(v, tied_ref[k]) for k, v in tied_full.items()
@@ -209,7 +209,7 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
     res["grad_names"] = sorted(g_dist[0])
     res["grad_max_diff"] = max(max_diff(a, b) for a, b in zip(g_dist, g_local, strict=True))
     res["grad_scale"] = float(max(v.abs().max() for v in g_local[-1].values()))
-    full = dict(iter_full_state(dist_l.model, ctx, all_ranks=True))
+    full = dict(iter_full_state(dist_l.model, ctx, all_ranks=True, dtype=None))
     base = tiny_policy().state_dict()
     res[f"base_identical_rank{ctx.rank}"] = all(torch.equal(full[k], v) for k, v in base.items())
     res[f"adapter_vs_local_rank{ctx.rank}"] = max(

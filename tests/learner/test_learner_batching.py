@@ -27,7 +27,7 @@ def two_groups() -> list[SampledGroup]:
 
 
 def test_collate_layout_by_hand() -> None:
-    batch = collate_groups(two_groups(), pad_token_id=0)
+    batch = collate_groups(two_groups(), pad_token_id=0, max_prompt_length=None, max_response_length=None)
     # P = longest prompt = 3 (left-padded), T = longest response = 3 (right-padded)
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0], [5, 6, 7, 10, 0, 0], [0, 0, 11, 12, 13, 14]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]]
@@ -67,15 +67,16 @@ def test_collate_fixed_widths_and_select() -> None:
     ],
 )
 def test_collate_rejects_bad_input(groups: list[SampledGroup], kwargs: dict[str, int], match: str) -> None:
+    widths: dict[str, int | None] = {"max_prompt_length": None, "max_response_length": None, **kwargs}
     with pytest.raises(ValueError, match=match):
-        collate_groups(groups, **kwargs)
+        collate_groups(groups, **widths)  # type: ignore[arg-type]
 
 
 def test_a_group_with_an_out_of_vocab_id_is_made_inert_in_place() -> None:
     groups = two_groups()
     bad = groups[1].responses[0]
     groups[1] = SampledGroup("b", [11], [Response([12, 1_000_000, -1], bad.logprobs, bad.reward, bad.version)])
-    batch = collate_groups(groups, pad_token_id=0)
+    batch = collate_groups(groups, pad_token_id=0, max_prompt_length=None, max_response_length=None)
     assert mask_out_of_vocab(batch, vocab_size=20, pad_token_id=0) == [1]  # group "b", dense id 1
     # row 2 (group b): ids 1_000_000 and -1 became the pad id 0, and it adds no loss token, no reward
     assert batch["responses"][2].tolist() == [12, 0, 0]
@@ -91,7 +92,7 @@ def test_a_group_with_an_out_of_vocab_id_is_made_inert_in_place() -> None:
 
 
 def test_a_batch_within_the_vocabulary_is_left_alone() -> None:
-    batch = collate_groups(two_groups(), pad_token_id=0)
+    batch = collate_groups(two_groups(), pad_token_id=0, max_prompt_length=None, max_response_length=None)
     before = {k: v.clone() for k, v in batch.tensors.items()}
     assert mask_out_of_vocab(batch, vocab_size=15, pad_token_id=0) == []  # the largest id is 14
     assert all(torch.equal(before[k], batch[k]) for k in before)
@@ -113,7 +114,7 @@ def test_a_two_turn_row_trains_only_on_its_sampled_tokens() -> None:
         [1, 1, 0, 0, 0, 1, 1],
     )
     single = Row(0, [5, 6], [41, 42], [-1.0, -1.0], 0.0, 3, False)  # built as before: no mask, every token sampled
-    batch = collate_rows([episode, single], pad_token_id=0)
+    batch = collate_rows([episode, single], pad_token_id=0, max_prompt_length=None, max_response_length=None)
     assert batch["loss_mask"].tolist() == [[1, 1, 0, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0, 0]]
     assert batch["response_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0]]  # every token exists
     assert batch["attention_mask"][0].tolist() == [1] * 9  # the observation tokens are attended to
@@ -130,11 +131,13 @@ def test_a_two_turn_row_trains_only_on_its_sampled_tokens() -> None:
                 [5, 6],
                 [Response(list(episode.token_ids), list(episode.logprobs), 1.0, 3, loss_mask=[1, 1, 0, 0, 0, 1, 1])],
             )
-        ]
+        ],
+        max_prompt_length=None,
+        max_response_length=None,
     )
     assert same["loss_mask"].tolist() == [[1, 1, 0, 0, 0, 1, 1]]
     with pytest.raises(ValueError, match="loss_mask has 2 entries for 7 tokens"):
-        collate_rows([episode._replace(loss_mask=[1, 1])])
+        collate_rows([episode._replace(loss_mask=[1, 1])], max_prompt_length=None, max_response_length=None)
 
 
 def test_masking_a_multi_turn_batch_keeps_the_observation_tokens_out() -> None:
@@ -143,6 +146,6 @@ def test_masking_a_multi_turn_batch_keeps_the_observation_tokens_out() -> None:
         SampledGroup("a", [5], [episode, Response([24, 25, 26], [-0.5] * 3, 0.0)]),
         SampledGroup("b", [5], [Response([99, 31, 23], [-0.5, 0.0, -0.5], 1.0, loss_mask=[1, 0, 1])]),
     ]
-    batch = collate_groups(groups, pad_token_id=0)
+    batch = collate_groups(groups, pad_token_id=0, max_prompt_length=None, max_response_length=None)
     assert mask_out_of_vocab(batch, vocab_size=50, pad_token_id=0) == [1]  # id 99: group b is made inert
     assert batch["loss_mask"].tolist() == [[1, 1, 0, 0, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]

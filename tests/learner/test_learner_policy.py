@@ -29,7 +29,7 @@ def _reference_log_probs(model: torch.nn.Module, batch, temperature: float = 1.0
 def setup() -> tuple[torch.nn.Module, object]:
     model = tiny_policy(seed=4).eval()
     use_shared_prompt_attention(model)  # sdpa unless a call passes a shared layout
-    batch = collate_groups(scripted_groups(3, 2, seed=9))
+    batch = collate_groups(scripted_groups(3, 2, seed=9), max_prompt_length=None, max_response_length=None)
     return model, batch
 
 

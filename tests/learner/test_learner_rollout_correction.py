@@ -35,7 +35,7 @@ def _on_policy_groups(seed: int = 21) -> list[SampledGroup]:
     """Scripted groups whose behaviour log-probs are exactly the initial model's (pi_rollout == pi_old)."""
     groups = scripted_groups(4, 4, seed=seed)
     learner = Learner(settings(**COMMON), START, local_context(), tiny_policy)
-    batch = collate_groups(groups, max_response_length=12)
+    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
     logps = learner._log_probs(learner.model, batch)
     out, row = [], 0
     for g in groups:
@@ -82,7 +82,7 @@ def test_rejection_sampling_masks_tokens_once_per_step_before_the_loss() -> None
         settings(**COMMON, rollout_rs="token_k1", rollout_rs_threshold=1.2), START, local_context(), tiny_policy
     )
     assert not learner._reuses_proximal(16)  # rejection needs the proximal log-probs before the loss counts
-    batch = collate_groups(groups, max_response_length=12)
+    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
     d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"])[batch["response_mask"].bool()]
     expected = float((d.abs() > math.log(1.2)).float().mean())  # k1 = -d kept within [log(1/1.2), log(1.2)]
     assert 0.05 < expected < 0.95  # a non-trivial share is rejected
@@ -103,7 +103,7 @@ def test_batch_normalised_weights_have_mean_one() -> None:
         tiny_policy,
     )
     assert not learner._reuses_proximal(16)
-    batch = collate_groups(groups, max_response_length=12)
+    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
     mask = batch["response_mask"].float()
     d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"]) * mask
     rows = torch.clamp(torch.exp(d.sum(-1).clamp(-20, 20)), max=5.0)  # one truncated weight per sequence

@@ -72,7 +72,7 @@ def _log_probs_and_grads(model: torch.nn.Module, batch, rows: list[list[int]], l
     ],
 )
 def test_log_probs_and_gradients_equal_separate_sequences(micro: list[list[int]]) -> None:
-    batch = collate_groups(_groups())
+    batch = collate_groups(_groups(), max_prompt_length=None, max_response_length=None)
     model = tiny_policy(seed=4)
     assert use_shared_prompt_attention(model) and shared_prompt_enabled(model)
     expected, g_expected = _log_probs_and_grads(model, batch, [list(range(13))], "padded")
@@ -86,7 +86,7 @@ def test_log_probs_and_gradients_equal_separate_sequences(micro: list[list[int]]
 
 
 def test_values_equal_separate_sequences() -> None:
-    batch = collate_groups(_groups())
+    batch = collate_groups(_groups(), max_prompt_length=None, max_response_length=None)
     critic = tiny_critic().eval()
     use_shared_prompt_attention(critic)
     rows = list(range(13))
@@ -97,7 +97,7 @@ def test_values_equal_separate_sequences() -> None:
 
 
 def test_each_prompt_is_computed_once_per_micro_batch() -> None:
-    batch = collate_groups(_groups())
+    batch = collate_groups(_groups(), max_prompt_length=None, max_response_length=None)
     p_lens, t_lens = batch["prompt_lengths"].tolist(), batch["response_lengths"].tolist()
     mi = build_micro_inputs(batch, list(range(13)), layout="shared", device=CPU)
     prompts_once = sum(p_lens[g * 4] for g in range(3)) + p_lens[12]
@@ -114,7 +114,7 @@ def test_each_prompt_is_computed_once_per_micro_batch() -> None:
 
 def test_a_row_whose_prompt_differs_from_its_group_gets_a_piece_of_its_own() -> None:
     # never produced by the actors, but the layout must stay exact for any batch
-    batch = collate_groups(scripted_groups(2, 3, seed=3))
+    batch = collate_groups(scripted_groups(2, 3, seed=3), max_prompt_length=None, max_response_length=None)
     batch["index"][3:] = 0  # both groups claim to be group 0, with different prompts
     model = tiny_policy(seed=2).eval()
     use_shared_prompt_attention(model)
@@ -146,7 +146,7 @@ def test_a_model_without_the_attention_interface_keeps_separate_sequences(caplog
             self.linear = torch.nn.Linear(2, 2)
 
     with caplog.at_level("WARNING"):
-        model = build_model(Plain, local_context(), role="actor", shared_prompt=True)
+        model = build_model(Plain, local_context(), role="actor", shared_prompt=True, seed=0)
     assert not shared_prompt_enabled(model)
     assert "use_shared_prompt has no effect" in caplog.text
 

@@ -115,8 +115,8 @@ def test_learner_trains_the_adapter_only_and_syncs_it_under_peft_names() -> None
     state = learner.model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in base.items())  # the base stays bit-identical
     assert all(float((state[k] - v).abs().max()) > 0 for k, v in before.items())  # every adapter moved
-    synced = dict(learner.iter_weights())
-    manifest = learner.weight_manifest()
+    synced = dict(learner.iter_weights(dtype=None))
+    manifest = learner.weight_manifest(dtype=None)
     assert [s.name for s in manifest] == list(synced)
     assert len(synced) == 28 and all(n.startswith("base_model.model.") and n.endswith(".weight") for n in synced)
     assert torch.equal(
@@ -149,7 +149,7 @@ def test_exported_adapter_loads_in_peft_and_merged_export_matches(tmp_path: Path
     with torch.no_grad():
         expect = learner.model(input_ids=IDS).logits
         torch.testing.assert_close(loaded(input_ids=IDS).logits, expect, rtol=1e-5, atol=1e-5)
-        hf_dir = export_hf(learner.model, learner.ctx, tmp_path / "hf")
+        hf_dir = export_hf(learner.model, learner.ctx, tmp_path / "hf", dtype=None)
         from transformers import AutoModelForCausalLM
 
         merged = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)

@@ -161,7 +161,7 @@ def test_an_episode_that_ran_into_the_length_limit_leaves_the_loss_whole() -> No
         ],
     )
     learner = Learner(_one_step_settings(mask_truncated_responses=True), START, local_context(), tiny_policy)
-    batch = collate_groups(groups)
+    batch = collate_groups(groups, max_prompt_length=None, max_response_length=None)
     assert mini_batch_counts(local_context(), batch, [0, 1, 2, 3]) == (16.0, 4.0)
     logits = _grad_enabled_logits(learner.model)
     metrics = learner.train_batch(batch, [0, 1])

@@ -48,7 +48,7 @@ def test_the_finish_reason_flows_to_the_collated_batch() -> None:
             Response([4], [-0.6], 0.0, version=2),
         ],
     )
-    expected = collate_groups([same])
+    expected = collate_groups([same], max_prompt_length=None, max_response_length=None)
     assert sorted(batch.tensors) == sorted(expected.tensors)
     for key, value in expected.tensors.items():
         assert batch[key].dtype == value.dtype, key
@@ -58,7 +58,7 @@ def test_the_finish_reason_flows_to_the_collated_batch() -> None:
 def test_responses_default_to_not_truncated() -> None:
     group = SampledGroup(0, [1], [Response([2], [-1.0], 0.0)])
     assert group.responses[0].truncated is False
-    assert collate_groups([group])["truncated"].tolist() == [False]
+    assert collate_groups([group], max_prompt_length=None, max_response_length=None)["truncated"].tolist() == [False]
 
 
 def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
@@ -73,7 +73,7 @@ def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
         ),
         SampledGroup("b", [7], [Response([13], [-0.5], 0.5, truncated=True), Response([14, 15], [-1.0] * 2, 0.0)]),
     ]
-    batch = collate_groups(groups)
+    batch = collate_groups(groups, max_prompt_length=None, max_response_length=None)
     ctx = local_context()
     assert mini_batch_counts(ctx, batch, [0, 1, 2, 3]) == (8.0, 4.0)
     assert mask_truncated(batch) == 2
@@ -118,7 +118,7 @@ def _first_grads(groups: list[SampledGroup], **overrides: object) -> tuple[dict[
 @pytest.mark.parametrize("lay", ["padded", "packed", "shared"])
 def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(lay: str) -> None:
     groups = _grpo_groups(truncate=True)
-    batch = collate_groups(groups)
+    batch = collate_groups(groups, max_prompt_length=None, max_response_length=None)
     total = float(batch["response_mask"].sum())
     truncated_tokens = float(batch["response_mask"][batch["truncated"]].sum())
     # Off: the truncated rows (advantage 0) add nothing to the numerator but count in the denominator.

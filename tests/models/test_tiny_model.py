@@ -73,12 +73,12 @@ def test_building_is_deterministic(tmp_path: Path) -> None:
 
 def test_invalid_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="divisible by heads"):
-        build_tiny_model(tmp_path, heads=3)
+        build_tiny_model(tmp_path, heads=3, seed=0)
     with pytest.raises(ValueError, match="kv_heads"):
-        build_tiny_model(tmp_path, heads=2, kv_heads=3)
+        build_tiny_model(tmp_path, heads=2, kv_heads=3, seed=0)
     with pytest.raises(ValueError, match="duplicate"):
         build_char_tokenizer("abca")
     with pytest.raises(ValueError, match="ASCII"):
         build_char_tokenizer("abé")
     with pytest.raises(ValueError, match="layers"):
-        build_tiny_model(tmp_path, layers=0)
+        build_tiny_model(tmp_path, layers=0, seed=0)

@@ -109,7 +109,7 @@ class _FakeCoordinator:
             comp = make_completion([1], [-0.1], version_min=self.round.version, reward=reward)
             assert self.round.deliver(lease.index, lease.lease_id, [comp], now=1.0) == "accepted"
 
-    def wait_eval(self, round_id: int, timeout_s: float | None = None) -> bool:
+    def wait_eval(self, round_id: int, timeout_s: float | None) -> bool:
         assert self.round is not None and self.round.round_id == round_id
         return self.round.complete
 

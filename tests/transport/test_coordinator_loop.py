@@ -227,9 +227,9 @@ def test_a_prompt_that_cannot_fit_in_a_grant_is_dropped_and_counted(
 def test_learner_api_checks_arguments(coordinator_factory: Factory, client_factory: ClientFactory) -> None:
     coord = coordinator_factory(4, fast(groups_per_step=2))
     with pytest.raises(ValueError, match="num_groups"):
-        coord.get_groups(0)
+        coord.get_groups(0, timeout_s=None)
     with pytest.raises(ValueError, match="admission cap 4"):
-        coord.get_groups(5)  # could never be satisfied
+        coord.get_groups(5, timeout_s=None)  # could never be satisfied
     with pytest.raises(TimeoutError, match="0 of 1"):
         coord.get_groups(1, timeout_s=0.1)
     coord.set_policy_version(2)

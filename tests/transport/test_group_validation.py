@@ -36,7 +36,9 @@ def group(*completions: Completion) -> RolloutGroup:
 
 
 def check(g: RolloutGroup, min_version: int | None = 1, vocab_size: int | None = VOCAB) -> str | None:
-    return check_group(g, GRANT, policy_version=2, min_version=min_version, vocab_size=vocab_size)
+    return check_group(
+        g, GRANT, policy_version=2, min_version=min_version, vocab_size=vocab_size, max_response_length=GRANT.max_tokens
+    )
 
 
 def test_a_group_that_fits_its_grant_is_valid() -> None:
@@ -126,7 +128,7 @@ def test_every_reason_is_reachable_and_a_metric_name() -> None:
         check(group(comp(), comp([1], [1.0]))),
         check(group(comp(), comp(vmin=0))),
         check(group(comp(), msgspec.structs.replace(comp(), token_ids=WireArray(memoryview(b"x"), "<i4", 1)))),
-        check_group(group(), GRANT, policy_version=2, required_component="acc"),
+        check_group(group(), GRANT, policy_version=2, required_component="acc", max_response_length=GRANT.max_tokens),
         check_episode(episode(mask=[1, 1, 0, 0, 0, 1, 0], turns=None)),
         check_episode(episode(turns=[])),
     }
@@ -139,7 +141,15 @@ def test_group_filtering_on_a_component_needs_it_in_every_completion() -> None:
     other = make_completion([3, 4], [-0.5, -0.5], version_min=1, reward_components={"format": 1.0})
 
     def needs(g: RolloutGroup, name: str | None) -> str | None:
-        return check_group(g, GRANT, policy_version=2, min_version=1, vocab_size=VOCAB, required_component=name)
+        return check_group(
+            g,
+            GRANT,
+            policy_version=2,
+            min_version=1,
+            vocab_size=VOCAB,
+            required_component=name,
+            max_response_length=GRANT.max_tokens,
+        )
 
     assert needs(group(with_acc, with_acc), "acc") is None
     assert needs(group(with_acc, other), "acc") == "missing_filter_metric"  # one completion lacks it
@@ -167,7 +177,12 @@ def test_quarantine_threshold_must_be_a_positive_int(value: object) -> None:
 
 
 def test_the_newest_version_is_only_checked_when_given() -> None:
-    assert check_group(group(comp(), comp(vmin=1, vmax=9)), GRANT, policy_version=None) is None  # an eval round's
+    assert (
+        check_group(
+            group(comp(), comp(vmin=1, vmax=9)), GRANT, policy_version=None, max_response_length=GRANT.max_tokens
+        )
+        is None
+    )  # an eval round's
 
 
 # ---- multi-turn: [a1 a2 | o1 o2 o3 | a3 a4], two model turns around 3 observation tokens
@@ -188,7 +203,7 @@ def episode(
     return make_completion(tokens, logprobs, version_min=vmin, version_max=vmax, loss_mask=mask, turns=turns)
 
 
-def check_episode(c: Completion, max_response_length: int | None = 8) -> str | None:
+def check_episode(c: Completion, max_response_length: int = 8) -> str | None:
     # an episode of 7 tokens: over the grant's max_tokens 4 per turn, within the total of 8
     return check_group(
         group(comp(), c),
@@ -208,8 +223,8 @@ def test_a_two_turn_episode_is_valid() -> None:
 
 
 def test_an_episode_is_bounded_by_the_total_response_length_and_each_turn_by_max_tokens() -> None:
-    assert check_episode(episode(), max_response_length=None) == "response_too_long"  # 7 > max_tokens 4
-    assert check_episode(episode(turns=None), max_response_length=None) == "response_too_long"
+    assert check_episode(episode(), max_response_length=4) == "response_too_long"  # 7 > 4
+    assert check_episode(episode(turns=None), max_response_length=4) == "response_too_long"
     assert check_episode(episode(), max_response_length=6) == "response_too_long"  # 7 > 6
     assert check_episode(episode(), max_response_length=7) is None
     # a single-turn completion keeps the grant's bound whatever the total limit

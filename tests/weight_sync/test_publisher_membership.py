@@ -77,7 +77,7 @@ def _receiving_actor(
 
     def run() -> None:
         plan = coord.current()
-        announce_at(plan.host, plan.port, member, "token-1")
+        announce_at(plan.host, plan.port, member, "token-1", timeout_s=30.0)
         while member not in coord.current().candidates:
             time.sleep(0.01)
         group = join_epoch(JoinInfo(plan=coord.current(), member=member))
@@ -132,7 +132,9 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
     coord = _Coordinator(["good", "silent", "stuck"])
     pub = _publisher(coord, timeout_s=10.0)
     try:
-        announce_at("127.0.0.1", pub.port, "stuck", "stuck-1")  # announces itself, then never gets ready
+        announce_at(
+            "127.0.0.1", pub.port, "stuck", "stuck-1", timeout_s=30.0
+        )  # announces itself, then never gets ready
         got: list[float] = []
         actor = _receiving_actor(coord, "good", [1, 2], got)
         time.sleep(0.2)  # let "good" announce itself
@@ -150,7 +152,9 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
         actor.join(timeout=10.0)
         assert got == [1.0, 2.0]
         assert coord.confirmed == [(1, ["good"]), (2, ["good"])]
-        announce_at("127.0.0.1", pub.port, "stuck", "stuck-2")  # a fresh announcement: worth another invitation
+        announce_at(
+            "127.0.0.1", pub.port, "stuck", "stuck-2", timeout_s=30.0
+        )  # a fresh announcement: worth another invitation
         assert pub.needs_refresh()
     finally:
         pub.close()
@@ -171,7 +175,7 @@ def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
         assert got_a == got_b == [1.0]
         coord.live = ["a"]  # "b" presumed dead by the coordinator; "a" left its group too (thread ended)
         got_a2: list[float] = []
-        announce_at("127.0.0.1", pub.port, "a", "token-2")
+        announce_at("127.0.0.1", pub.port, "a", "token-2", timeout_s=30.0)
         coord.plan = msgspec.structs.replace(coord.current(), candidates=())
         ta2 = _receiving_actor(coord, "a", [2], got_a2)
         metrics = pub.publish(2, lambda: _weights(2))
@@ -189,7 +193,7 @@ def test_a_transfer_to_a_member_presumed_dead_is_abandoned_without_waiting_for_t
 
     def frozen() -> None:  # joins, then never reads the broadcast (a SIGSTOPped actor)
         plan = coord.current()
-        announce_at(plan.host, plan.port, "frozen", "token-1")
+        announce_at(plan.host, plan.port, "frozen", "token-1", timeout_s=30.0)
         while "frozen" not in coord.current().candidates:
             time.sleep(0.01)
         group = join_epoch(JoinInfo(plan=coord.current(), member="frozen"))

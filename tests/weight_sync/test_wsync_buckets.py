@@ -35,7 +35,7 @@ def _make(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor
 
 def _buckets(named: list[tuple[str, torch.Tensor]], cap: int, direct_min: int | None = None) -> list[Bucket]:
     plan = plan_buckets([tensor_spec(n, t) for n, t in named], cap, direct_min_bytes=direct_min)
-    return list(fill_buckets(plan, iter(named)))
+    return list(fill_buckets(plan, iter(named), device="cpu"))
 
 
 def _loopback(named: list[tuple[str, torch.Tensor]], cap: int, direct_min: int | None = None):
@@ -117,20 +117,20 @@ def test_invalid_arguments_are_rejected() -> None:
 def test_fill_checks_the_tensors_against_the_plan() -> None:
     plan = plan_buckets([tensor_spec("a", torch.ones(4)), tensor_spec("b", torch.ones(2))], 128)
     with pytest.raises(ValueError, match=r"tensor 'a' \(float16\[4\]\) does not match"):
-        list(fill_buckets(plan, [("a", torch.ones(4, dtype=torch.float16)), ("b", torch.ones(2))]))
+        list(fill_buckets(plan, [("a", torch.ones(4, dtype=torch.float16)), ("b", torch.ones(2))], device="cpu"))
     with pytest.raises(ValueError, match="does not match"):
-        list(fill_buckets(plan, [("b", torch.ones(2)), ("a", torch.ones(4))]))  # out of order
+        list(fill_buckets(plan, [("b", torch.ones(2)), ("a", torch.ones(4))], device="cpu"))  # out of order
     with pytest.raises(ValueError, match="ended before 'b'"):
-        list(fill_buckets(plan, [("a", torch.ones(4))]))
+        list(fill_buckets(plan, [("a", torch.ones(4))], device="cpu"))
     with pytest.raises(ValueError, match="'c' is not in the plan"):
-        list(fill_buckets(plan, [("a", torch.ones(4)), ("b", torch.ones(2)), ("c", torch.ones(1))]))
+        list(fill_buckets(plan, [("a", torch.ones(4)), ("b", torch.ones(2)), ("c", torch.ones(1))], device="cpu"))
 
 
 def test_packed_tensors_are_received_in_place() -> None:
     named = [("a", torch.arange(4.0)), ("b", torch.arange(3, dtype=torch.int64))]
     (bucket,) = _buckets(named, 1024, 1024)
     spec = BucketSpec(False, bucket.data.numel(), bucket.chunks)
-    asm = TensorAssembler()
+    asm = TensorAssembler("cpu")
     buf = asm.buffer_for(spec)
     buf.copy_(bucket.data)
     asm.commit(spec, buf)
@@ -149,27 +149,27 @@ def _meta(name: str = "w", *, start: int = 0, nbytes: int = 8, total: int = 8, s
 
 
 def test_assembler_rejects_malformed_streams() -> None:
-    asm = TensorAssembler()
+    asm = TensorAssembler("cpu")
     with pytest.raises(WeightSyncError, match="expected 0") as info:
         asm.commit(_packed(_meta(start=4, nbytes=4), 4), torch.zeros(4, dtype=torch.uint8))
     assert info.value.tensor == "w"
-    asm = TensorAssembler()
+    asm = TensorAssembler("cpu")
     with pytest.raises(WeightSyncError, match="shape"):  # 3 floats are 12 bytes, not 8
         asm.commit(_packed(_meta(shape=(3,)), 8), torch.zeros(8, dtype=torch.uint8))
-    asm = TensorAssembler()
+    asm = TensorAssembler("cpu")
     asm.commit(_packed(_meta(), 8), torch.zeros(8, dtype=torch.uint8))
     assert [name for name, _ in asm.pop_complete()] == ["w"]
     with pytest.raises(WeightSyncError, match="twice"):
         asm.commit(_packed(_meta(), 8), torch.zeros(8, dtype=torch.uint8))
-    asm = TensorAssembler()
+    asm = TensorAssembler("cpu")
     asm.commit(_packed(_meta(nbytes=4), 4), torch.zeros(4, dtype=torch.uint8))
     assert asm.pop_complete() == []
     with pytest.raises(WeightSyncError, match="incomplete"):
         asm.finish()
     with pytest.raises(WeightSyncError, match="outside"):
-        TensorAssembler().commit(_packed(_meta(), 4), torch.zeros(4, dtype=torch.uint8))
+        TensorAssembler("cpu").commit(_packed(_meta(), 4), torch.zeros(4, dtype=torch.uint8))
     with pytest.raises(WeightSyncError, match="unknown dtype"):
-        TensorAssembler().commit(
+        TensorAssembler("cpu").commit(
             _packed(ChunkMeta("w", "complex64", (1,), 0, 8, 0, 8), 8), torch.zeros(8, dtype=torch.uint8)
         )
 

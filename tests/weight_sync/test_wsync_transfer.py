@@ -82,10 +82,10 @@ def _collect(group: WeightSyncGroup, **kwargs: Any) -> Callable[[], tuple[dict[s
 
 
 def test_backend_resolution() -> None:
-    assert resolve_backend("auto") == ("nccl" if torch.cuda.is_available() else "gloo")
-    assert resolve_backend("gloo") == "gloo"
+    assert resolve_backend(backend="auto") == ("nccl" if torch.cuda.is_available() else "gloo")
+    assert resolve_backend(backend="gloo") == "gloo"
     with pytest.raises(ValueError, match="'mpi'"):
-        resolve_backend("mpi")
+        resolve_backend(backend="mpi")
 
 
 def test_two_receivers_get_identical_weights() -> None:

@@ -96,7 +96,7 @@ def _pack(model: _Model) -> None:
 @pytest.mark.parametrize("packed", [False, True])
 def test_complete_load_verifies(packed: bool) -> None:
     model = _Model()
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     weights = _checkpoint(1)
     for name, value in weights.items():
         verifier.observe(name, value)
@@ -122,7 +122,7 @@ def test_verifier_built_on_a_packed_model_probes_instead_of_digesting() -> None:
     model = _Model()
     _load(model, _checkpoint(1))
     _pack(model)
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     weights = _checkpoint(2)
     for name, value in weights.items():
         verifier.observe(name, value)
@@ -150,7 +150,7 @@ def test_received_but_not_loaded_is_detected(packed: bool, skipped: str) -> None
         _pack(model)
         model = _Model()  # vLLM re-materialises layers on reload; start from a fresh stand-in
         _load(model, _checkpoint(1))
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     weights = _checkpoint(2)
     for name, value in weights.items():
         verifier.observe(name, value)
@@ -164,7 +164,7 @@ def test_received_but_not_loaded_is_detected(packed: bool, skipped: str) -> None
 
 def test_missing_and_unplaced_tensors() -> None:
     model = _Model()
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     weights = _checkpoint(1)
     for name, value in weights.items():
         if name != "layers.0.self_attn.v_proj.bias":
@@ -186,14 +186,14 @@ def test_missing_and_unplaced_tensors() -> None:
         verifier.verify(model, require_complete=False)
     assert info.value.tensor == "layers.0.mlp.up_proj.weight"
 
-    ignoring = LoadVerifier(model, device="cpu", ignore_names=["lm_head.weight"])
+    ignoring = LoadVerifier(model, device="cpu", ignore_names=["lm_head.weight"], seed=0)
     ignoring.observe("lm_head.weight", torch.ones(2, 8))  # e.g. tied embeddings: vLLM skips it on purpose
     assert ignoring.verify(model, require_complete=False).bitwise == 0
 
 
 def test_dtype_cast_by_the_loader_is_expected() -> None:
     model = _Model(torch.bfloat16)  # fp32 checkpoint into a bf16 model: the loader rounds, the verifier does too
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     weights = _checkpoint(3)
     for name, value in weights.items():
         verifier.observe(name, value)
@@ -205,7 +205,7 @@ def test_dtype_cast_by_the_loader_is_expected() -> None:
 
 def test_fused_rows_must_match_the_layer() -> None:
     model = _Model()
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     weights = _checkpoint(1)
     weights["layers.0.self_attn.k_proj.weight"] = torch.randn(5, 8)  # layer expects 4 rows of k
     for name, value in weights.items():
@@ -230,7 +230,7 @@ def test_tied_embeddings_are_one_tensor_sent_once() -> None:
     # Regression: the learner sends the tied weight once (as embed_tokens); the verifier used to demand lm_head too
     # ("tensor 'lm_head.weight' left out of the update") and the actor then paused forever.
     model = _TiedModel()
-    verifier = LoadVerifier(model, device="cpu", ignore_names=["lm_head.weight"])
+    verifier = LoadVerifier(model, device="cpu", ignore_names=["lm_head.weight"], seed=0)
     value = torch.randn(6, 8)
     verifier.observe("embed_tokens.weight", value)
     model.embed_tokens.weight.data.copy_(value)
@@ -255,7 +255,7 @@ def test_rotation_checks_every_value_once_per_round_and_all_of_them_first() -> N
     model = _Model()
     _load(model, _checkpoint(0))
     _pack(model)
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     counts = []
     for version in range(1, 6):
         verifier.begin(rotation=2)
@@ -272,7 +272,7 @@ def test_rotation_catches_a_persistently_dropped_tensor_within_one_round() -> No
     model = _Model()
     _load(model, _checkpoint(0))
     _pack(model)
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     verifier.begin(rotation=2)
     _packed_update(model, verifier, _checkpoint(1))
     verifier.verify(model)
@@ -295,7 +295,7 @@ def test_rotation_catches_a_persistently_dropped_tensor_within_one_round() -> No
 
 def test_rotation_still_checks_structure_of_deferred_parameters() -> None:
     model = _Model()
-    verifier = LoadVerifier(model, device="cpu")
+    verifier = LoadVerifier(model, device="cpu", seed=0)
     verifier.begin(rotation=4)
     weights = _checkpoint(1)
     for name, value in weights.items():
@@ -320,7 +320,7 @@ def test_sampled_rows_still_catch_a_column_the_load_missed() -> None:
     model = _Model()
     _load(model, _checkpoint(0))
     _pack(model)
-    verifier = LoadVerifier(model, device="cpu", probe_columns=1, probe_rows=2)
+    verifier = LoadVerifier(model, device="cpu", probe_columns=1, probe_rows=2, seed=0)
     verifier.begin()
     weights = _checkpoint(1)
     cols, _ = verifier._probe_inputs(8, torch.float32)

@@ -70,7 +70,7 @@ def llm(model_dir: Path) -> Iterator[Any]:
 def _fixed_group(port: int, *, epoch: int = 0, timeout_s: float = 60.0) -> JoinInfo:
     """The engine at rank 1 of a fixed group of two with the sender stand-in (it builds no roster)."""
     plan = WeightSyncPlan(
-        host="127.0.0.1", port=port, backend=resolve_backend("auto"), timeout_s=timeout_s, join_timeout_s=10.0,
+        host="127.0.0.1", port=port, backend=resolve_backend(backend="auto"), timeout_s=timeout_s, join_timeout_s=10.0,
         version=-1, epoch=epoch, candidates=(),
     )  # fmt: skip
     return JoinInfo(plan=plan, world_size=2, rank_offset=1)

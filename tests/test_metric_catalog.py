@@ -146,11 +146,13 @@ def test_check_cli_lists_the_keys_no_entry_names(tmp_path: Path, capsys: pytest.
 
 # ---------------------------------------------------------------------------------------------------- producers
 def test_every_key_the_coordinator_reports_is_catalogued() -> None:
-    from async_rl.transport import Coordinator, PlaneSettings, PromptRecord
+    from async_rl.config import default_config
+    from async_rl.transport import Coordinator, PromptRecord
     from async_rl.transport.metrics import ACTOR_REPORT_TOTALS, COUNTERS, DECLARED_DROPS, TransportMetrics
 
     records = [PromptRecord(np.arange(i, i + 4, dtype=np.int32), {"ground_truth": str(i)}) for i in range(4)]
-    coord = Coordinator(records, PlaneSettings.defaults(), seed=0, autostart=False)
+    cfg = default_config()
+    coord = Coordinator(records, cfg.async_training, groups_per_step=cfg.data.train_batch_size, seed=0, autostart=False)
     try:
         keys = set(coord.metrics())
     finally:

@@ -30,10 +30,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from async_rl import metric_catalog as mc  # noqa: E402
+from async_rl.config import default_config  # noqa: E402
 from async_rl.transport import (  # noqa: E402 - after the sys.path tweak so the script runs from a checkout
     Coordinator,
     GroupSampling,
-    PlaneSettings,
     PromptRecord,
     RolloutClient,
     make_completion,
@@ -70,7 +70,7 @@ def run_raw_sender(args: argparse.Namespace) -> None:
     buf = WireCodec().encode(group)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.SNDHWM, PlaneSettings.defaults().socket_hwm)
+    sock.setsockopt(zmq.SNDHWM, default_config().async_training.transport.socket_hwm)
     sock.connect(args.address)
     for _ in range(args.groups):
         sock.send(buf, copy=False)
@@ -80,7 +80,7 @@ def run_raw_sender(args: argparse.Namespace) -> None:
 
 def run_plane_actor(args: argparse.Namespace) -> None:
     comps = _completions(args.n, args.tokens)
-    client = RolloutClient(args.address, "bench-actor", PlaneSettings.defaults(), ack_timeout_s=30.0)
+    client = RolloutClient(args.address, "bench-actor", default_config().async_training.transport, ack_timeout_s=30.0)
     client.hello()
     work: deque[PromptGrant] = deque()
     sent = 0
@@ -103,7 +103,7 @@ def bench_raw(args: argparse.Namespace) -> float:
     """Seconds per message, receiver side."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.RCVHWM, PlaneSettings.defaults().socket_hwm)
+    sock.setsockopt(zmq.RCVHWM, default_config().async_training.transport.socket_hwm)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     proc = _spawn("raw-sender", f"tcp://127.0.0.1:{port}", args)
     try:
@@ -125,10 +125,13 @@ def bench_raw(args: argparse.Namespace) -> float:
 def bench_plane(args: argparse.Namespace) -> tuple[float, int]:
     """(seconds per group at the learner, bytes per group on the wire)."""
     records = [PromptRecord(np.arange(16, dtype=np.int32)) for _ in range(args.groups)]
-    settings = PlaneSettings.defaults(max_staleness=1, groups_per_step=GROUPS_PER_STEP, max_inflight_groups=INFLIGHT)
+    plane = default_config().async_training
+    plane.max_staleness = 1
+    plane.transport.max_inflight_groups = INFLIGHT
     coord = Coordinator(
         records,
-        settings,
+        plane,
+        groups_per_step=GROUPS_PER_STEP,
         sampling=GroupSampling.defaults(n=args.n, max_tokens=args.tokens),
         seed=0,
         max_epochs=1,

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import msgspec
 
-from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc, noop
+from async_rl.config.fields import NonEmptyStr, NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc, noop
 from async_rl.config.names import (
     ActorFailurePolicy,
     CpuAllocator,
@@ -25,10 +25,12 @@ class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The ZeroMQ rollout plane between the coordinator (learner rank 0) and the actors."""
 
     host: Annotated[
-        str, doc("Address the coordinator binds / actors connect to; non-loopback requires the curve_* keys.")
+        NonEmptyStr, doc("Address the coordinator binds / actors connect to; non-loopback requires the curve_* keys.")
     ] = "127.0.0.1"
     port: Annotated[Port, doc("Coordinator ROUTER port (0 = pick a free port and announce it).")] = 0
-    max_message_bytes: Annotated[PosInt, doc("Largest accepted message; bigger frames are rejected.")] = 256 * 2**20
+    max_message_bytes: Annotated[
+        int, doc("Largest accepted message; bigger frames are rejected (at least 1024).", ge=1024)
+    ] = 256 * 2**20
     max_inflight_groups: Annotated[
         PosInt | None,
         doc(
@@ -50,13 +52,17 @@ class TransportConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ),
     ] = 3
     curve_server_secret_key: Annotated[
-        str | None, doc("CURVE: coordinator secret-key file (null = no encryption).")
+        NonEmptyStr | None, doc("CURVE: coordinator secret-key file (null = no encryption).")
     ] = None
-    curve_server_public_key: Annotated[str | None, doc("CURVE: coordinator public-key file (actors need it).")] = None
-    curve_client_keys_dir: Annotated[str | None, doc("CURVE: directory of authorised actor public keys.")] = None
-    curve_client_secret_key: Annotated[str | None, doc("CURVE: this actor's secret-key file.")] = None
+    curve_server_public_key: Annotated[
+        NonEmptyStr | None, doc("CURVE: coordinator public-key file (actors need it).")
+    ] = None
+    curve_client_keys_dir: Annotated[NonEmptyStr | None, doc("CURVE: directory of authorised actor public keys.")] = (
+        None
+    )
+    curve_client_secret_key: Annotated[NonEmptyStr | None, doc("CURVE: this actor's secret-key file.")] = None
     curve_client_public_key: Annotated[
-        str | None,
+        NonEmptyStr | None,
         doc(
             "CURVE: this actor's public-key file (the one the coordinator authorises); an actor refuses to start"
             " when it is not the public half of curve_client_secret_key."

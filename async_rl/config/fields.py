@@ -25,6 +25,7 @@ PosFloat = Annotated[float, msgspec.Meta(gt=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 Prob = Annotated[float, msgspec.Meta(ge=0, le=1)]
 UnitInterval = Annotated[float, msgspec.Meta(gt=0, le=1)]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 def doc(description: str, **constraints: Any) -> msgspec.Meta:
@@ -41,6 +42,7 @@ def noop(description: str, **constraints: Any) -> msgspec.Meta:
 __all__ = [
     "NOOP_MARK",
     "NOOP_PREFIX",
+    "NonEmptyStr",
     "NonNegFloat",
     "NonNegInt",
     "PosFloat",

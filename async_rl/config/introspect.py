@@ -71,6 +71,8 @@ def type_name(tp: mi.Type) -> str:
         return " | ".join(type_name(t) for t in tp.types)
     if isinstance(tp, mi.StructType):
         return "section"
+    if isinstance(tp, mi.StrType) and tp.min_length:
+        return "non-empty str"
     simple = {mi.StrType: "str", mi.BoolType: "bool", mi.NoneType: "null", mi.DictType: "mapping", mi.AnyType: "any"}
     return simple.get(type(tp), type(tp).__name__)
 

@@ -99,7 +99,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
 
     model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
     scorer = reward_worker(cfg)
-    client = RolloutClient(coordinator, actor_id, resources.plane_settings(cfg))
+    client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
     engine = GenerationEngine(engine_settings(cfg, model_path))
     episodes = None
     try:
@@ -146,7 +146,7 @@ async def _run_emulated(
     from async_rl.actor.loop import ActorLoop
     from async_rl.transport import RolloutClient
 
-    client = RolloutClient(coordinator, actor_id, resources.plane_settings(cfg))
+    client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
     engine = EmulatedEngine(tokens_per_s, response_len=response_len)
     weight_sync = ReceiveOnlyWeightSync()
     try:

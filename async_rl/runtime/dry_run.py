@@ -81,6 +81,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     from async_rl.learner.optim import check_schedule
     from async_rl.rewards import load_reward_fn
     from async_rl.runtime.actor_main import engine_settings
+    from async_rl.transport.admission import inflight_cap
     from async_rl.transport.protocol import GroupSampling
     from async_rl.weight_sync.group import resolve_backend
 
@@ -95,7 +96,6 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     if critic:
         check_schedule(cfg.critic.optim, run_steps=run_steps, section="critic.optim")
     needs_ref = arr.actor.use_kl_loss or algo.use_kl_in_reward
-    plane = resources.plane_settings(cfg)
     sampling = GroupSampling.from_config(cfg, seed=cfg.trainer.seed)
     engine = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
     custom = cfg.custom_reward_function
@@ -116,7 +116,8 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         except TypeError as exc:
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.environment_kwargs: {exc}") from None
         reward = f"the environment {mt.environment} (multi-turn episodes)"
-    ws = cfg.async_training.weight_sync
+    at = cfg.async_training
+    transport, ws = at.transport, at.weight_sync
     # On a machine without CUDA an explicit nccl backend cannot be resolved; report what the GPU machine will use.
     backend = ws.backend if ws.backend != "auto" else resolve_backend(backend="auto")
     files = cfg.data.train_files
@@ -149,9 +150,11 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         "run_length": run_length,
         "sequences_per_step": cfg.data.train_batch_size * arr.rollout.n,
         "optimizer_steps_per_step": (cfg.data.train_batch_size // arr.actor.ppo_mini_batch_size) * arr.actor.ppo_epochs,
-        "coordinator": f"tcp://{plane.host}:{plane.port}",
-        "max_staleness": plane.max_staleness,
-        "inflight_cap": plane.inflight_cap,
+        "coordinator": f"tcp://{transport.host}:{transport.port}",
+        "max_staleness": at.max_staleness,
+        "inflight_cap": inflight_cap(
+            transport.max_inflight_groups, max_staleness=at.max_staleness, groups_per_step=cfg.data.train_batch_size
+        ),
         "sampling": {"n": sampling.n, "temperature": sampling.temperature, "max_tokens": sampling.max_tokens},
         "engine": {"tp": engine.tensor_parallel_size, "dtype": engine.dtype, "logprobs_mode": engine.logprobs_mode},
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},

@@ -1,4 +1,4 @@
-"""Turn a validated Config into the concrete things processes need (paths, prompt records, plane settings).
+"""Turn a validated Config into the concrete things processes need (paths, prompt records).
 
 ``builtin:`` names keep runs download-free: ``builtin:tiny-arith`` is the tiny Qwen2 built in code (deterministic,
 so the learner and every actor can build it independently and get identical weights), ``builtin:smollm2-135m-instruct``
@@ -249,10 +249,3 @@ def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
     if files and not records:
         raise ValueError(f"no validation prompts loaded from data.val_files={d.val_files!r}")
     return records, kept_sources
-
-
-def plane_settings(cfg: Config, **overrides: Any) -> Any:
-    """The rollout plane's settings from ``async_training.*`` (see ``async_rl.transport.PlaneSettings.from_config``)."""
-    from async_rl.transport import PlaneSettings
-
-    return PlaneSettings.from_config(cfg, **overrides)

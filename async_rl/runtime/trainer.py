@@ -137,7 +137,8 @@ class Trainer:
         cfg = self.cfg
         coordinator = Coordinator(
             records,
-            resources.plane_settings(cfg),
+            cfg.async_training,
+            groups_per_step=cfg.data.train_batch_size,
             sampling=GroupSampling.from_config(cfg, seed=cfg.trainer.seed),
             seed=cfg.trainer.seed,
             shuffle_seed=cfg.data.seed if cfg.data.shuffle else None,

@@ -2,7 +2,6 @@
 
 protocol     typed, versioned msgpack messages; token ids / log-probs as raw little-endian arrays
 codec        strict decoding (every bad message is a ProtocolError with a reason) and size-checked encoding
-settings     PlaneSettings, built from the config keys async_training.{max_staleness, stale_policy, transport.*}
 sockets      ROUTER/DEALER construction, loopback-by-default binding, CURVE + ZAP
 keys         ``python -m async_rl.transport.keys DIR`` makes CURVE key pairs
 ledger       exactly-once accounting of every prompt id (leases, re-grants, buffer, trained, filtered), save/restore
@@ -31,7 +30,6 @@ from async_rl.transport.protocol import (
     pack_array,
     unpack_array,
 )
-from async_rl.transport.settings import PlaneSettings
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -40,7 +38,6 @@ __all__ = [
     "FilterBudgetExceeded",
     "GroupSampling",
     "MessageTooLarge",
-    "PlaneSettings",
     "PromptGrant",
     "PromptRecord",
     "ProtocolError",

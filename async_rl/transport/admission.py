@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from async_rl.staleness import min_start_version, within_bound
 
-__all__ = ["Admission", "min_start_version", "within_bound"]
+__all__ = ["Admission", "inflight_cap", "min_start_version", "within_bound"]
+
+
+def inflight_cap(max_inflight_groups: int | None, *, max_staleness: int, groups_per_step: int) -> int:
+    """The flat admission cap on leased + buffered groups: ``transport.max_inflight_groups``, or (K + 1) x B when it
+    is null."""
+    if max_inflight_groups is not None:
+        return max_inflight_groups
+    return (max_staleness + 1) * groups_per_step
 
 
 class Admission:

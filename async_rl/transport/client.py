@@ -2,7 +2,7 @@
 
 Typical loop (see tests/transport/fake_actor.py)::
 
-    client = RolloutClient("tcp://127.0.0.1:5555", "actor-0")
+    client = RolloutClient("tcp://127.0.0.1:5555", "actor-0", cfg.async_training.transport)
     welcome = client.hello(loaded_version=0)
     while not client.shutdown_requested:
         for grant in client.request_work(max_groups=free_slots, loaded_version=v, timeout_s=0.1):
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import zmq
 
 from async_rl import metric_catalog as mc
+from async_rl.config.async_training import TransportConfig
 from async_rl.transport import sockets
 from async_rl.transport.codec import MessageTooLarge, ProtocolError, WireCodec, WireLimits
 from async_rl.transport.metrics import BadMessageLog
@@ -53,7 +54,6 @@ from async_rl.transport.protocol import (
     WorkGrant,
     WorkRequest,
 )
-from async_rl.transport.settings import PlaneSettings
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RolloutClient:
         self,
         address: str,
         actor_id: str,
-        settings: PlaneSettings | None = None,
+        transport: TransportConfig,
         *,
         ack_timeout_s: float = 5.0,
         max_unacked: int = 4096,
@@ -96,14 +96,14 @@ class RolloutClient:
             raise ValueError(f"max_unacked must be >= 1, got {max_unacked}")
         self.address = address
         self.actor_id = actor_id
-        self.settings = settings or PlaneSettings.defaults()
+        self.transport = transport
         self.ack_timeout_s = ack_timeout_s
         self.max_unacked = max_unacked
         self.codec = WireCodec(limits)
-        self._keys = sockets.client_keys(self.settings)
-        self.max_message_bytes = self.settings.max_message_bytes
-        self.heartbeat_interval_s = self.settings.heartbeat_interval_s
-        self.peer_timeout_s = self.settings.peer_timeout_s
+        self._keys = sockets.client_keys(transport)
+        self.max_message_bytes = transport.max_message_bytes
+        self.heartbeat_interval_s = transport.heartbeat_interval_s
+        self.peer_timeout_s = transport.peer_timeout_s
         self.welcome: Welcome | None = None
         self.policy_version = 0
         self.min_version = 0
@@ -131,7 +131,7 @@ class RolloutClient:
         self.report_interval_s = min(1.0, self.heartbeat_interval_s)
         self._last_report = now
         self.ctx = zmq.Context()
-        self._sock = sockets.connect_dealer(self.ctx, address, actor_id, self.settings, self._keys)
+        self._sock = sockets.connect_dealer(self.ctx, address, actor_id, transport, self._keys)
 
     # ---- public API ----------------------------------------------------------------------------------------------
     def hello(self, loaded_version: int = 0, timeout_s: float = 10.0) -> Welcome:
@@ -386,7 +386,7 @@ class RolloutClient:
         self.min_version = max(self.min_version, msg.min_version)
         self.heartbeat_interval_s = msg.heartbeat_interval_s
         self.peer_timeout_s = msg.peer_timeout_s
-        self.max_message_bytes = min(self.settings.max_message_bytes, msg.max_message_bytes)
+        self.max_message_bytes = min(self.transport.max_message_bytes, msg.max_message_bytes)
         self.weight_sync = msg.weight_sync
         self._requeue_unacked()  # (re)joined: re-send what is still unacked right away
         if self._welcomes > 1:
@@ -398,7 +398,7 @@ class RolloutClient:
         )
         self.counters["reconnects"] += 1
         self._sock.close(linger=0)
-        self._sock = sockets.connect_dealer(self.ctx, self.address, self.actor_id, self.settings, self._keys)
+        self._sock = sockets.connect_dealer(self.ctx, self.address, self.actor_id, self.transport, self._keys)
         self._last_recv = now
         self._last_request = None
         self._requeue_unacked()

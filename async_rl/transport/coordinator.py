@@ -26,6 +26,7 @@ import msgspec
 
 from async_rl import metric_catalog as mc
 from async_rl.config.algorithm import FilterGroupsConfig
+from async_rl.config.async_training import AsyncTrainingConfig
 from async_rl.staleness import staleness
 from async_rl.transport import admission as adm
 from async_rl.transport.actors import ActorRegistry, ActorState, ActorStatus
@@ -56,7 +57,6 @@ from async_rl.transport.protocol import (
     group_seed,
     pack_array,
 )
-from async_rl.transport.settings import PlaneSettings
 from async_rl.transport.validation import InvalidReason, Quarantine, check_group
 
 logger = logging.getLogger(__name__)
@@ -73,8 +73,9 @@ class Coordinator:
     def __init__(
         self,
         records: Sequence[PromptRecord],
-        settings: PlaneSettings | None = None,
+        async_training: AsyncTrainingConfig,
         *,
+        groups_per_step: int,
         sampling: GroupSampling | None = None,
         seed: int | None,
         shuffle_seed: int | None = None,
@@ -86,12 +87,15 @@ class Coordinator:
         trust_claimed_versions: bool = False,
         filter_groups: FilterGroupsConfig | None = None,
     ) -> None:
-        """``trust_claimed_versions``: grant on an actor's claimed loaded version alone, for planes tested or
+        """``async_training``: the staleness bound, the stale policy and the rollout plane (``transport``).
+        ``groups_per_step``: prompt groups the learner takes per step (``data.train_batch_size``); sizes admission.
+        ``trust_claimed_versions``: grant on an actor's claimed loaded version alone, for planes tested or
         benchmarked without a weight sync. By default an actor's version counts only up to what the learner
         confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``.
         ``sampling``: how every training group is sampled; None: the config's defaults (``GroupSampling.defaults()``).
         ``filter_groups``: DAPO dynamic sampling of training groups (transport.filtering); None: off."""
-        self.settings = settings or PlaneSettings.defaults()
+        self.transport = async_training.transport
+        self._regrant = async_training.stale_policy == "regrant"
         if vocab_size is not None and (
             isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1
         ):
@@ -105,20 +109,25 @@ class Coordinator:
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         self.seed = seed
         self.codec = WireCodec(limits)
-        self.k = self.settings.max_staleness
+        self.k = async_training.max_staleness
+        self.inflight_cap = adm.inflight_cap(
+            self.transport.max_inflight_groups, max_staleness=self.k, groups_per_step=groups_per_step
+        )
         self._version = initial_version
         self._weight_sync: WeightSyncPlan | None = None  # the publisher's latest plan (set_policy_version)
         self._ledger = Ledger(self.source.total)
-        self._admission = adm.Admission(self.k, self.settings.inflight_cap, self.settings.groups_per_step)
+        self._admission = adm.Admission(self.k, self.inflight_cap, groups_per_step)
         self._actors = ActorRegistry(
-            self.settings.max_actors, self.settings.peer_timeout_s, None if trust_claimed_versions else initial_version
+            self.transport.max_actors,
+            self.transport.peer_timeout_s,
+            None if trust_claimed_versions else initial_version,
         )
         self._metrics = TransportMetrics(self.k)
-        self._quarantine = Quarantine(self.settings.max_invalid_groups)
+        self._quarantine = Quarantine(self.transport.max_invalid_groups)
         filter_groups = filter_groups if filter_groups is not None else FilterGroupsConfig()  # the config's: off
         if not isinstance(filter_groups, FilterGroupsConfig):
             raise ValueError(f"filter_groups must be a FilterGroupsConfig or None, got {type(filter_groups).__name__}")
-        self._filter = GroupFilter(filter_groups, self.settings.groups_per_step, self.sampling.n)
+        self._filter = GroupFilter(filter_groups, groups_per_step, self.sampling.n)
         if filter_groups.enable and not self._filter.active:
             logger.warning("group filtering is on but sampling.n == 1: a group of one completion is never filtered")
         self._fatal: FilterBudgetExceeded | None = None  # the run cannot go on: every get_groups raises it
@@ -135,7 +144,7 @@ class Coordinator:
         self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
         self._eval: EvalRound | None = None  # the validation round being served (one at a time)
         self._next_eval_round = 0
-        self._io = RouterIO(self.settings, self.codec)  # binds now: bad bind settings raise here
+        self._io = RouterIO(self.transport, self.codec)  # binds now: bad bind settings raise here
         self.port = self._io.port
         self.address = self._io.address  # tcp://host:port as bound (with host 0.0.0.0, actors use a real address)
         self._thread = threading.Thread(target=self._run, name="rollout-coordinator", daemon=True)
@@ -223,8 +232,8 @@ class Coordinator:
         """
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"num_groups must be an int >= 1, got {num_groups!r}")
-        if num_groups > self.settings.inflight_cap:
-            raise ValueError(f"num_groups={num_groups} exceeds the admission cap {self.settings.inflight_cap}")
+        if num_groups > self.inflight_cap:
+            raise ValueError(f"num_groups={num_groups} exceeds the admission cap {self.inflight_cap}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cv:
             while True:
@@ -414,8 +423,7 @@ class Coordinator:
         return want > 0 and (len(self._ledger.received) >= want or self._nothing_coming_locked())
 
     def _purge_stale_locked(self) -> None:
-        regrant = self.settings.stale_policy == "regrant"
-        stale = self._ledger.purge_stale(self._version, self.k, regrant)
+        stale = self._ledger.purge_stale(self._version, self.k, self._regrant)
         if stale:
             self._metrics.drops[mc.TRANSPORT_DROPS_STALE] += len(stale)
 
@@ -440,7 +448,7 @@ class Coordinator:
                 self._io.close_router()
 
     def _loop(self) -> None:
-        hb = self.settings.heartbeat_interval_s
+        hb = self.transport.heartbeat_interval_s
         tick_ms = max(5, int(min(hb / 4, 0.05) * 1000))
         while True:
             frames_batch = self._io.poll(tick_ms)
@@ -491,15 +499,15 @@ class Coordinator:
         return state
 
     def _welcome_locked(self) -> Welcome:
-        s = self.settings
+        t = self.transport
         return Welcome(
             policy_version=self._version,
             min_version=adm.min_start_version(self._version, self.k),
             max_staleness=self.k,
-            heartbeat_interval_s=s.heartbeat_interval_s,
-            peer_timeout_s=s.peer_timeout_s,
-            lease_timeout_s=s.lease_timeout_s,
-            max_message_bytes=s.max_message_bytes,
+            heartbeat_interval_s=t.heartbeat_interval_s,
+            peer_timeout_s=t.peer_timeout_s,
+            lease_timeout_s=t.lease_timeout_s,
+            max_message_bytes=t.max_message_bytes,
             weight_sync=self._weight_sync,
         )
 
@@ -600,7 +608,7 @@ class Coordinator:
         version = group.version
         if not adm.within_bound(self._version, version, self.k):
             self._metrics.drops[mc.TRANSPORT_DROPS_STALE] += 1
-            self._ledger.reject_stale(group.prompt_id, regrant=self.settings.stale_policy == "regrant")
+            self._ledger.reject_stale(group.prompt_id, regrant=self._regrant)
             return "stale"
         self._metrics.groups.add()
         self._metrics.bytes.add(nbytes)
@@ -669,7 +677,7 @@ class Coordinator:
             self._last_scan = now
             dead = self._actors.newly_dead(now)
             for state in dead:
-                logger.warning("actor %s silent > %.1f s: presumed dead", state.actor_id, self.settings.peer_timeout_s)
+                logger.warning("actor %s silent > %.1f s: presumed dead", state.actor_id, self.transport.peer_timeout_s)
                 self._metrics.count("actors_presumed_dead")
                 self._expire_locked(self._ledger.expire_actor(state.actor_id), f"actor {state.actor_id} presumed dead")
                 self._expire_eval_locked(state.actor_id)
@@ -689,7 +697,7 @@ class Coordinator:
             )
             out.extend((s.rid, update) for s in self._actors.alive())
         for s in self._actors.alive():
-            if now - s.last_heartbeat_sent >= self.settings.heartbeat_interval_s:
+            if now - s.last_heartbeat_sent >= self.transport.heartbeat_interval_s:
                 s.last_heartbeat_sent = now
                 out.append((s.rid, Heartbeat(sender=COORDINATOR_ID, policy_version=self._version)))
         return [state.rid for state in dead]
@@ -713,7 +721,7 @@ class Coordinator:
         rnd = self._eval
         if rnd is None or not rnd.pending:
             return []
-        deadline = now + self.settings.lease_timeout_s
+        deadline = now + self.transport.lease_timeout_s
         served = rnd.serve(self._actors.round_robin(), self.codec.limits.max_prompts_per_grant, deadline)
         self._metrics.count("eval/grants", sum(len(leases) for _, leases in served))
         return [(state, rnd, leases) for state, leases in served]
@@ -733,7 +741,7 @@ class Coordinator:
                 continue
             count = min(state.credit, allowance, self.codec.limits.max_prompts_per_grant)
             position = len(led.leases) + len(led.received)
-            leases = led.grant(state.actor_id, count, now + self.settings.lease_timeout_s)
+            leases = led.grant(state.actor_id, count, now + self.transport.lease_timeout_s)
             if not leases:
                 break  # no data left
             state.credit -= len(leases)

@@ -14,6 +14,7 @@ from collections import Counter, OrderedDict, deque
 
 import zmq
 
+from async_rl.config.async_training import TransportConfig
 from async_rl.transport import sockets
 from async_rl.transport.codec import MessageTooLarge, ProtocolError, WireCodec
 from async_rl.transport.metrics import BadMessageLog
@@ -29,7 +30,6 @@ from async_rl.transport.protocol import (
     WorkGrant,
     WorkRequest,
 )
-from async_rl.transport.settings import PlaneSettings
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +45,10 @@ def _claimed_identity(msg: AnyMessage) -> str:
 
 
 class RouterIO:
-    def __init__(self, settings: PlaneSettings, codec: WireCodec) -> None:
-        self.settings = settings
+    def __init__(self, transport: TransportConfig, codec: WireCodec) -> None:
         self.codec = codec
-        self.max_bytes = settings.max_message_bytes
-        keys = sockets.server_keys(settings)  # raises ValueError for a non-loopback bind without keys
+        self.max_bytes = transport.max_message_bytes
+        keys = sockets.server_keys(transport)  # raises ValueError for a non-loopback bind without keys
         self.ctx = zmq.Context()
         self.auth = None
         self._stats_lock = threading.Lock()
@@ -58,13 +57,13 @@ class RouterIO:
         try:
             if keys is not None:
                 self.auth = sockets.start_authenticator(self.ctx, keys)
-            self.router, self.port = sockets.bind_router(self.ctx, settings, keys)
+            self.router, self.port = sockets.bind_router(self.ctx, transport, keys)
         except Exception:
             if self.auth is not None:
                 self.auth.stop()
             self.ctx.term()
             raise
-        self.address = sockets.tcp_endpoint(settings.host, self.port)
+        self.address = sockets.tcp_endpoint(transport.host, self.port)
         wake_addr = f"inproc://rollout-coordinator-wake-{id(self)}"
         self._wake_rx = self.ctx.socket(zmq.PAIR)
         self._wake_rx.bind(wake_addr)
@@ -80,7 +79,7 @@ class RouterIO:
         # and are retried each loop iteration; beyond the bound they are dropped and counted ("hwm").
         self._retry: OrderedDict[bytes, deque[bytes]] = OrderedDict()
         self._retry_count = 0
-        self.max_retry = max(1024, 16 * settings.socket_hwm)
+        self.max_retry = max(1024, 16 * transport.socket_hwm)
 
     # ---- any thread ----------------------------------------------------------------------------------------------
     def wake(self) -> None:

@@ -2,10 +2,10 @@
 
 Layout written under DIR (existing files are never overwritten):
 
-    DIR/server.key             coordinator public key   -> actors: curve_server_public_file
-    DIR/server.key_secret      coordinator key pair     -> coordinator: curve_server_secret_file
-    DIR/clients/NAME.key_secret  one key pair per actor -> that actor: curve_client_secret_file
-    DIR/authorized/NAME.key    the actors' public keys  -> coordinator: curve_authorized_keys_dir
+    DIR/server.key             coordinator public key   -> actors: async_training.transport.curve_server_public_key
+    DIR/server.key_secret      coordinator key pair     -> coordinator: async_training.transport.curve_server_secret_key
+    DIR/clients/NAME.key_secret  one key pair per actor -> that actor: async_training.transport.curve_client_secret_key
+    DIR/authorized/NAME.key    the actors' public keys  -> coordinator: async_training.transport.curve_client_keys_dir
 
 Copy only what each machine needs; to revoke an actor delete its file from ``authorized/`` and restart the
 coordinator. Secret files are created with mode 0600.
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import zmq.auth
 
+SECTION = "async_training.transport"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -57,15 +58,15 @@ def make_keys(directory: str | os.PathLike[str], clients: list[str]) -> dict[str
     root.mkdir(parents=True, exist_ok=True)
     _create_pair(root, "server")
     out: dict[str, Path] = {
-        "curve_server_public_file": root / "server.key",
-        "curve_server_secret_file": root / "server.key_secret",
-        "curve_authorized_keys_dir": root / "authorized",
+        f"{SECTION}.curve_server_public_key": root / "server.key",
+        f"{SECTION}.curve_server_secret_key": root / "server.key_secret",
+        f"{SECTION}.curve_client_keys_dir": root / "authorized",
     }
     for name in clients:
         public, secret = _create_pair(root / "clients", name)
         (root / "authorized").mkdir(parents=True, exist_ok=True)
         shutil.move(public, root / "authorized" / f"{name}.key")
-        out[f"curve_client_secret_file[{name}]"] = secret
+        out[f"{SECTION}.curve_client_secret_key[{name}]"] = secret
     return out
 
 

@@ -23,7 +23,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from async_rl.transport.settings import PlaneSettings
+from async_rl.config.async_training import TransportConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,53 +71,66 @@ def _load_keypair(path: str, what: str) -> tuple[bytes, bytes]:
     return public, secret
 
 
-def server_keys(settings: PlaneSettings) -> CurveServerKeys | None:
+_SECTION = "async_training.transport"
+
+
+def curve_server_enabled(transport: TransportConfig) -> bool:
+    return transport.curve_server_secret_key is not None or transport.curve_client_keys_dir is not None
+
+
+def curve_client_enabled(transport: TransportConfig) -> bool:
+    return transport.curve_server_public_key is not None or transport.curve_client_secret_key is not None
+
+
+def server_keys(transport: TransportConfig) -> CurveServerKeys | None:
     """Validate the bind policy and load the coordinator's CURVE keys (None: plaintext on loopback)."""
-    if not settings.curve_server_enabled:
-        if not is_loopback(settings.host):
+    if not curve_server_enabled(transport):
+        if not is_loopback(transport.host):
             raise ValueError(
-                f"refusing to bind the rollout plane to non-loopback host {settings.host!r} without CURVE keys: "
-                f"set curve_server_secret_file and curve_authorized_keys_dir; {KEYS_HINT}"
+                f"refusing to bind the rollout plane to non-loopback host {transport.host!r} without CURVE keys: "
+                f"set {_SECTION}.curve_server_secret_key and curve_client_keys_dir; {KEYS_HINT}"
             )
         return None
-    if settings.curve_server_secret_file is None or settings.curve_authorized_keys_dir is None:
+    secret_file, auth_dir = transport.curve_server_secret_key, transport.curve_client_keys_dir
+    if secret_file is None or auth_dir is None:
         raise ValueError(
-            "CURVE on the coordinator needs both curve_server_secret_file and curve_authorized_keys_dir; " + KEYS_HINT
+            f"CURVE on the coordinator needs both {_SECTION}.curve_server_secret_key and curve_client_keys_dir; "
+            + KEYS_HINT
         )
-    public, secret = _load_keypair(settings.curve_server_secret_file, "curve_server_secret_file")
-    auth_dir = settings.curve_authorized_keys_dir
+    public, secret = _load_keypair(secret_file, f"{_SECTION}.curve_server_secret_key")
     if not os.path.isdir(auth_dir) or not any(name.endswith(".key") for name in os.listdir(auth_dir)):
-        raise ValueError(f"curve_authorized_keys_dir {auth_dir!r} has no client .key files; {KEYS_HINT}")
+        raise ValueError(f"{_SECTION}.curve_client_keys_dir {auth_dir!r} has no client .key files; {KEYS_HINT}")
     return CurveServerKeys(public, secret, auth_dir)
 
 
-def client_keys(settings: PlaneSettings) -> CurveClientKeys | None:
-    if not settings.curve_client_enabled:
+def client_keys(transport: TransportConfig) -> CurveClientKeys | None:
+    if not curve_client_enabled(transport):
         return None
-    if settings.curve_server_public_file is None or settings.curve_client_secret_file is None:
+    server_file, secret_file = transport.curve_server_public_key, transport.curve_client_secret_key
+    if server_file is None or secret_file is None:
         raise ValueError(
-            "CURVE on an actor needs both curve_server_public_file and curve_client_secret_file; " + KEYS_HINT
+            f"CURVE on an actor needs both {_SECTION}.curve_server_public_key and curve_client_secret_key; " + KEYS_HINT
         )
-    public, secret = _load_keypair(settings.curve_client_secret_file, "curve_client_secret_file")
-    claimed = settings.curve_client_public_file
+    public, secret = _load_keypair(secret_file, f"{_SECTION}.curve_client_secret_key")
+    claimed = transport.curve_client_public_key
     if claimed is not None:
         if not os.path.isfile(claimed):
-            raise ValueError(f"curve_client_public_file {claimed!r} does not exist; {KEYS_HINT}")
+            raise ValueError(f"{_SECTION}.curve_client_public_key {claimed!r} does not exist; {KEYS_HINT}")
         if zmq.auth.load_certificate(claimed)[0] != public:
             raise ValueError(
-                f"curve_client_public_file {claimed!r} is not the public half of curve_client_secret_file"
-                f" {settings.curve_client_secret_file!r}: the coordinator would refuse this actor; {KEYS_HINT}"
+                f"{_SECTION}.curve_client_public_key {claimed!r} is not the public half of curve_client_secret_key"
+                f" {secret_file!r}: the coordinator would refuse this actor; {KEYS_HINT}"
             )
-    if not os.path.isfile(settings.curve_server_public_file):
-        raise ValueError(f"curve_server_public_file {settings.curve_server_public_file!r} does not exist; {KEYS_HINT}")
-    server_public, _ = zmq.auth.load_certificate(settings.curve_server_public_file)
+    if not os.path.isfile(server_file):
+        raise ValueError(f"{_SECTION}.curve_server_public_key {server_file!r} does not exist; {KEYS_HINT}")
+    server_public, _ = zmq.auth.load_certificate(server_file)
     return CurveClientKeys(public, secret, server_public)
 
 
-def _common_options(sock: zmq.Socket, settings: PlaneSettings) -> None:
-    sock.setsockopt(zmq.SNDHWM, settings.socket_hwm)
-    sock.setsockopt(zmq.RCVHWM, settings.socket_hwm)
-    sock.setsockopt(zmq.MAXMSGSIZE, settings.max_message_bytes)
+def _common_options(sock: zmq.Socket, transport: TransportConfig) -> None:
+    sock.setsockopt(zmq.SNDHWM, transport.socket_hwm)
+    sock.setsockopt(zmq.RCVHWM, transport.socket_hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, transport.max_message_bytes)
     sock.setsockopt(zmq.LINGER, 200)
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
 
@@ -130,11 +143,11 @@ def start_authenticator(ctx: zmq.Context, keys: CurveServerKeys) -> ThreadAuthen
     return auth
 
 
-def bind_router(ctx: zmq.Context, settings: PlaneSettings, keys: CurveServerKeys | None) -> tuple[zmq.Socket, int]:
+def bind_router(ctx: zmq.Context, transport: TransportConfig, keys: CurveServerKeys | None) -> tuple[zmq.Socket, int]:
     """The coordinator's ROUTER, bound per policy; returns (socket, port). Start the authenticator BEFORE this."""
     sock = ctx.socket(zmq.ROUTER)
     try:
-        _common_options(sock, settings)
+        _common_options(sock, transport)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if keys is not None:
@@ -142,14 +155,14 @@ def bind_router(ctx: zmq.Context, settings: PlaneSettings, keys: CurveServerKeys
             sock.curve_publickey = keys.public
             sock.curve_secretkey = keys.secret
             sock.zap_domain = ZAP_DOMAIN.encode()
-        host = settings.host.strip("[]")
+        host = transport.host.strip("[]")
         if ":" in host:
             sock.setsockopt(zmq.IPV6, 1)
-        if settings.port == 0:
+        if transport.port == 0:
             port = sock.bind_to_random_port(tcp_endpoint(host, "").rstrip(":"))
         else:
-            sock.bind(tcp_endpoint(host, settings.port))
-            port = settings.port
+            sock.bind(tcp_endpoint(host, transport.port))
+            port = transport.port
     except Exception:
         sock.close(linger=0)
         raise
@@ -158,12 +171,12 @@ def bind_router(ctx: zmq.Context, settings: PlaneSettings, keys: CurveServerKeys
 
 
 def connect_dealer(
-    ctx: zmq.Context, address: str, identity: str, settings: PlaneSettings, keys: CurveClientKeys | None
+    ctx: zmq.Context, address: str, identity: str, transport: TransportConfig, keys: CurveClientKeys | None
 ) -> zmq.Socket:
     """An actor's DEALER with routing id ``identity``, connected to ``address`` (tcp://host:port)."""
     sock = ctx.socket(zmq.DEALER)
     try:
-        _common_options(sock, settings)
+        _common_options(sock, transport)
         sock.setsockopt(zmq.ROUTING_ID, identity.encode("ascii"))
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)

@@ -32,7 +32,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from async_rl.transport.admission import Admission, within_bound
+from async_rl.transport.admission import Admission, inflight_cap, within_bound
 
 EPS = 1e-12
 
@@ -117,7 +117,7 @@ class SimConfig:
     max_concurrent_groups: int  # per actor
     groups_per_step: int  # B = data.train_batch_size
     max_staleness: int  # K
-    inflight_cap: int | None = None  # None: (K + 1) x B, as PlaneSettings
+    inflight_cap: int | None = None  # None: (K + 1) x B, as the coordinator (admission.inflight_cap)
     stale_policy: Literal["drop", "regrant"] = "drop"
     sync_s: float = 0.0  # one weight broadcast, learner and actors both blocked
     sync_every: int = 1
@@ -135,7 +135,7 @@ class SimConfig:
 
     @property
     def cap(self) -> int:
-        return self.inflight_cap if self.inflight_cap is not None else (self.max_staleness + 1) * self.groups_per_step
+        return inflight_cap(self.inflight_cap, max_staleness=self.max_staleness, groups_per_step=self.groups_per_step)
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,10 @@ def test_critic_mini_batch_divisibility() -> None:
         ("async_training.transport.peer_timeout_s=1", "async_training.transport.peer_timeout_s"),
         ("async_training.transport.max_inflight_groups=4", "async_training.transport.max_inflight_groups"),
         ("async_training.transport.max_message_bytes=32", "async_training.transport.max_message_bytes"),  # < 1x8x8
+        ("async_training.transport.max_message_bytes=1000", "async_training.transport.max_message_bytes"),  # < 1024
+        ("async_training.transport.host=''", "async_training.transport.host"),
+        ("async_training.transport.curve_server_public_key=''", "async_training.transport.curve_server_public_key"),
+        ("async_training.stale_policy=keep", "async_training.stale_policy"),
         ("algorithm.rollout_correction.is_threshold=0.5", "algorithm.rollout_correction.is_threshold"),
         ("algorithm.rollout_correction.is_threshold_lower=3", "algorithm.rollout_correction.is_threshold_lower"),
         ("reward.function=not_a_spec", "reward.function"),

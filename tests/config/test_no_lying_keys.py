@@ -214,14 +214,15 @@ def test_a_key_folded_into_another_counts_only_if_that_one_is_read() -> None:
 
 
 def test_removing_a_real_reader_is_seen(consumed: set[str]) -> None:
-    """Drop the one line that reads transport.socket_hwm from the real module: the key is no longer read."""
-    key = "async_training.transport.socket_hwm"
+    """Drop the one line that reads transport.max_actors from the real module: the key is no longer read."""
+    key = "async_training.transport.max_actors"
     assert key in consumed
-    path = module_file("async_rl.transport.settings")
+    path = module_file("async_rl.transport.coordinator")
     assert path is not None
     text = path.read_text()
-    assert "socket_hwm=t.socket_hwm," in text
-    others = [module_file(m) for m in ("async_rl.runtime.resources", "async_rl.transport.coordinator")]
-    without = scan_sources([text.replace("socket_hwm=t.socket_hwm,", ""), *(p.read_text() for p in others if p)])
+    line = "self.transport.max_actors,"
+    assert text.count(line) == 1
+    others = [module_file(m) for m in ("async_rl.transport.sockets", "async_rl.transport.client")]
+    without = scan_sources([text.replace(line, "0,"), *(p.read_text() for p in others if p)])
     assert key in consumed_keys(scan_sources([text]))
     assert key not in consumed_keys(without)

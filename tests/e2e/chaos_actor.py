@@ -25,7 +25,6 @@ from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyW
 from async_rl.actor.engine import EngineOutput
 from async_rl.actor.loop import ActorLoop
 from async_rl.config import load_config
-from async_rl.runtime import resources
 from async_rl.transport import RolloutClient
 from async_rl.transport.protocol import GroupSampling
 from async_rl.weight_sync import WeightReceiver
@@ -91,7 +90,7 @@ def main() -> None:
     go = os.environ.get("CHAOS_GO")  # start the fault only when the test says so (imports are done by then)
     while go and not os.path.exists(go):
         time.sleep(0.05)
-    client = RolloutClient(coordinator, actor_id, resources.plane_settings(cfg))
+    client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
     try:
         if mode == "silent":
             silent(client)

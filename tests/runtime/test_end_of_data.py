@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _plane_config import coordinator, plane_config
 
 from async_rl.config import load_config
 from async_rl.learner.dist import local_context
 from async_rl.runtime.rollout_source import RolloutSource, wait_for_groups
 from async_rl.runtime.run_length import derive_run_length
-from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, RolloutClient, make_completion, unpack_array
+from async_rl.transport import Coordinator, PromptRecord, RolloutClient, make_completion, unpack_array
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +53,10 @@ def plane() -> Iterator[Plane]:
     made: list[tuple[Coordinator, RolloutClient]] = []
 
     def make(prompts: int, batch: int, **kwargs: Any) -> tuple[Coordinator, RolloutClient]:
-        s = PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=5.0, max_staleness=1, groups_per_step=batch)
+        s = plane_config(heartbeat_interval_s=0.1, peer_timeout_s=5.0, max_staleness=1, groups_per_step=batch)
         records = [PromptRecord(np.arange(i, i + 3, dtype=np.int32)) for i in range(prompts)]
-        coord = Coordinator(records, s, seed=0, trust_claimed_versions=True, **kwargs)
-        client = RolloutClient(coord.address, "actor-0", s)
+        coord = coordinator(records, s, seed=0, trust_claimed_versions=True, **kwargs)
+        client = RolloutClient(coord.address, "actor-0", s.async_training.transport)
         made.append((coord, client))
         client.hello()
         return coord, client

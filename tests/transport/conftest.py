@@ -13,17 +13,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _plane_config import coordinator, plane_config
 
-from async_rl.transport import Coordinator, PlaneSettings, PromptRecord, RolloutClient, make_completion, unpack_array
+from async_rl.config import Config
+from async_rl.transport import Coordinator, PromptRecord, RolloutClient, make_completion, unpack_array
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_ACTOR = Path(__file__).with_name("fake_actor.py")
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    """A test config with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def records(n: int, length: int = 4) -> list[PromptRecord]:
@@ -40,11 +42,11 @@ def make_records() -> Callable[..., list[PromptRecord]]:
 def coordinator_factory() -> Iterator[Callable[..., Coordinator]]:
     made: list[Coordinator] = []
 
-    def make(n_records: int = 16, settings: PlaneSettings | None = None, **kwargs: Any) -> Coordinator:
+    def make(n_records: int = 16, cfg: Config | None = None, **kwargs: Any) -> Coordinator:
         recs = kwargs.pop("records", None) or records(n_records)
         kwargs.setdefault("seed", 0)  # per-sample seeds from seed 0
         kwargs.setdefault("trust_claimed_versions", True)  # no weight sync here: clients' versions are their claims
-        coord = Coordinator(recs, settings or fast(), **kwargs)
+        coord = coordinator(recs, cfg or fast(), **kwargs)
         made.append(coord)
         return coord
 
@@ -57,10 +59,8 @@ def coordinator_factory() -> Iterator[Callable[..., Coordinator]]:
 def client_factory() -> Iterator[Callable[..., RolloutClient]]:
     made: list[RolloutClient] = []
 
-    def make(
-        address: str, actor_id: str = "actor-0", settings: PlaneSettings | None = None, **kw: Any
-    ) -> RolloutClient:
-        client = RolloutClient(address, actor_id, settings or fast(), **kw)
+    def make(address: str, actor_id: str = "actor-0", cfg: Config | None = None, **kw: Any) -> RolloutClient:
+        client = RolloutClient(address, actor_id, (cfg or fast()).async_training.transport, **kw)
         made.append(client)
         return client
 

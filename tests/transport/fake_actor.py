@@ -17,7 +17,8 @@ from collections import deque
 
 import numpy as np
 
-from async_rl.transport import PlaneSettings, RolloutClient, make_completion, unpack_array
+from async_rl.config import default_config
+from async_rl.transport import RolloutClient, make_completion, unpack_array
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 
@@ -64,8 +65,9 @@ def main() -> int:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format=f"[{args.actor_id}] %(levelname)s %(name)s: %(message)s")
     rng = random.Random(args.seed)
-    settings = PlaneSettings.defaults(heartbeat_interval_s=args.heartbeat, peer_timeout_s=args.peer_timeout)
-    client = RolloutClient(args.address, args.actor_id, settings, ack_timeout_s=args.ack_timeout)
+    transport = default_config().async_training.transport
+    transport.heartbeat_interval_s, transport.peer_timeout_s = args.heartbeat, args.peer_timeout
+    client = RolloutClient(args.address, args.actor_id, transport, ack_timeout_s=args.ack_timeout)
     state = {"loaded": client.hello(loaded_version=0, timeout_s=20.0).policy_version}
     work: deque[PromptGrant] = deque()
     stop_at = time.monotonic() + args.max_runtime

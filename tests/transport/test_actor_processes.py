@@ -15,16 +15,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _plane_config import coordinator, plane_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, PromptRecord, unpack_array
+from async_rl.config import Config
+from async_rl.transport import Coordinator, GroupSampling, PromptRecord, unpack_array
 from async_rl.transport.protocol import RolloutGroup
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    """A test config with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 ACTOR_OPTS = {"heartbeat": 0.1, "peer_timeout": 1.0, "ack_timeout": 0.5, "max_runtime": 60}
@@ -92,7 +94,7 @@ def test_random_speeds_and_pauses_keep_the_bound_and_exactly_once(
 ) -> None:
     total, n = 24, 2
     s = fast(max_staleness=k, stale_policy=stale_policy, groups_per_step=groups_per_step)  # type: ignore[arg-type]
-    coord = Coordinator(
+    coord = coordinator(
         _records(total), s, sampling=GroupSampling.defaults(n=n), seed=0, max_epochs=1, trust_claimed_versions=True
     )
     try:
@@ -118,7 +120,7 @@ def test_random_speeds_and_pauses_keep_the_bound_and_exactly_once(
 def test_killed_and_stopped_actors_lose_nothing_and_late_work_is_deduplicated(actor_procs: Any) -> None:
     total, n, k, g = 40, 2, 1, 2
     s = fast(max_staleness=k, groups_per_step=g, lease_timeout_s=30.0, stale_policy="regrant")
-    coord = Coordinator(
+    coord = coordinator(
         _records(total), s, sampling=GroupSampling.defaults(n=n), seed=0, max_epochs=1, trust_claimed_versions=True
     )
     events: dict[str, float] = {}

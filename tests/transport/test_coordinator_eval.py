@@ -11,10 +11,12 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from _plane_config import plane_config
 from _plane_helpers import collect_grants as _collect
 from _plane_helpers import wait_until as _wait
 
-from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, PromptRecord, RolloutClient
+from async_rl.config import Config
+from async_rl.transport import Coordinator, GroupSampling, PromptRecord, RolloutClient
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 Factory = Callable[..., Coordinator]
@@ -23,8 +25,8 @@ GroupMaker = Callable[..., RolloutGroup]
 GREEDY = GroupSampling.defaults(n=1, temperature=0.0, max_tokens=4)
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def _val_records(n: int) -> list[PromptRecord]:
@@ -42,7 +44,7 @@ def test_eval_grants_come_first_and_never_reach_the_learner(
 ) -> None:
     s = fast(max_staleness=1, groups_per_step=2)  # training admission cap (1 + 1) x 2 = 4
     coord = coordinator_factory(16, s)
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello(loaded_version=0)
     round_id = coord.start_eval(0, _val_records(3), GREEDY)
     grants = _collect(client, 7, loaded=0)
@@ -77,8 +79,8 @@ def test_training_goes_on_while_a_round_is_pending(
 ) -> None:
     s = fast(max_staleness=0, groups_per_step=2)  # K = 0: the next step's work only after train + new version
     coord = coordinator_factory(16, s)
-    evaluator = client_factory(coord.address, "evaluator", settings=s)
-    trainer = client_factory(coord.address, "trainer", settings=s)
+    evaluator = client_factory(coord.address, "evaluator", cfg=s)
+    trainer = client_factory(coord.address, "trainer", cfg=s)
     evaluator.hello(loaded_version=0)
     round_id = coord.start_eval(0, _val_records(2), GREEDY)
     held = _collect(evaluator, 2, loaded=0)  # the evaluator holds the whole round and does not answer yet
@@ -110,7 +112,7 @@ def test_only_actors_on_the_pinned_version_get_eval_work(
 ) -> None:
     s = fast(max_staleness=1, groups_per_step=2)
     coord = coordinator_factory(16, s, initial_version=2)
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello(loaded_version=1)
     round_id = coord.start_eval(2, _val_records(2), GREEDY)
     old = _collect(client, 2, loaded=1, timeout_s=1.0)

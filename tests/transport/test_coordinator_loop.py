@@ -11,17 +11,19 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
+from _plane_config import coordinator, plane_config
 from _plane_helpers import collect_grants as _collect
 from _plane_helpers import wait_until as _wait
 
+from async_rl.config import Config
 from async_rl.transport import (
     Coordinator,
     GroupSampling,
     MessageTooLarge,
-    PlaneSettings,
     PromptRecord,
     RolloutClient,
 )
+from async_rl.transport.admission import inflight_cap
 from async_rl.transport.protocol import RolloutGroup, WeightSyncPlan, group_seed
 
 Factory = Callable[..., Coordinator]
@@ -29,9 +31,9 @@ ClientFactory = Callable[..., RolloutClient]
 GroupMaker = Callable[..., RolloutGroup]
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    """A test config with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def test_hello_gets_welcome_with_version_and_weight_sync(coordinator_factory: Factory, client_factory: ClientFactory):
@@ -61,7 +63,7 @@ def test_grants_carry_prompt_data_and_are_capped_by_admission(
 ) -> None:
     s = fast(max_staleness=1, groups_per_step=2)  # cap = (1 + 1) x 2 = 4
     coord = coordinator_factory(8, s)
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello()
     grants = _collect(client, 10, loaded=0, timeout_s=1.0)
     assert [g.prompt_id for g in grants] == [0, 1, 2, 3]  # only 4 despite asking for 10
@@ -91,7 +93,7 @@ def test_synchronous_mode_k0_grants_the_next_step_only_after_train_and_version(
 ) -> None:
     s = fast(max_staleness=0, groups_per_step=3)
     coord = coordinator_factory(30, s)
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello()
     for version in range(3):
         grants = _collect(client, 3, loaded=version)
@@ -113,7 +115,7 @@ def test_stale_groups_are_never_returned(
 ) -> None:
     s = fast(max_staleness=1, groups_per_step=2, stale_policy="regrant")
     coord = coordinator_factory(8, s)
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello()
     grants = _collect(client, 4, loaded=0)
     client.send_group(make_group(grants[0], "actor-0", version=0))  # buffered at version 0
@@ -180,7 +182,7 @@ def test_oversize_group_is_reported_by_the_sender(
 ) -> None:
     s = fast(max_message_bytes=4096)
     coord = coordinator_factory(4, s)
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello()
     (grant, *_) = _collect(client, 1, loaded=0)
     small = make_group(grant, "actor-0", version=0)
@@ -215,8 +217,8 @@ def test_a_prompt_that_cannot_fit_in_a_grant_is_dropped_and_counted(
     recs = make_records(3)
     recs[1] = PromptRecord(np.zeros(2000, dtype=np.int32))  # 8000 bytes of tokens > max_message_bytes = 4096
     s = fast(max_message_bytes=4096)
-    coord = coordinator_factory(settings=s, records=recs, max_epochs=1)
-    client = client_factory(coord.address, settings=s)
+    coord = coordinator_factory(cfg=s, records=recs, max_epochs=1)
+    client = client_factory(coord.address, cfg=s)
     client.hello()
     grants = _collect(client, 3, loaded=0, timeout_s=1.0)
     assert [g.prompt_id for g in grants] == [0, 2]
@@ -245,19 +247,16 @@ def test_learner_api_checks_arguments(coordinator_factory: Factory, client_facto
         other.load_state_dict(coord.state_dict())
     assert all(key.startswith("transport/") for key in coord.metrics())
     with pytest.raises(ValueError, match=r"GroupSampling: Expected `float` <= 1.0 - at `\$.top_p`"):
-        Coordinator([PromptRecord(np.arange(2))], fast(), sampling=GroupSampling.defaults(top_p=1.5), seed=0)
+        coordinator([PromptRecord(np.arange(2))], fast(), sampling=GroupSampling.defaults(top_p=1.5), seed=0)
 
 
-def test_settings_validation_names_the_field() -> None:
-    with pytest.raises(ValueError, match="stale_policy"):
-        PlaneSettings.defaults(stale_policy="keep")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_inflight_groups"):
-        PlaneSettings.defaults(groups_per_step=8, max_inflight_groups=4)
-    with pytest.raises(ValueError, match="peer_timeout_s"):
-        PlaneSettings.defaults(heartbeat_interval_s=2.0, peer_timeout_s=1.0)
-    with pytest.raises(ValueError, match="unknown transport setting"):
-        PlaneSettings.defaults(hots="127.0.0.1")
-    assert PlaneSettings.defaults(max_staleness=2, groups_per_step=4).inflight_cap == 12  # (2 + 1) x 4
+def test_the_inflight_cap_is_derived_when_the_config_leaves_it_null(coordinator_factory: Factory) -> None:
+    assert inflight_cap(None, max_staleness=2, groups_per_step=4) == 12  # (2 + 1) x 4
+    assert inflight_cap(5, max_staleness=2, groups_per_step=4) == 5
+    assert coordinator_factory(4, fast(max_staleness=2, groups_per_step=4)).inflight_cap == 12
+    assert coordinator_factory(4, fast(groups_per_step=4, max_inflight_groups=7)).inflight_cap == 7
+    with pytest.raises(TypeError, match="hots"):
+        fast(hots="127.0.0.1")  # the test helper refuses a typo too
 
 
 def test_grants_follow_weights_actually_sent_not_an_actors_claim(
@@ -265,8 +264,8 @@ def test_grants_follow_weights_actually_sent_not_an_actors_claim(
 ) -> None:
     s = fast(max_staleness=0, groups_per_step=2)  # K = 0: work at version 1 needs version 1 weights
     coord = coordinator_factory(8, s, trust_claimed_versions=False)
-    liar = client_factory(coord.address, "liar", settings=s)
-    honest = client_factory(coord.address, "honest", settings=s)
+    liar = client_factory(coord.address, "liar", cfg=s)
+    honest = client_factory(coord.address, "honest", cfg=s)
     liar.hello(loaded_version=0)
     honest.hello(loaded_version=0)
     first = _collect(liar, 2, loaded=0, timeout_s=1.0)  # version 0 is where every actor starts: no transfer needed

@@ -10,10 +10,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from _plane_config import plane_config
 from _plane_helpers import collect_grants as _collect
 from _plane_helpers import wait_until as _wait
 
-from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, PromptRecord, RolloutClient, make_completion
+from async_rl.config import Config
+from async_rl.transport import Coordinator, GroupSampling, PromptRecord, RolloutClient, make_completion
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 Factory = Callable[..., Coordinator]
@@ -23,8 +25,8 @@ SAMPLING = GroupSampling.defaults(n=2, max_tokens=8)
 VOCAB = 50  # records(n) prompts are [i, ..., i + 3]: every answer (conftest.answer) stays far below it
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 def _out_of_vocab(make_group: GroupMaker, grant: PromptGrant, actor_id: str) -> RolloutGroup:
@@ -90,8 +92,8 @@ def test_a_repeat_offender_is_quarantined_while_a_good_actor_goes_on(
 ) -> None:
     s = fast(max_invalid_groups=3)
     coord = coordinator_factory(32, s, sampling=SAMPLING, vocab_size=VOCAB)
-    bad = client_factory(coord.address, "bad", settings=s)
-    good = client_factory(coord.address, "good", settings=s)
+    bad = client_factory(coord.address, "bad", cfg=s)
+    good = client_factory(coord.address, "good", cfg=s)
     bad.hello()
     good.hello()
     grants = _collect(bad, 4, loaded=0)

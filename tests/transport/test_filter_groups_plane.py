@@ -14,14 +14,15 @@ from typing import Any
 
 import msgspec
 import pytest
+from _plane_config import plane_config
 
+from async_rl.config import Config
 from async_rl.config.algorithm import FilterGroupsConfig
 from async_rl.runtime.rollout_source import wait_for_groups
 from async_rl.transport import (
     Coordinator,
     FilterBudgetExceeded,
     GroupSampling,
-    PlaneSettings,
     PromptRecord,
     RolloutClient,
 )
@@ -40,8 +41,8 @@ CONSTANT = {0, 2, 3, 7, 8, 9, 15}
 EXPECTED_STEPS = [([1, 4, 5, 6], 3), ([10, 11, 12, 13], 3), ([14, 16, 17, 18], 1), ([19, 20, 21, 22], 0)]
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=5.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=5.0, **overrides)
 
 
 def scored(
@@ -149,7 +150,7 @@ def test_with_prefetch_admission_keeps_granting_and_nothing_is_lost(
     coord = coordinator_factory(
         200, s, sampling=SAMPLING, filter_groups=FilterGroupsConfig(enable=True, metric="reward")
     )
-    client = client_factory(coord.address, settings=s)
+    client = client_factory(coord.address, cfg=s)
     client.hello()
     rng = random.Random(3)
     constant: set[int] = set()
@@ -170,7 +171,7 @@ def test_with_prefetch_admission_keeps_granting_and_nothing_is_lost(
         assert not constant & set(ids)
         serve_round(client, version, answer, sent)  # the actor works on while the learner trains this step
         m = coord.metrics()
-        assert m["transport/in_flight"] <= s.inflight_cap
+        assert m["transport/in_flight"] <= coord.inflight_cap
         per_step_filtered.append(m["transport/filter/filtered_groups"])
         coord.mark_trained(ids)
         trained += ids

@@ -12,16 +12,18 @@ from typing import Any
 
 import numpy as np
 import zmq
+from _plane_config import plane_config
 
-from async_rl.transport import Coordinator, GroupSampling, PlaneSettings, RolloutClient, make_completion, unpack_array
+from async_rl.config import Config
+from async_rl.transport import Coordinator, GroupSampling, RolloutClient, make_completion, unpack_array
 from async_rl.transport.codec import WireCodec
 from async_rl.transport.protocol import Heartbeat, Hello, RolloutGroup
 from async_rl.transport.sockets import bind_router
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    """A test config with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 HWM = 4
@@ -37,8 +39,8 @@ def _big_group(prompt_id: int, tokens: int) -> RolloutGroup:
 def test_flood_of_ten_times_the_hwm_blocks_the_sender_and_loses_nothing() -> None:
     s = fast(socket_hwm=HWM)
     ctx = zmq.Context()
-    router, port = bind_router(ctx, s, None)  # the coordinator's own socket configuration
-    client = RolloutClient(f"tcp://127.0.0.1:{port}", "flooder", s)
+    router, port = bind_router(ctx, s.async_training.transport, None)  # the coordinator's own socket configuration
+    client = RolloutClient(f"tcp://127.0.0.1:{port}", "flooder", s.async_training.transport)
     received: list[RolloutGroup] = []
     codec = WireCodec()
 
@@ -77,8 +79,10 @@ def test_heartbeats_and_the_event_loop_keep_going_while_groups_wait_for_the_sock
     the first messages, ahead of the groups still queued, which then arrive in order, once each."""
     s = fast(socket_hwm=HWM)
     ctx = zmq.Context()
-    router, port = bind_router(ctx, s, None)
-    client = RolloutClient(f"tcp://127.0.0.1:{port}", "flooder", s, ack_timeout_s=60.0)  # no acks: no re-sends
+    router, port = bind_router(ctx, s.async_training.transport, None)
+    client = RolloutClient(
+        f"tcp://127.0.0.1:{port}", "flooder", s.async_training.transport, ack_timeout_s=60.0
+    )  # no acks: no re-sends
     kinds: list[tuple[str, int]] = []  # what the coordinator's socket received, in order: (kind, prompt id or -1)
     codec = WireCodec()
     stall_s = 1.5
@@ -141,7 +145,7 @@ def test_flood_through_the_coordinator_is_fully_accepted(
 ) -> None:
     s = fast(socket_hwm=HWM, groups_per_step=FLOOD // 2, max_inflight_groups=FLOOD)  # K = 1: 2 steps may queue
     coord = coordinator_factory(FLOOD, s, max_epochs=1, sampling=GroupSampling.defaults(max_tokens=16_384))
-    client = client_factory(coord.address, "flooder", settings=s)
+    client = client_factory(coord.address, "flooder", cfg=s)
     client.hello()
     grants: list = []
     deadline = time.monotonic() + 5

@@ -11,14 +11,16 @@ from typing import Any
 
 import msgspec
 import zmq
+from _plane_config import plane_config
 
-from async_rl.transport import Coordinator, PlaneSettings, RolloutClient
+from async_rl.config import Config
+from async_rl.transport import Coordinator, RolloutClient
 from async_rl.transport.protocol import PROTOCOL_VERSION, RolloutGroup
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    """A test config with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 ENC = msgspec.msgpack.Encoder()
@@ -132,7 +134,7 @@ def test_ten_thousand_bad_messages_are_counted_and_dropped(
     assert m["transport/decode_errors/identity"] == categories["identity"]
     assert m["transport/decode_errors/ext"] == categories["ext"]
     # The plane still serves a real actor.
-    client = client_factory(coord.address, "real-actor", settings=s)
+    client = client_factory(coord.address, "real-actor", cfg=s)
     client.hello()
     grants: list = []
     deadline = time.monotonic() + 3

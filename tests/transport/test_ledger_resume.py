@@ -8,15 +8,17 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _plane_config import plane_config
 
-from async_rl.transport import Coordinator, PlaneSettings, RolloutClient
+from async_rl.config import Config
+from async_rl.transport import Coordinator, RolloutClient
 from async_rl.transport.codec import decode_plain, encode_plain
 from async_rl.transport.protocol import PromptGrant, RolloutGroup
 
 
-def fast(**overrides: Any) -> PlaneSettings:
-    """Test settings with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
-    return PlaneSettings.defaults(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
+def fast(**overrides: Any) -> Config:
+    """A test config with quick liveness: heartbeats every 0.1 s, a peer is dead after 1 s of silence."""
+    return plane_config(heartbeat_interval_s=0.1, peer_timeout_s=1.0, **overrides)
 
 
 N = 20
@@ -37,7 +39,7 @@ def test_resume_neither_repeats_nor_skips(
 ) -> None:
     s = fast(max_staleness=2, groups_per_step=2)  # cap (2 + 1) x 2 = 6
     first = coordinator_factory(N, s, max_epochs=1, shuffle_seed=7)
-    client = client_factory(first.address, "actor-0", settings=s)
+    client = client_factory(first.address, "actor-0", cfg=s)
     client.hello()
     trained_before: list[int] = []
     for version in range(3):  # three normal steps
@@ -62,7 +64,7 @@ def test_resume_neither_repeats_nor_skips(
     second.load_state_dict(decode_plain(saved))
     assert second.policy_version == 3
     second.start()
-    fresh = client_factory(second.address, "actor-1", settings=s)
+    fresh = client_factory(second.address, "actor-1", cfg=s)
     fresh.hello(loaded_version=3)
     trained_after: list[int] = []
     version = 3

@@ -105,7 +105,9 @@ def _tree_cpu_s(proc: Any) -> float:
 async def main(args: argparse.Namespace) -> None:
     import psutil
 
-    from async_rl.actor.engine import EngineSettings, GenerationEngine
+    from async_rl.actor.engine import GenerationEngine, actor_device
+    from async_rl.config import default_config
+    from async_rl.config.resolve import engine_start
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     print(f"placement: {'left to the OS' if args.no_pin else _pin_cpus()}", flush=True)
@@ -115,10 +117,11 @@ async def main(args: argparse.Namespace) -> None:
             from async_rl.models.tiny import build_tiny_model
 
             model = str(build_tiny_model(os.path.join(tmp, "tiny"), seed=0))
+        cfg = default_config()
+        rollout = cfg.actor_rollout_ref.rollout
+        rollout.dtype, rollout.max_model_len, rollout.enforce_eager = "float32", args.max_tokens + 32, True
         gen = GenerationEngine(
-            EngineSettings.defaults(
-                model_path=model, dtype="float32", max_model_len=args.max_tokens + 32, enforce_eager=True
-            )
+            cfg, engine_start(cfg, model_path=model, device_type=actor_device()), extra_engine_kwargs={}
         )
         await gen.start()
         prompts = [[5 + (i % 40), 6 + (i * 7) % 40, 7 + (i * 13) % 40, 18] for i in range(args.prompts)]

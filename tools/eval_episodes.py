@@ -60,7 +60,8 @@ def transcript(tokenizer: Any, completion: Any) -> str:
 async def _play(cfg: Any, model_path: str, args: argparse.Namespace) -> dict[str, Any]:
     import msgspec
 
-    from async_rl.actor.engine import EngineSettings, GenerationEngine
+    from async_rl.actor.engine import GenerationEngine, actor_device
+    from async_rl.config.resolve import engine_start
     from async_rl.runtime import resources
     from async_rl.runtime.actor_main import episode_runner
     from async_rl.runtime.rollout_metrics import episode_metrics
@@ -69,7 +70,8 @@ async def _play(cfg: Any, model_path: str, args: argparse.Namespace) -> dict[str
     tokenizer = resources.load_tokenizer(cfg, model_path)
     records, _ = resources.val_records(cfg, tokenizer)
     records = records[: args.prompts]
-    engine = GenerationEngine(EngineSettings.from_config(cfg, model_path=model_path, extra_engine_kwargs={}))
+    start = engine_start(cfg, model_path=model_path, device_type=actor_device())
+    engine = GenerationEngine(cfg, start, extra_engine_kwargs={})
     await engine.start()
     runner = episode_runner(cfg, engine, model_path)
     try:

@@ -27,21 +27,21 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from async_rl.config import Config, default_config
+from async_rl.config import Config
+from async_rl.config.actor_rollout_ref import RolloutConfig
 from async_rl.config.names import VLLM_LORA_RANKS
-from async_rl.config.precision import rollout_precision
+from async_rl.config.resolve import EngineStart, resolved
 from async_rl.transport.protocol import GroupSampling
 
 logger = logging.getLogger(__name__)
 
 UpdateMode = Literal["inflight", "drain"]
-LogprobsMode = Literal["processed", "raw"]
 
 
 class EngineDead(RuntimeError):
@@ -72,66 +72,22 @@ class EngineStats:
     updates: int = 0
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """What the engine is built from: ``actor_rollout_ref.rollout.*``, ``async_training.actor.logprobs_mode`` and
-    ``trainer.seed`` (see :meth:`from_config`; no defaults here, they live in the config)."""
-
-    model_path: str
-    tensor_parallel_size: int
-    dtype: str
-    max_model_len: int
-    gpu_memory_utilization: float
-    max_num_seqs: int
-    enforce_eager: bool
-    enable_prefix_caching: bool
-    enable_chunked_prefill: bool
-    max_num_batched_tokens: int | None  # None: vLLM's own default
-    logprobs_mode: LogprobsMode
-    seed: int
-    lora_rank: int  # actor_rollout_ref.model.lora_rank; 0 = full weights, no LoRA in vLLM
-    max_loras: int  # adapters vLLM keeps at once in a LoRA run: async_training.max_staleness + 2
-    # vLLM engine arguments that install the weight-sync worker extension (see async_rl.weight_sync.vllm_engine_kwargs)
-    extra_engine_kwargs: dict[str, Any]
-
-    @classmethod
-    def from_config(cls, cfg: Config, *, model_path: str, extra_engine_kwargs: dict[str, Any]) -> EngineSettings:
-        """From a validated config (``rollout.max_model_len`` filled in); ``model_path`` is the resolved directory."""
-        r = cfg.actor_rollout_ref.rollout
-        if r.max_model_len is None:
-            raise ValueError("actor_rollout_ref.rollout.max_model_len is null: validate the config first")
-        return cls(
-            model_path=model_path,
-            tensor_parallel_size=r.tensor_model_parallel_size,
-            dtype=rollout_precision(r.dtype, "cuda" if has_cuda() else "cpu")[0],  # auto: by this host's hardware
-            max_model_len=r.max_model_len,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            max_num_seqs=r.max_num_seqs,
-            enforce_eager=r.enforce_eager,
-            enable_prefix_caching=r.enable_prefix_caching,
-            enable_chunked_prefill=r.enable_chunked_prefill,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            logprobs_mode=cfg.async_training.actor.logprobs_mode,
-            seed=cfg.trainer.seed,
-            lora_rank=cfg.actor_rollout_ref.model.lora_rank,
-            max_loras=cfg.async_training.max_staleness + 2,
-            extra_engine_kwargs=extra_engine_kwargs,
-        )
-
-    @classmethod
-    def defaults(cls, model_path: str, **overrides: Any) -> EngineSettings:
-        """The config's defaults (no weight-sync extension), with ``overrides`` replaced; for tests and tools."""
-        base = cls.from_config(default_config(), model_path=model_path, extra_engine_kwargs={})
-        return replace(base, **overrides)
-
-
 class GenerationEngine:
     """A vLLM ``AsyncLLM`` that knows its policy version. Build with :meth:`start`, stop with :meth:`shutdown`."""
 
-    def __init__(self, settings: EngineSettings, *, version: int = 0) -> None:
-        if settings.logprobs_mode not in ("processed", "raw"):
-            raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {settings.logprobs_mode!r}")
-        self.settings = settings
+    def __init__(
+        self, cfg: Config, start: EngineStart, *, extra_engine_kwargs: dict[str, Any], version: int = 0
+    ) -> None:
+        """``cfg``: a validated config, whose sections the engine keeps and reads (``actor_rollout_ref.rollout``,
+        ``actor_rollout_ref.model.lora_rank``, ``async_training.actor.logprobs_mode``, ``trainer.seed``); ``start``:
+        what the config cannot say (:func:`async_rl.config.resolve.engine_start`); ``extra_engine_kwargs``: vLLM engine
+        arguments that install the weight-sync worker extension (``async_rl.weight_sync.vllm_engine_kwargs``)."""
+        self.rollout_cfg = cfg.actor_rollout_ref.rollout
+        self.model_cfg = cfg.actor_rollout_ref.model
+        self.actor_cfg = cfg.async_training.actor
+        self.seed = cfg.trainer.seed
+        self.startup = start
+        self.extra_engine_kwargs = extra_engine_kwargs
         self.version = version
         self.stats = EngineStats()
         self._engine: Any = None
@@ -147,7 +103,7 @@ class GenerationEngine:
     @property
     def lora(self) -> bool:
         """Whether versions are served as LoRA adapters (``lora_rank`` > 0)."""
-        return self.settings.lora_rank > 0
+        return self.model_cfg.lora_rank > 0
 
     @property
     def halted(self) -> bool:
@@ -164,30 +120,30 @@ class GenerationEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        s = self.settings
-        chunked, budget = scheduler_budget(s, on_cpu=not has_cuda())
+        r, start = self.rollout_cfg, self.startup
+        chunked, budget = scheduler_budget(r, on_cpu=not has_cuda())
         args = AsyncEngineArgs(
-            model=s.model_path,
+            model=start.model_path,
             enable_chunked_prefill=chunked,
             max_num_batched_tokens=budget,
-            tensor_parallel_size=s.tensor_parallel_size,
-            dtype=s.dtype,  # type: ignore[arg-type]
-            max_model_len=s.max_model_len,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            max_num_seqs=s.max_num_seqs,
-            enforce_eager=s.enforce_eager,
-            enable_prefix_caching=s.enable_prefix_caching,
-            logprobs_mode="processed_logprobs" if s.logprobs_mode == "processed" else "raw_logprobs",
-            seed=s.seed,
-            **lora_engine_kwargs(s.lora_rank, s.max_loras),
-            **s.extra_engine_kwargs,
+            tensor_parallel_size=r.tensor_model_parallel_size,
+            dtype=start.dtype,  # type: ignore[arg-type]
+            max_model_len=resolved(r.max_model_len, "actor_rollout_ref.rollout.max_model_len"),
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_num_seqs=r.max_num_seqs,
+            enforce_eager=r.enforce_eager,
+            enable_prefix_caching=r.enable_prefix_caching,
+            logprobs_mode="processed_logprobs" if self.actor_cfg.logprobs_mode == "processed" else "raw_logprobs",
+            seed=self.seed,
+            **lora_engine_kwargs(self.model_cfg.lora_rank, start.max_loras),
+            **self.extra_engine_kwargs,
         )
-        if s.lora_rank:
+        if self.lora:
             shm = Path("/dev/shm")
             self._adapter_root = Path(tempfile.mkdtemp(prefix="async_rl_lora_", dir=shm if shm.is_dir() else None))
         self._engine = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._engine.tokenizer if hasattr(self._engine, "tokenizer") else None
-        logger.info("vLLM engine up: %s (tp=%d)", s.model_path, s.tensor_parallel_size)
+        logger.info("vLLM engine up: %s (tp=%d)", start.model_path, r.tensor_model_parallel_size)
 
     @property
     def vllm(self) -> Any:
@@ -418,7 +374,12 @@ def has_cuda() -> bool:
         return False
 
 
-def scheduler_budget(settings: EngineSettings, *, on_cpu: bool) -> tuple[bool, int | None]:
+def actor_device() -> str:
+    """The device type this actor's vLLM runs on: "cuda" or "cpu"."""
+    return "cuda" if has_cuda() else "cpu"
+
+
+def scheduler_budget(rollout: RolloutConfig, *, on_cpu: bool) -> tuple[bool, int | None]:
     """``(enable_chunked_prefill, max_num_batched_tokens)`` for vLLM.
 
     vLLM's CPU build cannot rewind a seeded request's random generator (``CPU Generator does not use offset``, raised
@@ -427,26 +388,27 @@ def scheduler_budget(settings: EngineSettings, *, on_cpu: bool) -> tuple[bool, i
     chunked prefill is turned off: each prompt is then prefilled whole within one step, which needs a token budget of
     at least ``max_model_len``. On GPUs the settings pass through unchanged.
     """
-    chunked = settings.enable_chunked_prefill
-    budget = settings.max_num_batched_tokens
+    chunked = rollout.enable_chunked_prefill
+    budget = rollout.max_num_batched_tokens
+    max_model_len = resolved(rollout.max_model_len, "actor_rollout_ref.rollout.max_model_len")
     if on_cpu and chunked:
         logger.warning(
             "rollout.enable_chunked_prefill=true is turned off on CPU: vLLM's CPU build crashes on seeded requests "
             "whose prefill is chunked ('CPU Generator does not use offset')"
         )
         chunked = False
-    if not chunked and budget is not None and budget < settings.max_model_len:
+    if not chunked and budget is not None and budget < max_model_len:
         logger.warning(
             "rollout.max_num_batched_tokens=%d < max_model_len=%d without chunked prefill: raised to %d so that any "
             "prompt fits one step",
             budget,
-            settings.max_model_len,
-            settings.max_model_len,
+            max_model_len,
+            max_model_len,
         )
-        budget = settings.max_model_len
-    if budget is not None and budget < settings.max_num_seqs:  # vLLM refuses a budget below one token per sequence
-        logger.warning("rollout.max_num_batched_tokens=%d raised to max_num_seqs=%d", budget, settings.max_num_seqs)
-        budget = settings.max_num_seqs
+        budget = max_model_len
+    if budget is not None and budget < rollout.max_num_seqs:  # vLLM refuses a budget below one token per sequence
+        logger.warning("rollout.max_num_batched_tokens=%d raised to max_num_seqs=%d", budget, rollout.max_num_seqs)
+        budget = rollout.max_num_seqs
     return chunked, budget
 
 

@@ -199,8 +199,8 @@ def load_config_with_warnings(
 def default_config() -> Config:
     """The defaults of every key as a validated, resolved Config (a fresh one each call; no warnings logged).
 
-    The settings views of the learner, the rollout plane and the actor engine take their defaults from it
-    (``LearnerSettings.defaults()``, ``PlaneSettings.defaults()``, ...), so defaults live in the config only.
+    Tests and tools that want "the defaults with a few changes" start from it and set attributes of its sections,
+    which the learner, the rollout plane and the actor engine read as they are: defaults live in the config only.
     """
     return load_config_with_warnings()[0]
 

@@ -13,7 +13,9 @@ from their verl aliases; ``reward.reward_kwargs`` from its older verl spellings 
 
 What the config alone cannot give the learner (the tokenizer's pad id, a run length counted from the data) is derived
 once at start-up into :class:`LearnerStart` (:func:`learner_start`); the learner reads everything else from the config
-sections themselves (the precision ``auto`` means on its device: ``async_rl.config.precision``).
+sections themselves (the precision ``auto`` means on its device: ``async_rl.config.precision``). Likewise an actor's
+vLLM engine gets :class:`EngineStart` (:func:`engine_start`: the resolved model directory, ``rollout.dtype`` resolved
+on the actor's device, :func:`max_loras`), and the learner's served-weights check :func:`served_check_tolerance`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from async_rl.config.common import OptimConfig
 from async_rl.config.correction import resolve_rollout_correction
 from async_rl.config.data_reward import OverlongBufferAlias, RewardKwargsAlias
 from async_rl.config.names import needs_critic
+from async_rl.config.precision import rollout_precision
 from async_rl.config.schema import Config
 
 T = TypeVar("T")
@@ -181,6 +184,37 @@ def learner_start(
     )
 
 
+@dataclass(frozen=True)
+class EngineStart:
+    """An actor's vLLM engine's start-up values that are not config keys, derived once by :func:`engine_start`."""
+
+    model_path: str  # the policy's directory, resolved (async_rl.runtime.resources.resolve_model_path)
+    dtype: str  # rollout.dtype as vLLM takes it, ``auto`` resolved on the actor's device
+    max_loras: int  # LoRA adapters vLLM holds at once (:func:`max_loras`)
+
+
+def engine_start(cfg: Config, *, model_path: str, device_type: str) -> EngineStart:
+    """The engine's start-up values on a ``device_type`` ("cuda" or "cpu") actor, for the policy at ``model_path``."""
+    dtype, _ = rollout_precision(cfg.actor_rollout_ref.rollout.dtype, device_type)
+    return EngineStart(model_path=model_path, dtype=dtype, max_loras=max_loras(cfg.async_training.max_staleness))
+
+
+def max_loras(max_staleness: int) -> int:
+    """LoRA adapters vLLM holds at once: the current one, the ``max_staleness`` older ones a running request may still
+    use, and the one being added."""
+    return max_staleness + 2
+
+
+def served_check_tolerance(configured: float | None, *, rollout_dtype: str, device_type: str) -> float:
+    """``async_training.weight_sync.served_check_tolerance`` as used: ``configured``, or when that is null 1e-3 for a
+    float32 rollout and 3e-2 otherwise (a bf16/fp16 engine computes the probe less exactly than the fp32 learner);
+    ``rollout_dtype`` is ``rollout.dtype``, its ``auto`` resolved for ``device_type``."""
+    if configured is not None:
+        return configured
+    dtype, _ = rollout_precision(rollout_dtype, device_type)
+    return 1e-3 if dtype == "float32" else 3e-2
+
+
 def resolved(value: T | None, key: str) -> T:
     """A "null = derived" config value, which :func:`resolve_config` fills in; None means the config was never
     validated."""
@@ -191,4 +225,15 @@ def resolved(value: T | None, key: str) -> T:
     return value
 
 
-__all__ = ["OVERLONG_KEYS", "LearnerStart", "learner_start", "resolve_config", "resolved", "reward_kwargs_aliases"]
+__all__ = [
+    "OVERLONG_KEYS",
+    "EngineStart",
+    "LearnerStart",
+    "engine_start",
+    "learner_start",
+    "max_loras",
+    "resolve_config",
+    "resolved",
+    "reward_kwargs_aliases",
+    "served_check_tolerance",
+]

@@ -84,15 +84,17 @@ def environment_kwargs(cfg: Config) -> dict[str, Any]:
     return {**options, **mt.environment_kwargs}
 
 
-def engine_settings(cfg: Config, model_path: str) -> Any:
-    from async_rl.actor.engine import EngineSettings
+def build_engine(cfg: Config, model_path: str) -> Any:
+    """The actor's vLLM engine (not started yet) for the policy at ``model_path``, with the weight-sync extension."""
+    from async_rl.actor.engine import GenerationEngine, actor_device
+    from async_rl.config.resolve import engine_start
     from async_rl.weight_sync import vllm_engine_kwargs
 
-    return EngineSettings.from_config(cfg, model_path=model_path, extra_engine_kwargs=vllm_engine_kwargs())
+    start = engine_start(cfg, model_path=model_path, device_type=actor_device())
+    return GenerationEngine(cfg, start, extra_engine_kwargs=vllm_engine_kwargs())
 
 
 async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> dict[str, float]:
-    from async_rl.actor.engine import GenerationEngine
     from async_rl.actor.loop import ActorLoop
     from async_rl.transport import RolloutClient
     from async_rl.weight_sync import AsyncEngineWeightSync
@@ -100,7 +102,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
     model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
     scorer = reward_worker(cfg)
     client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
-    engine = GenerationEngine(engine_settings(cfg, model_path))
+    engine = build_engine(cfg, model_path)
     episodes = None
     try:
         await engine.start()

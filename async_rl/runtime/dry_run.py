@@ -1,7 +1,7 @@
 """``--dry-run``: validate a config and the wiring built from it, without loading a model or generating.
 
 Builds everything that does not need weights or data: the learner's settings (batch arithmetic, loss choices), the
-rollout plane's settings (bind address and CURVE rules), the sampling parameters, the vLLM engine settings, the weight
+rollout plane's admission cap and bind address, the sampling parameters, the vLLM engine's start-up values, the weight
 sync backend, and imports the reward function. Model and data paths are reported (and checked when local), so a
 shipped GPU config can be checked on a CPU machine with nothing downloaded. A run bounded by ``trainer.total_epochs``
 gets its step count from the training data when that is on this machine (filtered with the policy's tokenizer when
@@ -75,12 +75,12 @@ def _run_length(cfg: Config) -> dict[str, Any]:
 
 def dry_run_report(cfg: Config) -> dict[str, Any]:
     """Everything a run would be wired from; raises ValueError naming what is wrong."""
-    from async_rl.actor.engine import lora_engine_kwargs
+    from async_rl.actor.engine import actor_device, lora_engine_kwargs
+    from async_rl.config.resolve import engine_start
     from async_rl.learner.lora import lora_spec
     from async_rl.learner.objective_spec import objective_spec
     from async_rl.learner.optim import check_schedule
     from async_rl.rewards import load_reward_fn
-    from async_rl.runtime.actor_main import engine_settings
     from async_rl.transport.admission import inflight_cap
     from async_rl.transport.protocol import GroupSampling
     from async_rl.weight_sync.group import resolve_backend
@@ -97,7 +97,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         check_schedule(cfg.critic.optim, run_steps=run_steps, section="critic.optim")
     needs_ref = arr.actor.use_kl_loss or algo.use_kl_in_reward
     sampling = GroupSampling.from_config(cfg, seed=cfg.trainer.seed)
-    engine = engine_settings(cfg, cfg.actor_rollout_ref.model.path)
+    engine = engine_start(cfg, model_path=cfg.actor_rollout_ref.model.path, device_type=actor_device())
     custom = cfg.custom_reward_function
     if custom.path:
         load_reward_fn(f"{custom.path}:{custom.name}", verl_style=True)
@@ -133,7 +133,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
                 "alpha": lora.alpha,
                 "target_modules": lora.target_modules,
                 "exclude_modules": list(lora.exclude_modules),
-                "vllm": lora_engine_kwargs(engine.lora_rank, engine.max_loras),
+                "vllm": lora_engine_kwargs(arr.model.lora_rank, engine.max_loras),
             }
         ),
         "train_files": {str(f): _path_status(f) for f in ([files] if isinstance(files, str) else files)},
@@ -156,7 +156,11 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
             transport.max_inflight_groups, max_staleness=at.max_staleness, groups_per_step=cfg.data.train_batch_size
         ),
         "sampling": {"n": sampling.n, "temperature": sampling.temperature, "max_tokens": sampling.max_tokens},
-        "engine": {"tp": engine.tensor_parallel_size, "dtype": engine.dtype, "logprobs_mode": engine.logprobs_mode},
+        "engine": {
+            "tp": arr.rollout.tensor_model_parallel_size,
+            "dtype": engine.dtype,
+            "logprobs_mode": at.actor.logprobs_mode,
+        },
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},
         "reward": reward,
     }

@@ -22,8 +22,8 @@ import torch
 from async_rl import metric_catalog as mc
 from async_rl.config import Config
 from async_rl.config.names import needs_critic
-from async_rl.config.precision import precision_line, rollout_precision
-from async_rl.config.resolve import learner_start
+from async_rl.config.precision import precision_line
+from async_rl.config.resolve import learner_start, served_check_tolerance
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
 from async_rl.runtime.metrics import ActorActivity
@@ -110,7 +110,11 @@ class Trainer:
             ctx,
             self.coordinator,
             adapter=self.learner.adapter_plan(),
-            served_check_tolerance=served_check_tolerance(cfg),
+            served_check_tolerance=served_check_tolerance(
+                ws.served_check_tolerance,
+                rollout_dtype=cfg.actor_rollout_ref.rollout.dtype,
+                device_type="cuda" if torch.cuda.is_available() else "cpu",  # the actors' as this host would resolve it
+            ),
         )
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.start_step = maybe_resume(cfg, self.learner, self.coordinator, self.ckpt_dir)
@@ -314,13 +318,3 @@ def probe_token_ids(vocab_size: int, length: int = PROBE_LENGTH) -> list[int]:
     """The served-weights probe: a fixed sequence of token ids spread over the vocabulary (any model, no tokenizer);
     ``length`` below the engine's ``max_model_len`` (vLLM refuses a prompt with no room for one token)."""
     return [(i * 7919 + 13) % vocab_size for i in range(max(2, length))]
-
-
-def served_check_tolerance(cfg: Config) -> float:
-    """``async_training.weight_sync.served_check_tolerance``, or its default by rollout dtype (float32: 1e-3, else
-    3e-2: a bf16/fp16 engine computes the probe less exactly than the fp32 learner)."""
-    given = cfg.async_training.weight_sync.served_check_tolerance
-    if given is not None:
-        return given
-    dtype, _ = rollout_precision(cfg.actor_rollout_ref.rollout.dtype, "cuda" if torch.cuda.is_available() else "cpu")
-    return 1e-3 if dtype == "float32" else 3e-2

@@ -70,14 +70,13 @@ def _model_and_records(cfg: Any, workdir: Path) -> tuple[str, list[Any]]:
 
 
 async def _generation(params: dict[str, Any]) -> dict[str, Any]:
-    from async_rl.actor.engine import GenerationEngine
-    from async_rl.runtime.actor_main import engine_settings
+    from async_rl.runtime.actor_main import build_engine
     from async_rl.transport.protocol import GroupSampling
 
     cfg = _config(params)
     model_path, records = _model_and_records(cfg, Path(params["workdir"]))
     sampling = GroupSampling.from_config(cfg, seed=None)
-    engine = GenerationEngine(engine_settings(cfg, model_path))
+    engine = build_engine(cfg, model_path)
     await engine.start()
     paired = bool(params.get("contend_groups"))
     if paired:  # wait until the learner probe has started up too: its start-up must not overlap a measurement

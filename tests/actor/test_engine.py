@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from async_rl.actor.engine import EngineSettings, GenerationEngine
+from async_rl.actor.engine import GenerationEngine
+from async_rl.config import default_config
+from async_rl.config.resolve import engine_start
 from async_rl.models.tiny import build_tiny_model
 from async_rl.transport.protocol import GroupSampling
 
@@ -28,17 +30,13 @@ def engine(tmp_path_factory, loop):
     """One engine for the module (each start-up costs tens of seconds). Its step budget of 128 tokens makes every
     other 100-token prefill of the last test one that would be chunked; the other tests run at most 24 sequences."""
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3)
-    settings = EngineSettings.defaults(
-        model_path=str(path),
-        dtype="float32",
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        max_num_seqs=32,
-        enable_chunked_prefill=True,  # what the config asks for; the engine turns it off on CPU
-        enforce_eager=True,
-        seed=0,
-    )
-    eng = GenerationEngine(settings)
+    cfg = default_config()
+    r = cfg.actor_rollout_ref.rollout
+    r.dtype, r.max_model_len, r.max_num_batched_tokens, r.max_num_seqs = "float32", 128, 128, 32
+    r.enable_chunked_prefill = True  # what the config asks for; the engine turns it off on CPU
+    r.enforce_eager = True
+    cfg.trainer.seed = 0
+    eng = GenerationEngine(cfg, engine_start(cfg, model_path=str(path), device_type="cpu"), extra_engine_kwargs={})
     loop.run_until_complete(eng.start())
     yield eng, path
     loop.run_until_complete(eng.shutdown())
@@ -227,7 +225,7 @@ def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(e
     the module engine's 128-token step budget, so every other prefill would be chunked. Samples must also stay
     reproducible."""
     eng, _ = engine
-    assert eng.settings.max_num_batched_tokens == 128 and eng.settings.enable_chunked_prefill
+    assert eng.rollout_cfg.max_num_batched_tokens == 128 and eng.rollout_cfg.enable_chunked_prefill
     prompts = [[5 + (i * 7 + j) % 50 for j in range(100)] for i in range(12)]
 
     async def run(seed0: int):

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from async_rl.actor.engine import EngineSettings, GenerationEngine, lora_engine_kwargs
+from async_rl.actor.engine import GenerationEngine, lora_engine_kwargs
+from async_rl.config import default_config
+from async_rl.config.resolve import engine_start
 from async_rl.models.tiny import build_tiny_model
 from async_rl.peft_format import LoRASpec, adapter_config
 from async_rl.transport.protocol import GroupSampling, WeightSyncPlan
@@ -52,18 +54,14 @@ def loop():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, loop):
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3)
-    settings = EngineSettings.defaults(
-        model_path=str(path),
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=32,
-        enforce_eager=True,
-        seed=0,
-        lora_rank=RANK,
-        max_loras=3,
-        extra_engine_kwargs=vllm_engine_kwargs(),
-    )
-    eng = GenerationEngine(settings)
+    cfg = default_config()
+    r = cfg.actor_rollout_ref.rollout
+    r.dtype, r.max_model_len, r.max_num_seqs, r.enforce_eager = "float32", 128, 32, True
+    cfg.trainer.seed = 0
+    cfg.actor_rollout_ref.model.lora_rank = RANK
+    start = engine_start(cfg, model_path=str(path), device_type="cpu")
+    assert start.max_loras == 3  # K = 1
+    eng = GenerationEngine(cfg, start, extra_engine_kwargs=vllm_engine_kwargs())
     loop.run_until_complete(eng.start())
     yield eng, path
     loop.run_until_complete(eng.shutdown())

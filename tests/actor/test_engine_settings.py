@@ -1,53 +1,52 @@
-"""The engine's settings and its sampling (``GroupSampling``, the wire's struct) come from the typed config: each field
-changes with its key (no vLLM here)."""
+"""The engine reads its config sections and its start-up values (``EngineStart``); its sampling (``GroupSampling``, the
+wire's struct) comes from the typed config (no vLLM here)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from async_rl.actor.engine import EngineSettings
+from async_rl.actor.engine import GenerationEngine
 from async_rl.config import default_config, load_config
+from async_rl.config.resolve import engine_start, max_loras, served_check_tolerance
 from async_rl.transport.protocol import GroupSampling, checked
 
 RO = "actor_rollout_ref.rollout"
 
 
-def test_every_engine_setting_comes_from_its_config_key() -> None:
-    keys = {
-        "tensor_parallel_size": (f"{RO}.tensor_model_parallel_size", 2),
-        "dtype": (f"{RO}.dtype", "float32"),
-        "max_model_len": (f"{RO}.max_model_len", 64),
-        "gpu_memory_utilization": (f"{RO}.gpu_memory_utilization", 0.3),
-        "max_num_seqs": (f"{RO}.max_num_seqs", 8),
-        "enforce_eager": (f"{RO}.enforce_eager", False),
-        "enable_prefix_caching": (f"{RO}.enable_prefix_caching", False),
-        "enable_chunked_prefill": (f"{RO}.enable_chunked_prefill", False),
-        "max_num_batched_tokens": (f"{RO}.max_num_batched_tokens", 512),
-        "logprobs_mode": ("async_training.actor.logprobs_mode", "raw"),
-        "seed": ("trainer.seed", 9),
-        "lora_rank": ("actor_rollout_ref.model.lora_rank", 16),
-    }
-    default = EngineSettings.defaults("m")
-    for name, (key, value) in keys.items():
-        assert getattr(default, name) != value, name
-        got = EngineSettings.from_config(load_config(None, [f"{key}={value}"]), model_path="m", extra_engine_kwargs={})
-        assert getattr(got, name) == value, key
-    assert set(keys) | {"model_path", "extra_engine_kwargs", "max_loras"} == {
-        f.name for f in dataclasses.fields(EngineSettings)
-    }
+def test_the_engine_keeps_the_config_sections_it_reads() -> None:
+    cfg = load_config(None, [f"{RO}.max_num_seqs=8", "async_training.actor.logprobs_mode=raw", "trainer.seed=9"])
+    start = engine_start(cfg, model_path="m", device_type="cpu")
+    engine = GenerationEngine(cfg, start, extra_engine_kwargs={"x": 1})
+    assert engine.rollout_cfg is cfg.actor_rollout_ref.rollout and engine.rollout_cfg.max_num_seqs == 8
+    assert engine.actor_cfg.logprobs_mode == "raw" and engine.seed == 9
+    assert engine.startup is start and engine.extra_engine_kwargs == {"x": 1}
+    assert not engine.lora
+    assert GenerationEngine(
+        load_config(None, ["actor_rollout_ref.model.lora_rank=16"]), start, extra_engine_kwargs={}
+    ).lora
+
+
+def test_engine_start_resolves_what_the_config_leaves_to_the_host() -> None:
+    cfg = load_config(None, ["async_training.max_staleness=3"])
+    start = engine_start(cfg, model_path="/models/p", device_type="cuda")
+    assert (start.model_path, start.dtype) == ("/models/p", "bfloat16")  # auto: bf16 on CUDA
     # vLLM holds the current adapter, the K older ones a running request may still use, and the one being added
-    lora = EngineSettings.from_config(
-        load_config(None, ["async_training.max_staleness=3"]), model_path="m", extra_engine_kwargs={}
-    )
-    assert lora.max_loras == 3 + 2
-    # the config's defaults, not the engine's own (they had drifted: 256 sequences, CUDA graphs on)
+    assert start.max_loras == max_loras(3) == 3 + 2
+    fp32 = engine_start(load_config(None, [f"{RO}.dtype=float32"]), model_path="m", device_type="cuda")
+    assert fp32.dtype == "float32"
+
+
+def test_the_served_check_tolerance_follows_the_rollout_dtype_when_null() -> None:
+    assert served_check_tolerance(0.5, rollout_dtype="auto", device_type="cuda") == 0.5
+    assert served_check_tolerance(None, rollout_dtype="float32", device_type="cuda") == 1e-3
+    assert served_check_tolerance(None, rollout_dtype="auto", device_type="cuda") == 3e-2
+    assert default_config().async_training.weight_sync.served_check_tolerance is None
+
+
+def test_the_configs_engine_defaults() -> None:
     r = default_config().actor_rollout_ref.rollout
-    assert (default.max_num_seqs, default.enforce_eager) == (r.max_num_seqs, r.enforce_eager) == (1024, True)
-    derived = EngineSettings.from_config(
-        load_config(None, ["data.max_prompt_length=20"]), model_path="m", extra_engine_kwargs={}
-    )
+    assert (r.max_num_seqs, r.enforce_eager) == (1024, True)  # the config's (they had drifted: 256, CUDA graphs on)
+    derived = load_config(None, ["data.max_prompt_length=20"]).actor_rollout_ref.rollout
     assert derived.max_model_len == 20 + default_config().data.max_response_length  # null = prompt + response
 
 

@@ -48,6 +48,8 @@ from async_rl.algorithms import (
 )
 from async_rl.algorithms.objective import ActorMicroBatch, actor_objective, correction_weights
 from async_rl.config import Config
+from async_rl.config.actor_rollout_ref import ActorConfig
+from async_rl.config.algorithm import AlgorithmConfig
 from async_rl.config.names import needs_critic
 from async_rl.config.resolve import LearnerStart, resolved
 from async_rl.learner.batching import (
@@ -119,51 +121,10 @@ class Learner:
         self.compute_dtype = resolve_compute_dtype(
             arr.actor.fsdp_config.mixed_precision.param_dtype, ctx.device, warn=ctx.is_rank0
         )
-        model_cfg = arr.model
-        actor = build_model(
-            policy,
-            ctx,
-            role="actor",
-            compute_dtype=self.compute_dtype,
-            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
-            lora=self.lora,
-            seed=self.seed,
-            shared_prompt=model_cfg.use_shared_prompt,
-        )
-        # the micro-batch layout every pass uses; shared prompts need a model that takes them (build_model warns)
-        packed_or_padded: Layout = "packed" if model_cfg.use_remove_padding else "padded"
-        self.layout: Layout = "shared" if model_cfg.use_shared_prompt else packed_or_padded
-        if self.layout == "shared" and not shared_prompt_enabled(actor):
-            self.layout = packed_or_padded
-        optimizer, scheduler = build_optimizer(
-            actor, arr.actor.optim, run_steps=start.total_training_steps, section="actor_rollout_ref.actor.optim"
-        )
-        self.actor = TrainedModel(
-            actor,
-            optimizer,
-            scheduler,
-            NonFiniteGuard(arr.actor.max_consecutive_nonfinite),
-            arr.actor.grad_clip,
-            "actor",
-        )
-        self.vocab_size = embedding_rows(actor)
-        self.ref = None
+        self.actor = self._build_actor(policy, arr.actor, start)
+        self.vocab_size = embedding_rows(self.actor.model)
         # with LoRA the reference policy is the actor's frozen base (adapters off): no second copy of the model
-        if self.needs_ref and self.lora is None:
-            self.ref = build_model(
-                ref if ref is not None else policy,
-                ctx,
-                role="ref",
-                seed=self.seed,
-                trainable=False,
-                compute_dtype=self.compute_dtype,
-                shared_prompt=self.layout == "shared",
-            )
-            if self.layout == "shared" and not shared_prompt_enabled(self.ref):
-                raise ValueError(
-                    "the reference model cannot compute shared prompts while the policy does: use models of one"
-                    " family, or set actor_rollout_ref.model.use_shared_prompt=false"
-                )
+        self.ref = self._build_ref(ref if ref is not None else policy) if self.needs_ref and self.lora is None else None
         self.critic: Critic | None = None
         if needs_critic(cfg.algorithm.adv_estimator):
             source = critic if critic is not None else (cfg.critic.model.path or None)
@@ -176,21 +137,57 @@ class Learner:
                 run_steps=start.total_training_steps,
                 layout=self.layout,
                 compute_dtype=self.compute_dtype,
-                gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+                gradient_checkpointing=arr.model.enable_gradient_checkpointing,
                 max_consecutive_nonfinite=arr.actor.max_consecutive_nonfinite,
                 rollout_n=arr.rollout.n,
                 micro_forward=self.micro_forward,
                 seed=self.seed,
             )
-        self.kl_ctrl: KLController | None = None
-        if self.use_kl_in_reward:
-            kl = cfg.algorithm.kl_ctrl
-            if kl.type == "adaptive":
-                self.kl_ctrl = AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
-            else:
-                self.kl_ctrl = FixedKLController(kl.kl_coef)
+        self.kl_ctrl = kl_controller(cfg.algorithm)
         self.version = 0
         self.loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # tests: corrupt the loss on purpose
+
+    def _build_actor(self, policy: ModelSource, actor_cfg: ActorConfig, start: LearnerStart) -> TrainedModel:
+        """The policy with its optimizer; also settles ``self.layout``, the micro-batch layout every pass uses
+        (shared prompts need a model that takes them: build_model warns, and the layout falls back)."""
+        model_cfg = self.model_cfg
+        actor = build_model(
+            policy,
+            self.ctx,
+            role="actor",
+            compute_dtype=self.compute_dtype,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            lora=self.lora,
+            seed=self.seed,
+            shared_prompt=model_cfg.use_shared_prompt,
+        )
+        packed_or_padded: Layout = "packed" if model_cfg.use_remove_padding else "padded"
+        self.layout: Layout = "shared" if model_cfg.use_shared_prompt else packed_or_padded
+        if self.layout == "shared" and not shared_prompt_enabled(actor):
+            self.layout = packed_or_padded
+        optimizer, scheduler = build_optimizer(
+            actor, actor_cfg.optim, run_steps=start.total_training_steps, section="actor_rollout_ref.actor.optim"
+        )
+        guard = NonFiniteGuard(actor_cfg.max_consecutive_nonfinite)
+        return TrainedModel(actor, optimizer, scheduler, guard, actor_cfg.grad_clip, "actor")
+
+    def _build_ref(self, source: ModelSource) -> torch.nn.Module:
+        """The frozen reference policy, in the actor's precision and layout."""
+        ref = build_model(
+            source,
+            self.ctx,
+            role="ref",
+            seed=self.seed,
+            trainable=False,
+            compute_dtype=self.compute_dtype,
+            shared_prompt=self.layout == "shared",
+        )
+        if self.layout == "shared" and not shared_prompt_enabled(ref):
+            raise ValueError(
+                "the reference model cannot compute shared prompts while the policy does: use models of one"
+                " family, or set actor_rollout_ref.model.use_shared_prompt=false"
+            )
+        return ref
 
     @property
     def model(self) -> torch.nn.Module:
@@ -517,6 +514,16 @@ class Learner:
             mc.LEARNER_OFFPOLICY_ESS: ess,
             mc.LEARNER_OFFPOLICY_ABS_LOG_RATIO_MEAN: abs_sum / count if count else 0.0,
         }
+
+
+def kl_controller(algo: AlgorithmConfig) -> KLController | None:
+    """The KL-in-reward coefficient's controller (``algorithm.kl_ctrl``); None without ``use_kl_in_reward``."""
+    if not algo.use_kl_in_reward:
+        return None
+    kl = algo.kl_ctrl
+    if kl.type == "adaptive":
+        return AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon)
+    return FixedKLController(kl.kl_coef)
 
 
 def embedding_rows(model: torch.nn.Module) -> int | None:

@@ -46,7 +46,8 @@ from async_rl.learner import (  # noqa: E402
     local_context,
     teardown,
 )
-from async_rl.learner.batching import Response, SampledGroup  # noqa: E402
+from async_rl.learner.batching import local_group  # noqa: E402
+from async_rl.transport.protocol import RolloutGroup, make_completion  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 
 GEOMETRIES = {  # groups, n, prompt tokens, response tokens (low, high), micro-batch
@@ -72,26 +73,41 @@ def build_model(hidden: int, layers: int, vocab: int) -> nn.Module:
     return Qwen2ForCausalLM(cfg).float()
 
 
-def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> list[SampledGroup]:
+Prompts = dict[int, list[int]]  # each group's prompt tokens, by prompt id
+
+
+def make_groups(num_groups: int, n: int, vocab: int, seed: int = 0) -> tuple[list[RolloutGroup], Prompts]:
     """Prompts of 16..96 tokens; responses mostly short with a long tail (exponential, capped at 512)."""
     rng = random.Random(seed)
-    groups = []
+    groups, prompts = [], {}
     for g in range(num_groups):
-        prompt = [rng.randrange(1, vocab) for _ in range(rng.randint(16, 96))]
-        responses = []
+        prompts[g] = [rng.randrange(1, vocab) for _ in range(rng.randint(16, 96))]
+        completions = []
         for _ in range(n):
             length = min(512, 8 + int(rng.expovariate(1 / 80)))
             tokens = [rng.randrange(1, vocab) for _ in range(length)]
-            responses.append(Response(tokens, [-3.0] * length, float(rng.random()), 0))
-        groups.append(SampledGroup(g, prompt, responses))
-    return groups
+            completions.append(make_completion(tokens, [-3.0] * length, version_min=0, reward=rng.random()))
+        groups.append(local_group(g, completions))
+    return groups, prompts
+
+
+def token_count(groups: list[RolloutGroup], prompts: Prompts) -> int:
+    """Prompt and response tokens of every sequence of ``groups``."""
+    return sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
 
 
 START = LearnerStart(pad_token_id=0, total_training_steps=0)  # synthetic token ids; a constant schedule
 
 
 def learner_config(
-    groups: list[SampledGroup], *, mini: int, micro: int, layout: str, lr: float, overrides: tuple[str, ...] = ()
+    groups: list[RolloutGroup],
+    prompts: Prompts,
+    *,
+    mini: int,
+    micro: int,
+    layout: str,
+    lr: float,
+    overrides: tuple[str, ...] = (),
 ) -> Config:
     """A GRPO learner's config for ``groups`` (their n and longest prompt/response as the length limits): ``mini``
     prompts per optimizer step, ``micro`` sequences per micro-batch, no importance weights, seed 0."""
@@ -101,9 +117,9 @@ def learner_config(
         [
             "algorithm.adv_estimator=grpo",
             f"data.train_batch_size={len(groups)}",
-            f"data.max_prompt_length={max(len(g.prompt_ids) for g in groups)}",
-            f"data.max_response_length={max(len(r.token_ids) for g in groups for r in g.responses)}",
-            f"{arr}.rollout.n={len(groups[0].responses)}",
+            f"data.max_prompt_length={max(len(prompts[g.prompt_id]) for g in groups)}",
+            f"data.max_response_length={max(c.token_ids.length for g in groups for c in g.completions)}",
+            f"{arr}.rollout.n={len(groups[0].completions)}",
             f"{arr}.actor.ppo_mini_batch_size={mini}",
             f"{arr}.actor.ppo_micro_batch_size_per_gpu={micro}",
             f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={micro}",
@@ -118,17 +134,17 @@ def learner_config(
     )
 
 
-def make_settings(args: argparse.Namespace, groups: list[SampledGroup], packed: bool) -> Config:
+def make_settings(args: argparse.Namespace, groups: list[RolloutGroup], prompts: Prompts, packed: bool) -> Config:
     return learner_config(
-        groups, mini=args.groups // 2, micro=args.micro, layout="packed" if packed else "padded", lr=1e-5
+        groups, prompts, mini=args.groups // 2, micro=args.micro, layout="packed" if packed else "padded", lr=1e-5
     )
 
 
-def timed_step(learner: Learner, groups: list[SampledGroup]) -> dict[str, float]:
+def timed_step(learner: Learner, groups: list[RolloutGroup], prompts: Prompts) -> dict[str, float]:
     t0 = time.perf_counter()
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(groups, prompts)
     elapsed = time.perf_counter() - t0
-    tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
+    tokens = token_count(groups, prompts)
     return {
         "step_s": elapsed,
         "tokens_per_s": tokens / elapsed,
@@ -144,10 +160,10 @@ def best(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def bench_packing(args: argparse.Namespace) -> BenchLine:
     torch.set_num_threads(1)  # like the FSDP workers; extra threads only add noise on a shared machine
-    groups = make_groups(args.groups, args.n, args.vocab)
+    groups, prompts = make_groups(args.groups, args.n, args.vocab)
     learners = {
         packed: Learner(
-            make_settings(args, groups, packed),
+            make_settings(args, groups, prompts, packed),
             START,
             local_context(),
             lambda: build_model(args.hidden, args.layers, args.vocab),
@@ -156,10 +172,10 @@ def bench_packing(args: argparse.Namespace) -> BenchLine:
     }
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for learner in learners.values():
-        timed_step(learner, groups)  # warm-up
+        timed_step(learner, groups, prompts)  # warm-up
     for _ in range(args.steps):  # interleaved, so both modes see the same background load
         for packed, learner in learners.items():
-            runs[packed].append(timed_step(learner, groups))
+            runs[packed].append(timed_step(learner, groups, prompts))
     pad, pack = best(runs[False]), best(runs[True])
     print(f"== packing vs padding (1 process, 1 thread, same batch, best of {args.steps}) ==")
     for name, r in (("padded", pad), ("packed", pack)):
@@ -169,19 +185,19 @@ def bench_packing(args: argparse.Namespace) -> BenchLine:
     return BenchLine("learner_packed_vs_padded", pack["tokens_per_s"] / pad["tokens_per_s"], None, detail)
 
 
-def shared_groups(geometry: str, vocab: int, seed: int = 0) -> list[SampledGroup]:
+def shared_groups(geometry: str, vocab: int, seed: int = 0) -> tuple[list[RolloutGroup], Prompts]:
     groups_n, n, prompt_len, (low, high), _ = GEOMETRIES[geometry]
     rng = random.Random(seed)
-    groups = []
+    groups, prompts = [], {}
     for g in range(groups_n):
-        prompt = [rng.randrange(1, vocab) for _ in range(prompt_len)]
-        responses = []
+        prompts[g] = [rng.randrange(1, vocab) for _ in range(prompt_len)]
+        completions = []
         for _ in range(n):
             length = rng.randint(low, high)
             tokens = [rng.randrange(1, vocab) for _ in range(length)]
-            responses.append(Response(tokens, [-3.0] * length, float(rng.random()), 0))
-        groups.append(SampledGroup(g, prompt, responses))
-    return groups
+            completions.append(make_completion(tokens, [-3.0] * length, version_min=0, reward=rng.random()))
+        groups.append(local_group(g, completions))
+    return groups, prompts
 
 
 def bench_shared(args: argparse.Namespace) -> BenchLine:
@@ -194,19 +210,21 @@ def bench_shared(args: argparse.Namespace) -> BenchLine:
         return load_causal_lm(args.model) if args.model else build_model(args.hidden, args.layers, args.vocab)
 
     vocab = int(source().config.vocab_size)
-    groups = shared_groups(args.geometry, vocab)
+    groups, prompts = shared_groups(args.geometry, vocab)
     learners = {}
     for shared in (True, False):
         # one optimizer step, as the recipe
-        s = learner_config(groups, mini=groups_n, micro=micro, layout="shared" if shared else "padded", lr=1e-6)
+        lay = "shared" if shared else "padded"
+        s = learner_config(groups, prompts, mini=groups_n, micro=micro, layout=lay, lr=1e-6)
         learners[shared] = Learner(s, START, local_context(), source)
     tokens = {
-        shared: learner.train_step(groups)[mc.LEARNER_BATCH_TOKENS_COMPUTED] for shared, learner in learners.items()
+        shared: learner.train_step(groups, prompts)[mc.LEARNER_BATCH_TOKENS_COMPUTED]
+        for shared, learner in learners.items()
     }
     times: dict[bool, list[float]] = {True: [], False: []}
     for r in range(args.rounds):  # interleaved, alternating which goes first, so both see the same background load
         for shared in (True, False) if r % 2 == 0 else (False, True):
-            times[shared].append(timed_step(learners[shared], groups)["step_s"])
+            times[shared].append(timed_step(learners[shared], groups, prompts)["step_s"])
     summary = paired_ratios([u / s for u, s in zip(times[False], times[True], strict=True)])
     model = args.model or f"tiny Qwen2 (hidden {args.hidden}, {args.layers} layers)"
     what = f"{args.geometry}: {groups_n} x {n}, {model}, {args.threads} threads"
@@ -226,12 +244,15 @@ def bench_shared(args: argparse.Namespace) -> BenchLine:
 def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     ctx = init_distributed(backend="auto", timeout_s=1800.0)
-    groups = make_groups(args.groups, args.n, args.vocab)
+    groups, prompts = make_groups(args.groups, args.n, args.vocab)
     learner = Learner(
-        make_settings(args, groups, True), START, ctx, lambda: build_model(args.hidden, args.layers, args.vocab)
+        make_settings(args, groups, prompts, True),
+        START,
+        ctx,
+        lambda: build_model(args.hidden, args.layers, args.vocab),
     )
-    timed_step(learner, groups)  # warm-up
-    result = best([timed_step(learner, groups) for _ in range(args.steps)])
+    timed_step(learner, groups, prompts)  # warm-up
+    result = best([timed_step(learner, groups, prompts) for _ in range(args.steps)])
     if ctx.is_rank0:
         Path(args.out).write_text(json.dumps(result))
     teardown(ctx)

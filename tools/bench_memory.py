@@ -40,7 +40,7 @@ CONFIGS = {
 
 def worker(params: dict[str, object]) -> None:
     import torch
-    from bench_learner import shared_groups
+    from bench_learner import shared_groups, token_count
 
     from async_rl.config.cli import parse_cli
     from async_rl.config.resolve import learner_start
@@ -55,12 +55,12 @@ def worker(params: dict[str, object]) -> None:
     ctx = init_distributed(backend="auto", timeout_s=1800.0)
     # synthetic groups: pad id 0; the recipes' 16 steps as the schedule's horizon
     learner = Learner(cfg, learner_start(cfg, pad_token_id=0, total_training_steps=16), ctx, model)
-    groups = shared_groups(str(params["geometry"]), learner.vocab_size or 49152)
-    tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses) / ctx.world_size
+    groups, prompts = shared_groups(str(params["geometry"]), learner.vocab_size or 49152)
+    tokens = token_count(groups, prompts) / ctx.world_size
     times = []
     for _ in range(int(str(params["steps"]))):
         t0 = time.perf_counter()
-        learner.train_step(groups)
+        learner.train_step(groups, prompts)
         times.append(time.perf_counter() - t0)
         for _name, _tensor in learner.iter_weights(dtype=None):  # the weight sync's gather, one tensor at a time
             pass

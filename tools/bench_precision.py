@@ -53,27 +53,30 @@ def context(local: bool) -> Any:
     return init_distributed(backend="auto", timeout_s=1800.0)
 
 
-def make_groups(args: argparse.Namespace, vocab: int) -> list[Any]:
-    from async_rl.learner.batching import Response, SampledGroup
+def make_groups(args: argparse.Namespace, vocab: int) -> tuple[list[Any], dict[int, list[int]]]:
+    from async_rl.learner.batching import local_group
+    from async_rl.transport.protocol import make_completion
 
     rng = random.Random(0)
-    groups = []
+    groups, prompts = [], {}
     for g in range(args.groups):
-        prompt = [rng.randrange(3, vocab) for _ in range(args.prompt_len)]
-        responses = [
-            Response(
+        prompts[g] = [rng.randrange(3, vocab) for _ in range(args.prompt_len)]
+        completions = [
+            make_completion(
                 [rng.randrange(3, vocab) for _ in range(args.response_len)],
                 [-1.0] * args.response_len,
-                float(rng.random()),
-                0,
+                version_min=0,
+                reward=rng.random(),
             )
             for _ in range(args.n)
         ]
-        groups.append(SampledGroup(g, prompt, responses))
-    return groups
+        groups.append(local_group(g, completions))
+    return groups, prompts
 
 
-def build(args: argparse.Namespace, ctx: Any, model_path: str, groups: list[Any]) -> dict[str, Any]:
+def build(
+    args: argparse.Namespace, ctx: Any, model_path: str, groups: list[Any], prompts: dict[int, list[int]]
+) -> dict[str, Any]:
     from bench_learner import START, learner_config
 
     from async_rl.learner import Learner
@@ -83,6 +86,7 @@ def build(args: argparse.Namespace, ctx: Any, model_path: str, groups: list[Any]
     for pd in PRECISIONS:
         cfg = learner_config(
             groups,
+            prompts,
             mini=args.groups,  # one optimizer step per train_step: no proximal pass
             micro=args.micro or rows,
             layout="shared",
@@ -94,9 +98,9 @@ def build(args: argparse.Namespace, ctx: Any, model_path: str, groups: list[Any]
     return learners
 
 
-def timed_step(learner: Any, groups: list[Any]) -> float:
+def timed_step(learner: Any, groups: list[Any], prompts: dict[int, list[int]]) -> float:
     t0 = time.perf_counter()
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(groups, prompts)
     elapsed = time.perf_counter() - t0
     assert metrics[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED] == 1.0, "the step should be one optimizer step"
     assert metrics[mc.LEARNER_ACTOR_SKIPPED_UPDATES] == 0.0, "a non-finite update was skipped"
@@ -128,15 +132,15 @@ def main() -> None:
         model_path = resources.resolve_model_path(args.model, tmp)
         from transformers import AutoConfig
 
-        groups = make_groups(args, int(AutoConfig.from_pretrained(model_path).vocab_size))
-        learners = build(args, ctx, model_path, groups)
+        groups, prompts = make_groups(args, int(AutoConfig.from_pretrained(model_path).vocab_size))
+        learners = build(args, ctx, model_path, groups, prompts)
         fp32 = learners["fp32"]
-        batch = fp32.collate(groups)
-        mask = batch["response_mask"].bool()
+        batch = fp32.collate(groups, prompts)
+        mask = batch.response_mask.bool()
         lp = {pd: learner._log_probs(learner.model, batch) for pd, learner in learners.items()}
         diff = (lp["fp32"] - lp["bf16"]).abs()[mask]
         n_params = sum(p.numel() for p in fp32.model.parameters()) * ctx.world_size  # shards: about the total
-        tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
+        tokens = sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
         path = "single process (autocast)" if args.local else f"FSDP2 x{ctx.world_size} ({ctx.backend})"
         print(
             f"model {args.model}: {n_params / 1e6:.1f}M params; {ctx.device.type}, {path}, {torch.get_num_threads()}"
@@ -151,11 +155,11 @@ def main() -> None:
         )
         for _ in range(args.warmup):
             for learner in learners.values():
-                timed_step(learner, groups)
+                timed_step(learner, groups, prompts)
         times: dict[str, list[float]] = {pd: [] for pd in PRECISIONS}
         for r in range(args.steps):
             for pd in PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]:
-                times[pd].append(timed_step(learners[pd], groups))
+                times[pd].append(timed_step(learners[pd], groups, prompts))
             print(f"round {r + 1}: fp32 {times['fp32'][-1]:.3f} s, bf16 {times['bf16'][-1]:.3f} s", flush=True)
     teardown(ctx)
     ratios = [a / b for a, b in zip(times["fp32"], times["bf16"], strict=True)]

@@ -27,15 +27,16 @@ from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit  # noqa: E402
 
 
-def build(config: str, overrides: list[str], workdir: Path) -> tuple[Any, list[Any]]:
-    """The config's learner (single process) and a batch of synthetic groups on its real prompts."""
+def build(config: str, overrides: list[str], workdir: Path) -> tuple[Any, list[Any], dict[int, list[int]]]:
+    """The config's learner (single process), a batch of synthetic groups on its real prompts, and those prompts."""
     from transformers import AutoTokenizer
 
     from async_rl.config import load_config
     from async_rl.config.resolve import learner_start
     from async_rl.learner import Learner, local_context
-    from async_rl.learner.batching import Response, SampledGroup
+    from async_rl.learner.batching import local_group
     from async_rl.runtime import resources
+    from async_rl.transport.protocol import make_completion
 
     cfg = load_config([config], overrides)
     model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
@@ -46,24 +47,26 @@ def build(config: str, overrides: list[str], workdir: Path) -> tuple[Any, list[A
     rng = random.Random(0)
     vocab = int(learner.vocab_size or 64)
     length, n = cfg.data.max_response_length, cfg.actor_rollout_ref.rollout.n
-    groups = []
+    groups, prompts = [], {}
     for g in range(cfg.data.train_batch_size):
-        prompt = [int(t) for t in records[g % len(records)].token_ids]
-        responses = [
-            Response([rng.randrange(3, vocab) for _ in range(length)], [-1.0] * length, float(rng.random()), 0)
+        prompts[g] = [int(t) for t in records[g % len(records)].token_ids]
+        completions = [
+            make_completion(
+                [rng.randrange(3, vocab) for _ in range(length)], [-1.0] * length, version_min=0, reward=rng.random()
+            )
             for _ in range(n)
         ]
-        groups.append(SampledGroup(g, prompt, responses))
-    return learner, groups
+        groups.append(local_group(g, completions))
+    return learner, groups, prompts
 
 
-def timed_step(learner: Any, groups: list[Any], *, force_proximal: bool) -> float:
+def timed_step(learner: Any, groups: list[Any], prompts: dict[int, list[int]], *, force_proximal: bool) -> float:
     reuses = type(learner)._reuses_proximal
     if force_proximal:  # what the step did before the skip: always the separate proximal forward
         learner._reuses_proximal = lambda batch_size: False
     try:
         t0 = time.perf_counter()
-        metrics = learner.train_step(groups)
+        metrics = learner.train_step(groups, prompts)
         elapsed = time.perf_counter() - t0
     finally:
         learner._reuses_proximal = reuses.__get__(learner)
@@ -79,15 +82,15 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        learner, groups = build(args.config, args.overrides, Path(tmp))
-        if not learner._reuses_proximal(sum(len(g.responses) for g in groups)):
+        learner, groups, prompts = build(args.config, args.overrides, Path(tmp))
+        if not learner._reuses_proximal(sum(len(g.completions) for g in groups)):
             raise SystemExit(f"{args.config}: the step is not one optimizer step, so nothing is skipped to measure")
-        timed_step(learner, groups, force_proximal=False)  # warm-up, both paths
-        timed_step(learner, groups, force_proximal=True)
+        timed_step(learner, groups, prompts, force_proximal=False)  # warm-up, both paths
+        timed_step(learner, groups, prompts, force_proximal=True)
         skip_s, force_s = [], []
         for r in range(args.rounds):
             for force in (False, True) if r % 2 == 0 else (True, False):
-                (force_s if force else skip_s).append(timed_step(learner, groups, force_proximal=force))
+                (force_s if force else skip_s).append(timed_step(learner, groups, prompts, force_proximal=force))
             print(f"round {r + 1}: skipped {skip_s[-1]:.3f} s, forced {force_s[-1]:.3f} s", flush=True)
     ratios = [f / s for f, s in zip(force_s, skip_s, strict=True)]
     skip, force = statistics.median(skip_s), statistics.median(force_s)

@@ -6,7 +6,7 @@ same collated batch each step (:func:`share_batch`: rank 0 collates, the tensors
 through :func:`iter_full_state` (weight sync) and :func:`export_hf`; state is saved with :func:`save_learner`.
 """
 
-from async_rl.learner.batching import Response, RolloutBatch, SampledGroup, collate_groups, collate_rows
+from async_rl.learner.batching import RolloutBatch, collate_groups, collate_rows, local_group
 from async_rl.learner.checkpoint import latest, list_checkpoints, load_learner, save_learner
 from async_rl.learner.dist import DistContext, init_distributed, local_context, log_rank0, share_batch, teardown
 from async_rl.learner.export import export_hf, iter_full_state
@@ -15,9 +15,7 @@ from async_rl.learner.step import Learner
 __all__ = [
     "DistContext",
     "Learner",
-    "Response",
     "RolloutBatch",
-    "SampledGroup",
     "collate_groups",
     "collate_rows",
     "export_hf",
@@ -27,6 +25,7 @@ __all__ = [
     "list_checkpoints",
     "load_learner",
     "local_context",
+    "local_group",
     "log_rank0",
     "save_learner",
     "share_batch",

@@ -1,105 +1,104 @@
 """Rollout groups in, padded training tensors out (pure: no torch.distributed, no model).
 
-Actors deliver *groups*: one prompt with its ``n`` sampled responses, each with the behaviour-policy log-probs vLLM
-reported, a scalar reward and the policy version that generated it. The learner needs verl's tensor layout:
-prompts left-padded to ``P`` and responses right-padded to ``T`` so ``input_ids = [prompt | response]`` (``[B, P+T]``)
-and the logits at positions ``P-1 .. P+T-2`` predict the response tokens. ``response_mask`` marks the tokens that
-exist (it shapes the forward passes and never changes); ``loss_mask`` starts as the tokens the model sampled (all of
-them, except the observation tokens of a multi-turn episode: tool responses, template glue) and is what the losses,
-the advantages and every token or sequence count read: rows or tokens leave the update by being zeroed there (an
-out-of-vocabulary group, rejection sampling, masked truncated responses). The reward sits on the last valid response
-token of ``token_level_scores``. Rows keep the order of the groups (group-major), and ``index`` holds the dense group
-id every group-based advantage estimator needs.
+Actors deliver *groups* (:class:`~async_rl.transport.protocol.RolloutGroup`): one prompt's ``n`` sampled
+completions, each with the behaviour-policy log-probs vLLM reported, a scalar reward and the policy versions that
+generated it. The learner needs verl's tensor layout: prompts left-padded to ``P`` and responses right-padded to ``T``
+so ``input_ids = [prompt | response]`` (``[B, P+T]``) and the logits at positions ``P-1 .. P+T-2`` predict the
+response tokens. ``response_mask`` marks the tokens that exist (it shapes the forward passes and never changes);
+``loss_mask`` starts as the tokens the model sampled (all of them, except the observation tokens of a multi-turn
+episode: tool responses, template glue) and is what the losses, the advantages and every token or sequence count
+read: rows or tokens leave the update by being zeroed there (an out-of-vocabulary group, rejection sampling, masked
+truncated responses). The reward sits on the last valid response token of ``token_level_scores``. Rows keep the
+order of the groups (group-major), and ``index`` holds the dense group id every group-based advantage estimator needs.
+
+:class:`RolloutBatch` holds those tensors as named fields, and the ones the learner's step computes from them
+(old/reference log-probs, values, advantages, ...) as optional fields it fills in.
 
 :func:`mask_out_of_vocab` is the last line of defence before the embedding: a group holding a token id outside the
 vocabulary (the coordinator validates groups, but the learner must not crash if one slips through) is dropped from
 the update, not from the batch, so the mini-batch split still holds.
 
-Every path into a batch goes through :func:`collate_rows` (rows of numpy views or sequences): in-process
-:class:`SampledGroup` lists through :func:`collate_groups`, the transport's groups on learner rank 0 through
-:func:`async_rl.runtime.rollout_source.collate_wire_groups`, which are then broadcast to the ranks as tensors
-(:meth:`DistContext.broadcast_tensors`).
+Every path into a batch goes through :func:`collate_rows` (rows of numpy views or sequences): :func:`collate_groups`
+reads the groups' wire arrays directly, on learner rank 0 in a training run (the batch is then broadcast to the ranks
+as tensors, :func:`async_rl.learner.dist.share_batch`) and in process for tests, probes and benchmarks, which build
+their groups with :func:`local_group`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
-import msgspec
 import numpy as np
 import torch
 
+from async_rl.transport.protocol import Completion, RolloutGroup, unpack_array
+
 __all__ = [
-    "Response",
+    "LOCAL_ACTOR",
     "RolloutBatch",
     "Row",
-    "SampledGroup",
     "collate_groups",
     "collate_rows",
-    "group_rows",
+    "local_group",
     "mask_out_of_vocab",
     "mask_truncated",
 ]
 
-
-class Response(msgspec.Struct, frozen=True):
-    """One sampled response: its token ids, behaviour log-probs (one per token), scalar reward, policy version,
-    whether generation stopped at the length limit (``truncated``: the actor's finish reason was ``"length"``), and
-    which tokens the model sampled (``loss_mask``, one 0/1 per token; None: all of them)."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    reward: float
-    version: int = 0
-    truncated: bool = False
-    loss_mask: list[int] | None = None
+LOCAL_ACTOR = "in-process"  # the actor id of groups built in process (:func:`local_group`)
 
 
-class SampledGroup(msgspec.Struct, frozen=True):
-    """One prompt and its ``n`` responses, in process (tests, probes, benchmarks): the unit group-relative
-    advantages are computed over. A training run collates the transport's groups directly (:func:`collate_rows`)."""
-
-    group_id: int | str
-    prompt_ids: list[int]
-    responses: list[Response]
-
-
-@dataclass
+@dataclass(eq=False)
 class RolloutBatch:
-    """Named tensors sharing the leading batch dimension ``B`` (the learner's unit of work)."""
+    """One step's rows, ``B`` responses group-major, padded to ``P`` prompt and ``T`` response positions.
 
-    tensors: dict[str, torch.Tensor]
+    Collation fills the fields up to ``response_lengths`` (see :func:`collate_rows`); the learner's step fills the
+    optional ones, each ``[B, T]``, and replaces ``loss_mask`` as rows or tokens leave the update."""
+
+    input_ids: torch.Tensor  # [B, P+T] int64: left-padded prompt | right-padded response
+    attention_mask: torch.Tensor  # [B, P+T] int64
+    position_ids: torch.Tensor  # [B, P+T] int64: real tokens counted from 0
+    responses: torch.Tensor  # [B, T] int64
+    response_mask: torch.Tensor  # [B, T] int64: the response tokens that exist
+    loss_mask: torch.Tensor  # [B, T] int64: the tokens the update trains on
+    rollout_log_probs: torch.Tensor  # [B, T] float32: the behaviour policy's (the actor's)
+    token_level_scores: torch.Tensor  # [B, T] float32: the reward, on the last response token
+    index: torch.Tensor  # [B] int64: dense group id
+    versions: torch.Tensor  # [B] int64: the oldest policy version that sampled the row
+    truncated: torch.Tensor  # [B] bool: generation stopped at the length limit
+    prompt_lengths: torch.Tensor  # [B] int64
+    response_lengths: torch.Tensor  # [B] int64
+    sampled_mask: torch.Tensor | None = None  # bool: the tokens the model sampled, before any left the update
+    old_log_probs: torch.Tensor | None = None  # the proximal policy's (None: the pass was skipped)
+    ref_log_probs: torch.Tensor | None = None  # the reference policy's (a KL term only)
+    values: torch.Tensor | None = None  # the critic's (GAE only)
+    token_level_rewards: torch.Tensor | None = None  # the scores minus the KL penalty in the reward, if any
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None  # the step's importance weights (decoupled rollout correction)
 
     def __post_init__(self) -> None:
-        sizes = {k: v.shape[0] for k, v in self.tensors.items()}
-        assert len(set(sizes.values())) <= 1, f"batch tensors disagree on B: {sizes}"
+        sizes = {k: v.shape[0] for k, v in self.tensors().items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"batch tensors disagree on B: {sizes}")
 
     def __len__(self) -> int:
-        return next(iter(self.tensors.values())).shape[0] if self.tensors else 0
+        return int(self.input_ids.shape[0])
 
-    def __getitem__(self, key: str) -> torch.Tensor:
-        return self.tensors[key]
-
-    def __setitem__(self, key: str, value: torch.Tensor) -> None:
-        if self.tensors and value.shape[0] != len(self):
-            raise ValueError(f"tensor {key!r} has leading dim {value.shape[0]}, batch has {len(self)}")
-        self.tensors[key] = value
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.tensors
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name, in field order."""
+        named = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {name: value for name, value in named if value is not None}
 
     def select(self, index: torch.Tensor | Sequence[int]) -> RolloutBatch:
+        """The rows ``index``, in that order."""
         idx = torch.as_tensor(index, dtype=torch.long)
-        return RolloutBatch({k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()})
-
-    def to(self, device: torch.device) -> RolloutBatch:
-        return RolloutBatch({k: v.to(device) for k, v in self.tensors.items()})
+        return RolloutBatch(**{k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors().items()})
 
     @property
     def prompt_width(self) -> int:
-        return int(self.tensors["input_ids"].shape[1] - self.tensors["responses"].shape[1])
+        return int(self.input_ids.shape[1] - self.responses.shape[1])
 
 
 class Row(NamedTuple):
@@ -115,42 +114,43 @@ class Row(NamedTuple):
     loss_mask: Sequence[int] | np.ndarray | None = None  # 1: sampled, 0: observation token; None: all sampled
 
 
-def group_rows(groups: Sequence[SampledGroup]) -> list[Row]:
-    """The rows of ``groups``, group-major."""
-    rows: list[Row] = []
-    for gi, g in enumerate(groups):
-        if not g.responses:
-            raise ValueError(f"group {g.group_id!r} has no responses")
-        for r in g.responses:
-            rows.append(
-                Row(
-                    gi,
-                    g.prompt_ids,
-                    r.token_ids,
-                    r.logprobs,
-                    float(r.reward),
-                    int(r.version),
-                    bool(r.truncated),
-                    r.loss_mask,
-                )
-            )
-    return rows
+def local_group(prompt_id: int, completions: Sequence[Completion]) -> RolloutGroup:
+    """A group built in process (tests, probes, benchmarks; completions from
+    :func:`~async_rl.transport.protocol.make_completion`), as an actor delivers it: under lease 1 of actor
+    :data:`LOCAL_ACTOR`. Its prompt's tokens go to :func:`collate_groups` beside it, keyed by ``prompt_id``."""
+    return RolloutGroup(prompt_id=prompt_id, lease_id=1, actor_id=LOCAL_ACTOR, completions=list(completions))
 
 
 def collate_groups(
-    groups: Sequence[SampledGroup],
+    groups: Sequence[RolloutGroup],
+    prompts: Mapping[int, Sequence[int] | np.ndarray],
     *,
+    pad_token_id: int,
     max_prompt_length: int | None,
     max_response_length: int | None,
-    pad_token_id: int = 0,
 ) -> RolloutBatch:
-    """Pad a list of groups into the learner's tensor layout (see :func:`collate_rows`)."""
+    """Groups -> the learner's padded batch (see :func:`collate_rows`), read from the wire arrays directly.
+
+    ``prompts[prompt_id]``: a group's prompt tokens (the coordinator's records: the wire does not carry them back).
+    Each row's version is its completion's oldest (``version_min``), it counts as truncated when its finish reason is
+    ``"length"`` (for ``actor.mask_truncated_responses``), and a multi-turn completion's ``loss_mask`` (its sampled
+    tokens) becomes the row's, so observation tokens stay out of the loss. A group without completions raises
+    ``ValueError``."""
     if not groups:
         raise ValueError("groups must not be empty")
-    ids = [g.group_id for g in groups]
+    rows = []
+    for gi, g in enumerate(groups):
+        if not g.completions:
+            raise ValueError(f"group {g.prompt_id!r} has no completions")
+        prompt = np.asarray(prompts[g.prompt_id], dtype=np.int64)
+        for c in g.completions:
+            tokens, logprobs = unpack_array(c.token_ids), unpack_array(c.logprobs)
+            mask = None if c.loss_mask is None else unpack_array(c.loss_mask)
+            truncated = c.finish_reason == "length"
+            rows.append(Row(gi, prompt, tokens, logprobs, float(c.reward), c.version_min, truncated, mask))
     return collate_rows(
-        group_rows(groups),
-        group_ids=ids,
+        rows,
+        group_ids=[g.prompt_id for g in groups],
         pad_token_id=pad_token_id,
         max_prompt_length=max_prompt_length,
         max_response_length=max_response_length,
@@ -167,11 +167,11 @@ def collate_rows(
 ) -> RolloutBatch:
     """Pad response rows into the learner's tensor layout (see module docstring): the one collation every path uses.
 
-    Tensors: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/``response_mask``/
-    ``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/``prompt_lengths``/
-    ``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``loss_mask`` is a row's own mask where
-    it has one (a multi-turn episode's sampled tokens), else its ``response_mask``. ``P``/``T`` are
-    ``max_prompt_length``/``max_response_length`` (None: the longest prompt/response); a longer one raises
+    The batch's collated fields: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/
+    ``response_mask``/``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/
+    ``prompt_lengths``/``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``loss_mask`` is a
+    row's own mask where it has one (a multi-turn episode's sampled tokens), else its ``response_mask``. ``P``/``T``
+    are ``max_prompt_length``/``max_response_length`` (None: the longest prompt/response); a longer one raises
     ``ValueError``, as do empty prompts or responses and log-probs or a loss mask that do not match the tokens
     (``group_ids`` names the group in those errors).
     """
@@ -223,23 +223,20 @@ def collate_rows(
         scores[i, tl - 1] = r.reward
     attention_mask = torch.from_numpy(np.concatenate([prompt_mask, response_mask], axis=1))
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    response_mask_t = torch.from_numpy(response_mask)
     return RolloutBatch(
-        {
-            "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "responses": torch.from_numpy(responses),
-            "response_mask": response_mask_t,
-            "loss_mask": torch.from_numpy(loss_mask),
-            "rollout_log_probs": torch.from_numpy(logprobs),
-            "token_level_scores": torch.from_numpy(scores),
-            "index": torch.tensor([r.group for r in rows], dtype=torch.long),
-            "versions": torch.tensor([r.version for r in rows], dtype=torch.long),
-            "truncated": torch.tensor([r.truncated for r in rows], dtype=torch.bool),
-            "prompt_lengths": torch.from_numpy(p_lens),
-            "response_lengths": torch.from_numpy(t_lens),
-        }
+        input_ids=torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        responses=torch.from_numpy(responses),
+        response_mask=torch.from_numpy(response_mask),
+        loss_mask=torch.from_numpy(loss_mask),
+        rollout_log_probs=torch.from_numpy(logprobs),
+        token_level_scores=torch.from_numpy(scores),
+        index=torch.tensor([r.group for r in rows], dtype=torch.long),
+        versions=torch.tensor([r.version for r in rows], dtype=torch.long),
+        truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
+        prompt_lengths=torch.from_numpy(p_lens),
+        response_lengths=torch.from_numpy(t_lens),
     )
 
 
@@ -253,18 +250,18 @@ def mask_out_of_vocab(batch: RolloutBatch, vocab_size: int, pad_token_id: int = 
     """
     if not 0 <= pad_token_id < vocab_size:
         raise ValueError(f"pad_token_id={pad_token_id} is outside the vocabulary [0, {vocab_size})")
-    ids = batch["input_ids"]
+    ids = batch.input_ids
     bad_ids = (ids < 0) | (ids >= vocab_size)
     bad_rows = bad_ids.any(dim=1)
     if not bool(bad_rows.any()):
         return []
-    groups = torch.unique(batch["index"][bad_rows])
-    rows = torch.isin(batch["index"], groups)
+    groups = torch.unique(batch.index[bad_rows])
+    rows = torch.isin(batch.index, groups)
     ids.masked_fill_(bad_ids, pad_token_id)
-    responses = batch["responses"]
+    responses = batch.responses
     responses.masked_fill_((responses < 0) | (responses >= vocab_size), pad_token_id)
-    batch["loss_mask"][rows] = 0
-    batch["token_level_scores"][rows] = 0.0
+    batch.loss_mask[rows] = 0
+    batch.token_level_scores[rows] = 0.0
     return [int(g) for g in groups.tolist()]
 
 
@@ -273,8 +270,8 @@ def mask_truncated(batch: RolloutBatch) -> int:
     ``loss_mask`` is zeroed, so it adds no policy/entropy/KL/value loss, no gradient and no token or sequence to any
     loss denominator. Run it after the advantages: the row still counts in its group's statistics. Returns the number
     of rows this took out (truncated rows that still had loss tokens)."""
-    rows = batch["truncated"].bool()
-    loss_mask = batch["loss_mask"]
+    rows = batch.truncated.bool()
+    loss_mask = batch.loss_mask
     masked = int((rows & (loss_mask.sum(dim=-1) > 0)).sum())
     loss_mask[rows] = 0
     return masked

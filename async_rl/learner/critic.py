@@ -88,8 +88,11 @@ class Critic:
 
     def update(self, batch: RolloutBatch, acc: MetricAccumulator, seed: int) -> int:
         """Train on ``batch`` (which must hold ``values`` and ``returns``); returns the number of skipped steps."""
+        values, returns = batch.values, batch.returns
+        if values is None or returns is None:
+            raise ValueError("the critic update needs the batch's values and returns")
         c = self.cfg
-        lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
+        lengths = (batch.prompt_lengths + batch.response_lengths).tolist()
         plan = plan_updates(
             lengths,
             mini_size=resolved(c.ppo_mini_batch_size, "critic.ppo_mini_batch_size") * self.rollout_n,
@@ -107,12 +110,12 @@ class Critic:
             mi = build_micro_inputs(batch, rows, layout=self.layout, device=device)
             idx = torch.as_tensor(rows, dtype=torch.long)
             vpreds = response_values(self.model, mi)
-            old = batch["values"].index_select(0, idx).to(device)
-            returns = batch["returns"].index_select(0, idx).to(device)
-            loss_mask = batch["loss_mask"].index_select(0, idx).to(device)
+            old = values.index_select(0, idx).to(device)
+            target = returns.index_select(0, idx).to(device)
+            loss_mask = batch.loss_mask.index_select(0, idx).to(device)
             loss, clipfrac = value_loss(
                 vpreds,
-                returns,
+                target,
                 old,
                 loss_mask,
                 cliprange_value=c.cliprange_value,

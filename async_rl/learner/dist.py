@@ -202,12 +202,13 @@ def log_rank0(ctx: DistContext, log: logging.Logger, msg: str, *args: Any, level
 def share_batch(
     ctx: DistContext, batch: RolloutBatch | None, group_ids: Sequence[int] | None
 ) -> tuple[RolloutBatch, list[int]]:
-    """Broadcast rank 0's collated batch and its group ids to every rank as tensors (others pass ``None``)."""
+    """Broadcast rank 0's collated batch and its group ids to every rank as tensors (others pass ``None``): the
+    batch's set fields in field order (:meth:`RolloutBatch.tensors`), then the ids."""
     tensors = None
     if ctx.is_rank0:
         if batch is None or group_ids is None:
             raise ValueError("rank 0 must pass the batch and its group ids")
-        tensors = {**batch.tensors, "_group_ids": torch.tensor([int(g) for g in group_ids], dtype=torch.long)}
+        tensors = {**batch.tensors(), "_group_ids": torch.tensor([int(g) for g in group_ids], dtype=torch.long)}
     shared = ctx.broadcast_tensors(tensors)
     ids = [int(g) for g in shared.pop("_group_ids").tolist()]
-    return RolloutBatch(shared), ids
+    return RolloutBatch(**shared), ids

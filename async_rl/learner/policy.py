@@ -95,22 +95,22 @@ def build_micro_inputs(batch: RolloutBatch, rows: list[int], *, layout: Layout, 
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     idx = torch.as_tensor(rows, dtype=torch.long)
     width_p = batch.prompt_width
-    p_lens = batch["prompt_lengths"].index_select(0, idx).tolist()
-    t_lens = batch["response_lengths"].index_select(0, idx).tolist()
-    response_mask = batch["response_mask"].index_select(0, idx).bool()
-    input_ids = batch["input_ids"].index_select(0, idx)
+    p_lens = batch.prompt_lengths.index_select(0, idx).tolist()
+    t_lens = batch.response_lengths.index_select(0, idx).tolist()
+    response_mask = batch.response_mask.index_select(0, idx).bool()
+    input_ids = batch.input_ids.index_select(0, idx)
     if layout == "shared":
-        groups = batch["index"].index_select(0, idx).tolist()
+        groups = batch.index.index_select(0, idx).tolist()
         return _shared_inputs(input_ids, width_p, p_lens, t_lens, groups, response_mask, device)
     if layout == "padded":
         p, t = max(p_lens), max(t_lens)
         sl = slice(width_p - p, width_p + t)
         return MicroInputs(
             input_ids=input_ids[:, sl].to(device),
-            attention_mask=batch["attention_mask"].index_select(0, idx)[:, sl].to(device),
-            position_ids=batch["position_ids"].index_select(0, idx)[:, sl].to(device),
+            attention_mask=batch.attention_mask.index_select(0, idx)[:, sl].to(device),
+            position_ids=batch.position_ids.index_select(0, idx)[:, sl].to(device),
             keep=torch.arange(p - 1, p + t - 1, device=device),
-            labels=batch["responses"].index_select(0, idx)[:, :t].to(device),
+            labels=batch.responses.index_select(0, idx)[:, :t].to(device),
             response_mask=response_mask.to(device),
         )
     lengths = [pl + tl for pl, tl in zip(p_lens, t_lens, strict=True)]
@@ -198,7 +198,7 @@ def _shared_inputs(
 
 def row_groups(batch: RolloutBatch, layout: Layout) -> list[int] | None:
     """Each row's group where the micro-batches must keep groups together (the shared layout), else None."""
-    return batch["index"].tolist() if layout == "shared" else None
+    return batch.index.tolist() if layout == "shared" else None
 
 
 def _to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
@@ -261,7 +261,7 @@ def forward_full_batch(
 
     Shares come from :func:`plan_forward` (equal row counts, balanced tokens), so the all-gather sees equal shapes.
     """
-    lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
+    lengths = (batch.prompt_lengths + batch.response_lengths).tolist()
     groups = row_groups(batch, layout)
     plans = [plan_forward(lengths, ctx.world_size, r, micro_size, groups=groups) for r in range(ctx.world_size)]
     outs = [fn(build_micro_inputs(batch, rows, layout=layout, device=ctx.device)).float() for rows in plans[ctx.rank]]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +52,7 @@ from async_rl.config.actor_rollout_ref import ActorConfig
 from async_rl.config.algorithm import AlgorithmConfig
 from async_rl.config.names import needs_critic
 from async_rl.config.resolve import LearnerStart, resolved
-from async_rl.learner.batching import (
-    RolloutBatch,
-    SampledGroup,
-    collate_groups,
-    mask_out_of_vocab,
-    mask_truncated,
-)
+from async_rl.learner.batching import RolloutBatch, collate_groups, mask_out_of_vocab, mask_truncated
 from async_rl.learner.checkpoint import load_learner, save_learner
 from async_rl.learner.critic import Critic
 from async_rl.learner.dist import DistContext, log_rank0
@@ -75,7 +69,7 @@ from async_rl.learner.shared_prompt import shared_prompt_enabled
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
 from async_rl.peft_format import adapter_config, peft_name
-from async_rl.transport.protocol import AdapterPlan
+from async_rl.transport.protocol import AdapterPlan, RolloutGroup
 from async_rl.weight_sync.protocol import TensorSpec
 
 __all__ = ["Learner"]
@@ -257,26 +251,26 @@ class Learner:
 
     def _rewards_and_advantages(self, batch: RolloutBatch, acc: dict[str, float]) -> None:
         algo = self.algo
-        mask = batch["loss_mask"]
-        rewards = batch["token_level_scores"]
+        mask = batch.loss_mask
+        rewards = batch.token_level_scores
         if self.kl_ctrl is not None:
-            rewards, kl_metrics = apply_kl_in_reward(
-                rewards, batch["old_log_probs"], batch["ref_log_probs"], mask, self.kl_ctrl, algo.kl_penalty
-            )
+            old, ref = batch.old_log_probs, batch.ref_log_probs
+            assert old is not None and ref is not None, "a KL in the reward runs the proximal and reference passes"
+            rewards, kl_metrics = apply_kl_in_reward(rewards, old, ref, mask, self.kl_ctrl, algo.kl_penalty)
             acc.update({mc.learner_key(k): float(v) for k, v in kl_metrics.items()})
-        batch["token_level_rewards"] = rewards
+        batch.token_level_rewards = rewards
         advantages, returns = compute_advantages(
             algo.adv_estimator,
             token_level_rewards=rewards,
             response_mask=mask,
-            index=batch["index"],
-            values=batch["values"] if "values" in batch else None,
+            index=batch.index,
+            values=batch.values,
             gamma=algo.gamma,
             lam=algo.lam,
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
         )
-        batch["advantages"] = advantages
-        batch["returns"] = returns
+        batch.advantages = advantages
+        batch.returns = returns
 
     def _rollout_correction(self, batch: RolloutBatch, out: dict[str, float]) -> None:
         """Decoupled mode, once per step on the whole batch (as verl's trainer does, before advantages): rejection
@@ -284,15 +278,16 @@ class Learner:
         mean 1 over the batch with ``rollout_is_batch_normalize``) are stored as ``is_weights`` for every micro-batch.
         Every rank holds the whole batch, so the batch means need no collective."""
         spec = self.objective
-        old, behaviour = batch["old_log_probs"], batch["rollout_log_probs"]
+        old, behaviour = batch.old_log_probs, batch.rollout_log_probs
+        assert old is not None, "the proximal pass runs first"
         if spec.rs_bounds is not None:
-            kept, rs_metrics = rejection_mask(old, behaviour, batch["loss_mask"], bounds=spec.rs_bounds)
-            batch["loss_mask"] = kept
+            kept, rs_metrics = rejection_mask(old, behaviour, batch.loss_mask, bounds=spec.rs_bounds)
+            batch.loss_mask = kept
             out.update({mc.learner_rollout_corr_key(k): float(v) for k, v in rs_metrics.items()})
         if spec.rollout_is is None:
             return
-        weights, is_metrics = correction_weights(old, behaviour, batch["loss_mask"], spec)
-        batch["is_weights"] = weights
+        weights, is_metrics = correction_weights(old, behaviour, batch.loss_mask, spec)
+        batch.is_weights = weights
         out.update({mc.learner_rollout_corr_key(k): float(v) for k, v in is_metrics.items()})
 
     # ------------------------------------------------------------------ actor update
@@ -316,28 +311,29 @@ class Learner:
             mi = build_micro_inputs(batch, rows, layout=self.layout, device=device)
             idx = torch.as_tensor(rows, dtype=torch.long)
 
-            def sel(key: str) -> torch.Tensor:
-                return batch[key].index_select(0, idx).to(device)
+            def sel(tensor: torch.Tensor | None) -> torch.Tensor:
+                assert tensor is not None, "the step computes it before the update"
+                return tensor.index_select(0, idx).to(device)
 
             mode = "grad" if spec.entropy_coeff != 0 else "detached"
             log_prob, entropy = response_log_probs(self.model, mi, temperature=temperature, entropy=mode)
             assert entropy is not None
             if reuse_proximal:
                 old_log_prob = log_prob.detach()
-                _accumulate_offpolicy(acc, old_log_prob, sel("rollout_log_probs"), sel("sampled_mask"))
+                _accumulate_offpolicy(acc, old_log_prob, sel(batch.rollout_log_probs), sel(batch.sampled_mask))
             else:
-                old_log_prob = sel("old_log_probs")
+                old_log_prob = sel(batch.old_log_probs)
             out = actor_objective(
                 ActorMicroBatch(
                     log_prob=log_prob,
                     entropy=entropy,
                     old_log_prob=old_log_prob,
-                    rollout_log_prob=sel("rollout_log_probs"),
-                    advantages=sel("advantages"),
-                    loss_mask=sel("loss_mask").bool(),
+                    rollout_log_prob=sel(batch.rollout_log_probs),
+                    advantages=sel(batch.advantages),
+                    loss_mask=sel(batch.loss_mask).bool(),
                     # the step's weights (decoupled, after the proximal pass); else the objective computes them
-                    is_weights=sel("is_weights") if "is_weights" in batch else None,
-                    ref_log_prob=sel("ref_log_probs") if spec.kl_loss_coef is not None else None,
+                    is_weights=sel(batch.is_weights) if batch.is_weights is not None else None,
+                    ref_log_prob=sel(batch.ref_log_probs) if spec.kl_loss_coef is not None else None,
                     global_num_tokens=tokens,
                     global_num_seqs=seqs,
                 ),
@@ -363,16 +359,17 @@ class Learner:
         return micro_loss
 
     # ------------------------------------------------------------------ the step
-    def train_step(self, groups: Sequence[SampledGroup]) -> dict[str, float]:
-        """One policy version from in-process ``groups`` (the same list on every rank): collate, then
-        :meth:`train_batch`. A training run collates once on rank 0 and broadcasts the tensors instead
+    def train_step(self, groups: Sequence[RolloutGroup], prompts: Mapping[int, Sequence[int]]) -> dict[str, float]:
+        """One policy version from ``groups`` and their prompts' tokens by ``prompt_id`` (the same on every rank):
+        collate, then :meth:`train_batch`. A training run collates once on rank 0 and broadcasts the tensors instead
         (:mod:`async_rl.runtime.rollout_source`)."""
-        return self.train_batch(self.collate(groups), [g.group_id for g in groups])
+        return self.train_batch(self.collate(groups, prompts), [g.prompt_id for g in groups])
 
-    def collate(self, groups: Sequence[SampledGroup]) -> RolloutBatch:
-        """In-process groups -> this learner's padded batch (its pad id and length limits)."""
+    def collate(self, groups: Sequence[RolloutGroup], prompts: Mapping[int, Sequence[int]]) -> RolloutBatch:
+        """``groups`` -> this learner's padded batch (its pad id and length limits; see :func:`collate_groups`)."""
         return collate_groups(
             groups,
+            prompts,
             pad_token_id=self.start.pad_token_id,
             max_prompt_length=self.data_cfg.max_prompt_length,
             max_response_length=self.data_cfg.max_response_length,
@@ -386,7 +383,7 @@ class Learner:
         out: dict[str, float] = {}
         # the tokens the model sampled, before any leaves the loss: behaviour log-probs exist only there (an
         # observation token's is 0), so the off-policy metrics compare the policies over them
-        batch["sampled_mask"] = batch["loss_mask"] != 0
+        batch.sampled_mask = batch.loss_mask != 0
         invalid = (
             mask_out_of_vocab(batch, self.vocab_size, self.start.pad_token_id) if self.vocab_size is not None else []
         )
@@ -399,17 +396,17 @@ class Learner:
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
         if spec.bypass_loss_type is not None:
-            batch["old_log_probs"] = batch["rollout_log_probs"]
+            batch.old_log_probs = batch.rollout_log_probs
         elif not reuse:
-            batch["old_log_probs"] = self._log_probs(self.model, batch)
+            batch.old_log_probs = self._log_probs(self.model, batch)
             self._rollout_correction(batch, out)
         if self.ref is not None:
-            batch["ref_log_probs"] = self._log_probs(self.ref, batch)
+            batch.ref_log_probs = self._log_probs(self.ref, batch)
         elif self.needs_ref:
             with adapters_disabled(self.model):
-                batch["ref_log_probs"] = self._log_probs(self.model, batch)
+                batch.ref_log_probs = self._log_probs(self.model, batch)
         if self.critic is not None:
-            batch["values"] = self.critic.values(batch)
+            batch.values = self.critic.values(batch)
         self.model.train()
         self._rewards_and_advantages(batch, out)
         out[mc.LEARNER_BATCH_TRUNCATED_MASKED] = float(
@@ -420,7 +417,7 @@ class Learner:
         skipped_critic = 0
         if self.critic is not None:
             skipped_critic = self.critic.update(batch, acc, seed)
-        lengths = (batch["prompt_lengths"] + batch["response_lengths"]).tolist()
+        lengths = (batch.prompt_lengths + batch.response_lengths).tolist()
         plan = plan_updates(
             lengths,
             mini_size=actor_cfg.ppo_mini_batch_size * self.rollout_cfg.n,
@@ -437,11 +434,11 @@ class Learner:
         skipped = run_updates(ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc, reuse), acc)
         micro_batches = [mb for epoch in plan.epochs for mini in epoch for mb in mini]
         real, slots = padding_waste(
-            batch["prompt_lengths"].tolist(),
-            batch["response_lengths"].tolist(),
+            batch.prompt_lengths.tolist(),
+            batch.response_lengths.tolist(),
             micro_batches,
             self.layout,
-            batch["index"].tolist(),
+            batch.index.tolist(),
         )
         acc.total("_real_tokens_computed", real)
         acc.total("_slots_computed", slots)
@@ -467,7 +464,7 @@ class Learner:
                 mc.LEARNER_ACTOR_SKIPPED_TOTAL: float(self.actor.guard.skipped_total),
                 mc.LEARNER_PERF_STEP_TIME_S: t_end - t_start,
                 mc.LEARNER_PERF_UPDATE_TIME_S: t_end - t_update,
-                mc.LEARNER_PERF_TOKENS_PER_S: float(batch["attention_mask"].sum()) / max(t_end - t_start, 1e-9),
+                mc.LEARNER_PERF_TOKENS_PER_S: float(batch.attention_mask.sum()) / max(t_end - t_start, 1e-9),
                 mc.LEARNER_PERF_UPDATE_TOKENS_PER_S: computed / max(t_end - t_update, 1e-9),
                 mc.LEARNER_VERSION: float(self.version),
             }
@@ -481,12 +478,14 @@ class Learner:
         """Whole-batch statistics (identical on every rank, so no reduction).
 
         ``offpolicy``: the reduced sums of :func:`_accumulate_offpolicy` when the proximal pass was skipped."""
-        mask = batch["sampled_mask"]
-        adv = batch["advantages"][batch["loss_mask"].bool()]
-        lags = lag_histogram(self.version, batch["versions"].tolist())  # weights trained on vs weights that sampled
+        mask, advantages = batch.sampled_mask, batch.advantages
+        assert mask is not None and advantages is not None, "the step computes them first"
+        adv = advantages[batch.loss_mask.bool()]
+        lags = lag_histogram(self.version, batch.versions.tolist())  # weights trained on vs weights that sampled
         # Off-policy gap between the behaviour policy (vLLM) and the proximal policy (learner, current weights).
         if offpolicy is None:
-            log_ratio = (batch["old_log_probs"] - batch["rollout_log_probs"])[mask].double()
+            assert batch.old_log_probs is not None, "the proximal pass ran"
+            log_ratio = (batch.old_log_probs - batch.rollout_log_probs)[mask].double()
             w = log_ratio.clamp(-20, 20).exp()
             count, w_sum, w2_sum = float(w.numel()), float(w.sum()), float((w**2).sum())
             abs_sum = float(log_ratio.abs().sum())
@@ -494,8 +493,8 @@ class Learner:
             count, w_sum = offpolicy["_offpolicy/count"], offpolicy["_offpolicy/w_sum"]
             w2_sum, abs_sum = offpolicy["_offpolicy/w2_sum"], offpolicy["_offpolicy/abs_sum"]
         ess = w_sum**2 / (count * w2_sum) if count else 1.0
-        scores = batch["token_level_scores"].sum(-1)
-        groups = batch["index"]
+        scores = batch.token_level_scores.sum(-1)
+        groups = batch.index
         informative = sum(
             1 for g in torch.unique(groups) if bool((scores[groups == g] != scores[groups == g][0]).any())
         )
@@ -503,9 +502,9 @@ class Learner:
             # groups whose samples' rewards differ: the only ones a group-relative advantage learns from
             mc.LEARNER_BATCH_INFORMATIVE_GROUPS: float(informative),
             mc.LEARNER_BATCH_SIZE: float(len(batch)),
-            mc.LEARNER_BATCH_RESPONSE_LENGTH_MEAN: float(batch["response_lengths"].float().mean()),
+            mc.LEARNER_BATCH_RESPONSE_LENGTH_MEAN: float(batch.response_lengths.float().mean()),
             mc.LEARNER_BATCH_SAMPLED_LENGTH_MEAN: float(mask.sum(-1).float().mean()),
-            mc.LEARNER_BATCH_REWARD_MEAN: float(batch["token_level_scores"].sum(-1).mean()),
+            mc.LEARNER_BATCH_REWARD_MEAN: float(batch.token_level_scores.sum(-1).mean()),
             mc.LEARNER_BATCH_ADVANTAGES_MEAN: float(adv.mean()) if adv.numel() else 0.0,
             mc.LEARNER_BATCH_ADVANTAGES_MAX: float(adv.max()) if adv.numel() else 0.0,
             mc.LEARNER_BATCH_ADVANTAGES_MIN: float(adv.min()) if adv.numel() else 0.0,

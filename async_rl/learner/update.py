@@ -57,7 +57,7 @@ class TrainedModel:
 
 def mini_batch_counts(ctx: DistContext, batch: RolloutBatch, rows: list[int]) -> tuple[float, float]:
     """``(loss tokens, sequences with >= 1 loss token)`` of a mini-batch (from ``loss_mask``), summed over ranks."""
-    mask = batch["loss_mask"].index_select(0, torch.as_tensor(rows, dtype=torch.long))
+    mask = batch.loss_mask.index_select(0, torch.as_tensor(rows, dtype=torch.long))
     per_row = mask.sum(dim=-1)
     local = torch.tensor([float(per_row.sum()), float((per_row > 0).sum())], dtype=torch.float64)
     tokens, seqs = ctx.all_reduce(local, "sum").tolist()

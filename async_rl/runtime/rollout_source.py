@@ -6,7 +6,7 @@ is collective:
 1. rank 0 waits for ``data.train_batch_size`` groups within the staleness bound (:func:`wait_for_groups`); every
    rank follows its decisions (wait, re-publish the weights to a new actor, give up, stop on a signal);
 2. rank 0 collates the transport's groups straight from their wire arrays (numpy views of the received bytes, no
-   Python lists) into the learner's padded tensors (:func:`collate_wire_groups`);
+   Python lists) into the learner's padded tensors (:func:`async_rl.learner.batching.collate_groups`);
 3. the tensors are broadcast to every rank (:func:`async_rl.learner.dist.share_batch`).
 
 The result, :class:`StepRollouts`, holds the batch (every rank) and the transport groups (rank 0, for the ledger,
@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from async_rl.learner.batching import RolloutBatch, Row, collate_rows
+from async_rl.learner.batching import RolloutBatch, collate_groups
 from async_rl.learner.dist import share_batch
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
-from async_rl.transport.protocol import RolloutGroup, unpack_array
+from async_rl.transport.protocol import RolloutGroup
 
-__all__ = ["RolloutSource", "StepRollouts", "collate_wire_groups", "wait_for_groups"]
+__all__ = ["RolloutSource", "StepRollouts", "wait_for_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,37 +41,6 @@ class StepRollouts:
     group_ids: list[int]
     groups: list[RolloutGroup]
     wait_s: float
-
-
-def collate_wire_groups(
-    groups: Sequence[RolloutGroup],
-    prompt_of: Callable[[int], Sequence[int]],
-    *,
-    pad_token_id: int,
-    max_prompt_length: int | None,
-    max_response_length: int | None,
-) -> RolloutBatch:
-    """The transport's groups -> the learner's padded batch, read from the wire arrays directly.
-
-    ``prompt_of(prompt_id)`` gives a group's prompt tokens (the coordinator's records: the wire does not carry them
-    back). Each row's version is its completion's oldest (``version_min``), it counts as truncated when its
-    finish reason is ``"length"`` (for ``actor.mask_truncated_responses``), and a multi-turn completion's
-    ``loss_mask`` (its sampled tokens) becomes the row's, so observation tokens stay out of the loss."""
-    rows = []
-    for gi, g in enumerate(groups):
-        prompt = np.asarray(prompt_of(g.prompt_id), dtype=np.int64)
-        for c in g.completions:
-            tokens, logprobs = unpack_array(c.token_ids), unpack_array(c.logprobs)
-            mask = None if c.loss_mask is None else unpack_array(c.loss_mask)
-            truncated = c.finish_reason == "length"
-            rows.append(Row(gi, prompt, tokens, logprobs, float(c.reward), c.version_min, truncated, mask))
-    return collate_rows(
-        rows,
-        group_ids=[g.prompt_id for g in groups],
-        pad_token_id=pad_token_id,
-        max_prompt_length=max_prompt_length,
-        max_response_length=max_response_length,
-    )
 
 
 def wait_for_groups(
@@ -169,9 +136,10 @@ class RolloutSource:
         if self.ctx.rank == 0 and groups:
             data = self.learner.data_cfg
             try:
-                batch = collate_wire_groups(
+                source = self.coordinator.source
+                batch = collate_groups(
                     groups,
-                    lambda pid: self.coordinator.source.record(pid).token_ids,
+                    {g.prompt_id: source.record(g.prompt_id).token_ids for g in groups},
                     pad_token_id=self.learner.start.pad_token_id,
                     max_prompt_length=data.max_prompt_length,
                     max_response_length=data.max_response_length,

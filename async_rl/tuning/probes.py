@@ -148,29 +148,33 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
 # Learner
 
 
-def _synthetic_groups(records: list[Any], lengths: list[int], num: int, n: int, vocab: int, seed: int) -> list[Any]:
-    from async_rl.learner.batching import Response, SampledGroup
+def _synthetic_groups(
+    records: list[Any], lengths: list[int], num: int, n: int, vocab: int, seed: int
+) -> tuple[list[Any], dict[int, list[int]]]:
+    """``num`` groups of ``n`` random completions and their prompts (drawn from ``records``) by prompt id."""
+    from async_rl.learner.batching import local_group
+    from async_rl.transport.protocol import make_completion
 
     rng = random.Random(seed)
-    groups = []
+    groups, prompts = [], {}
     for g in range(num):
-        prompt = [int(t) for t in records[rng.randrange(len(records))].token_ids]
-        responses = []
+        prompts[g] = [int(t) for t in records[rng.randrange(len(records))].token_ids]
+        completions = []
         for _ in range(n):
             length = max(1, rng.choice(lengths))
             tokens = [rng.randrange(3, vocab) for _ in range(length)]
-            responses.append(Response(tokens, [-1.0] * length, float(rng.random()), 0))
-        groups.append(SampledGroup(g, prompt, responses))
-    return groups
+            completions.append(make_completion(tokens, [-1.0] * length, version_min=0, reward=rng.random()))
+        groups.append(local_group(g, completions))
+    return groups, prompts
 
 
-def _shared_step(ctx: Any, learner: Any, groups: list[Any]) -> None:
+def _shared_step(ctx: Any, learner: Any, groups: list[Any], prompts: dict[int, list[int]]) -> None:
     """One step as a training run takes it: rank 0 collates, the ranks get the tensors, every rank trains."""
     from async_rl.learner.dist import share_batch
 
     rank0 = ctx.is_rank0
     batch, ids = share_batch(
-        ctx, learner.collate(groups) if rank0 else None, list(range(len(groups))) if rank0 else None
+        ctx, learner.collate(groups, prompts) if rank0 else None, [g.prompt_id for g in groups] if rank0 else None
     )
     learner.train_batch(batch, ids)
 
@@ -206,12 +210,12 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     for size in params["batch_sizes"]:
         mini = size // minis_per_step if size % minis_per_step == 0 else size
         actor_cfg.ppo_mini_batch_size = mini
-        groups = _synthetic_groups(records, params["response_lengths"], size, n, vocab, seed=size)
-        tokens = sum(len(g.prompt_ids) + len(r.token_ids) for g in groups for r in g.responses)
+        groups, prompts = _synthetic_groups(records, params["response_lengths"], size, n, vocab, seed=size)
+        tokens = sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
         times = []
         for rep in range(params["steps"] + 1):
             t0 = time.perf_counter()
-            _shared_step(ctx, learner, groups)
+            _shared_step(ctx, learner, groups, prompts)
             if rep:  # the first step of each size is a warm-up
                 times.append(time.perf_counter() - t0)
         results.append({"groups": size, "tokens": tokens, "step_s": statistics.median(times), "all_s": times})
@@ -229,7 +233,7 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
             if flag == b"stop":
                 break
             t0 = time.perf_counter()
-            _shared_step(ctx, learner, groups)
+            _shared_step(ctx, learner, groups, prompts)
             if flag == b"time":
                 contended.append(time.perf_counter() - t0)
                 if len(contended) == CONTENDED_STEPS and ctx.is_rank0:

@@ -14,8 +14,9 @@ from torch import nn
 
 from async_rl.config import Config, default_config
 from async_rl.config.resolve import LearnerStart
-from async_rl.learner.batching import Response, SampledGroup
+from async_rl.learner.batching import RolloutBatch, collate_groups, local_group
 from async_rl.peft_format import LoRASpec
+from async_rl.transport.protocol import RolloutGroup, make_completion
 
 VOCAB = 64
 
@@ -52,20 +53,32 @@ def tiny_critic(seed: int = 1) -> nn.Module:
     return Qwen2ForTokenClassification(cfg).float()
 
 
-def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) -> list[SampledGroup]:
-    """Deterministic groups: random prompts (3..9 tokens), responses (1..12 tokens); reward = share of even tokens."""
+Prompts = dict[int, list[int]]  # each group's prompt tokens, by prompt id
+
+
+def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) -> tuple[list[RolloutGroup], Prompts]:
+    """Deterministic groups (prompt ids 0, 1, ...) and their prompts: random prompts (3..9 tokens), responses
+    (1..12 tokens); reward = share of even tokens."""
     rng = random.Random(seed)
-    groups = []
+    groups, prompts = [], {}
     for g in range(num_groups):
-        prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 9))]
-        responses = []
+        prompts[g] = [rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 9))]
+        completions = []
         for _ in range(n):
             tokens = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 12))]
             logprobs = [-4.2 + rng.uniform(-0.3, 0.3) for _ in tokens]
             reward = sum(1 for t in tokens if t % 2 == 0) / len(tokens)
-            responses.append(Response(token_ids=tokens, logprobs=logprobs, reward=reward, version=version))
-        groups.append(SampledGroup(group_id=f"g{seed}-{g}", prompt_ids=prompt, responses=responses))
-    return groups
+            completions.append(make_completion(tokens, logprobs, version_min=version, reward=reward))
+        groups.append(local_group(g, completions))
+    return groups, prompts
+
+
+def collate(groups: list[RolloutGroup], prompts: Prompts, *, max_response_length: int | None = None) -> RolloutBatch:
+    """``groups`` padded with id 0 to their longest prompt and to their longest response (or
+    ``max_response_length``)."""
+    return collate_groups(
+        groups, prompts, pad_token_id=0, max_prompt_length=None, max_response_length=max_response_length
+    )
 
 
 def layout(name: str) -> dict[str, bool]:

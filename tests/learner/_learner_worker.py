@@ -94,8 +94,8 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
                 tiny_policy,
             )
             g_dist, g_local = capture(dist_l), capture(local_l)
-            dist_l.train_step(groups)
-            local_l.train_step(groups)
+            dist_l.train_step(*groups)
+            local_l.train_step(*groups)
             res[f"{mode}/micro{micro}/{lay}"] = max_diff(g_dist[0], g_local[0])
     res["grad_scale"] = float(max(v.abs().max() for v in g_local[0].values()))
     return res
@@ -109,7 +109,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     losses = []
     for step in range(3):
         groups = scripted_groups(4, 4, seed=100 + step, version=step)
-        md, ml = dist_l.train_step(groups), local_l.train_step(groups)
+        md, ml = dist_l.train_step(*groups), local_l.train_step(*groups)
         losses.append((md["learner/actor/pg_loss"], ml["learner/actor/pg_loss"]))
     res["losses"] = losses
     exported = dict(iter_full_state(dist_l.model, ctx, to_cpu=True, dtype=None))
@@ -128,12 +128,15 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         res["hf_reload_max_diff"] = max(float((loaded.state_dict()[k] - v).abs().max()) for k, v in exported.items())
         res["hf_shards"] = len(list(hf_dir.glob("*.safetensors")))
     # rank 0's collated batch reaches every rank as tensors, equal to what each rank would collate itself
-    expected = dist_l.collate(scripted_groups(2, 2, seed=5))
+    expected = dist_l.collate(*scripted_groups(2, 2, seed=5))
     got, ids = share_batch(ctx, expected if ctx.is_rank0 else None, [7, 9] if ctx.is_rank0 else None)
     res[f"share_batch_rank{ctx.rank}"] = (
         ids == [7, 9]
-        and sorted(got.tensors) == sorted(expected.tensors)
-        and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in expected.tensors.items())
+        and list(got.tensors()) == list(expected.tensors())
+        and all(
+            torch.equal(got.tensors()[k], v) and got.tensors()[k].dtype == v.dtype
+            for k, v in expected.tensors().items()
+        )
     )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
     tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied", seed=0)
@@ -145,7 +148,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     # a NaN loss on rank 1 only: every rank must skip the same step and keep its weights
     before = digest(dist_l)
     dist_l.loss_hook = (lambda loss: loss * float("nan")) if ctx.rank == 1 else None
-    m = dist_l.train_step(scripted_groups(4, 4, seed=200, version=3))
+    m = dist_l.train_step(*scripted_groups(4, 4, seed=200, version=3))
     res[f"nan_skipped_rank{ctx.rank}"] = m["learner/actor/skipped_updates"]
     res[f"nan_unchanged_rank{ctx.rank}"] = digest(dist_l) == before
     return res
@@ -169,7 +172,7 @@ def scenario_resume(ctx: Any, out: Path, phase: str) -> dict[str, Any]:
     k = 2
     if phase == "a":
         for step in range(k):
-            learner.train_step(scripted_groups(4, 4, seed=300 + step, version=step))
+            learner.train_step(*scripted_groups(4, 4, seed=300 + step, version=step))
         learner.save_checkpoint(root, extra={"cursor": 7, "ledger": b"\x00\x01"}, keep_last=2)
     else:
         # a save of the next version that was killed before it committed
@@ -185,7 +188,7 @@ def scenario_resume(ctx: Any, out: Path, phase: str) -> dict[str, Any]:
     # the same RNG consumers as training code might have: python/numpy/torch draws must continue identically
     res["rng_draw"] = float(torch.rand(()).item())
     for step in range(k, k + 2):
-        m = learner.train_step(scripted_groups(4, 4, seed=300 + step, version=step))
+        m = learner.train_step(*scripted_groups(4, 4, seed=300 + step, version=step))
         res[f"step{step}"] = {
             key: m[key] for key in ("learner/actor/pg_loss", "learner/critic/loss", "learner/reward_kl_penalty_coeff")
         }
@@ -204,8 +207,8 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
     g_dist, g_local = capture(dist_l), capture(local_l)
     for step in range(2):
         groups = scripted_groups(4, 4, seed=500 + step, version=step)
-        dist_l.train_step(groups)
-        local_l.train_step(groups)
+        dist_l.train_step(*groups)
+        local_l.train_step(*groups)
     res["grad_names"] = sorted(g_dist[0])
     res["grad_max_diff"] = max(max_diff(a, b) for a, b in zip(g_dist, g_local, strict=True))
     res["grad_scale"] = float(max(v.abs().max() for v in g_local[-1].values()))
@@ -223,7 +226,7 @@ def scenario_lora(ctx: Any, out: Path) -> dict[str, Any]:
     resumed.load_checkpoint(path)
     res[f"resumed_digest_equal_rank{ctx.rank}"] = digest(resumed) == digest(dist_l)
     groups = scripted_groups(4, 4, seed=510, version=2)
-    a, b = dist_l.train_step(groups), resumed.train_step(groups)
+    a, b = dist_l.train_step(*groups), resumed.train_step(*groups)
     res[f"resumed_step_equal_rank{ctx.rank}"] = a["learner/actor/pg_loss"] == b["learner/actor/pg_loss"] and digest(
         resumed
     ) == digest(dist_l)
@@ -234,7 +237,7 @@ def scenario_gpu(ctx: Any) -> dict[str, Any]:
     """CUDA: bf16 compute with fp32 master weights (MixedPrecisionPolicy), NCCL collectives, bf16 export."""
     res: dict[str, Any] = {"device": ctx.device.type, "backend": ctx.backend}
     learner = Learner(settings(entropy_coeff=0.01), START, ctx, tiny_policy)
-    metrics = [learner.train_step(scripted_groups(4, 4, seed=400 + i)) for i in range(2)]
+    metrics = [learner.train_step(*scripted_groups(4, 4, seed=400 + i)) for i in range(2)]
     res["finite"] = all(math.isfinite(v) for m in metrics for v in m.values())
     res["master_fp32"] = all(p.dtype == torch.float32 for p in learner.model.parameters())
     exported = list(iter_full_state(learner.model, ctx, dtype=torch.bfloat16))
@@ -248,7 +251,7 @@ def _cosine(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return float(va @ vb / (va.norm() * vb.norm()))
 
 
-def _precision_step(ctx: Any, param_dtype: str, groups: list[Any]) -> dict[str, Any]:
+def _precision_step(ctx: Any, param_dtype: str, groups: tuple[list[Any], dict[int, list[int]]]) -> dict[str, Any]:
     """One GAE + KL-loss step (2 mini-batches) at ``param_dtype``; what ``scenario_precision`` compares."""
     s = settings(
         adv_estimator="gae",
@@ -283,9 +286,9 @@ def _precision_step(ctx: Any, param_dtype: str, groups: list[Any]) -> dict[str, 
 
     learner.actor.grad_hook = lambda m: on_grads(m, first)
     learner.critic.trained.grad_hook = lambda m: on_grads(m, None)
-    batch = learner.collate(groups)
+    batch = learner.collate(*groups)
     log_probs = learner._log_probs(learner.model, batch)
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(*groups)
     optimizers = (learner.actor.optimizer, learner.critic.trained.optimizer)
     return {
         "compute_dtype": str(learner.compute_dtype),
@@ -306,7 +309,7 @@ def _precision_step(ctx: Any, param_dtype: str, groups: list[Any]) -> dict[str, 
         },
         "_log_probs": log_probs,
         "_adv_abs_max": max(abs(metrics["learner/batch/advantages_max"]), abs(metrics["learner/batch/advantages_min"])),
-        "_mask": batch["response_mask"].bool(),
+        "_mask": batch.response_mask.bool(),
         "_grads": first[0],
     }
 

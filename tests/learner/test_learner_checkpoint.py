@@ -25,12 +25,12 @@ def test_latest_ignores_incomplete_checkpoints(tmp_path: Path) -> None:
 
 def test_save_load_round_trip_prunes_and_resumes_exactly(tmp_path: Path) -> None:
     learner = Learner(settings(shuffle=True), START, local_context(), tiny_policy)
-    learner.train_step(scripted_groups(4, 4, seed=1))
+    learner.train_step(*scripted_groups(4, 4, seed=1))
     (tmp_path / "step_0.tmp").mkdir()  # a leftover from an older crash is cleaned by the next save
     learner.save_checkpoint(tmp_path, extra=b"ledger-bytes", keep_last=2)
-    learner.train_step(scripted_groups(4, 4, seed=2))
+    learner.train_step(*scripted_groups(4, 4, seed=2))
     learner.save_checkpoint(tmp_path, extra={"cursor": 2}, keep_last=2)
-    expected = learner.train_step(scripted_groups(4, 4, seed=3))
+    expected = learner.train_step(*scripted_groups(4, 4, seed=3))
     learner.save_checkpoint(tmp_path, extra=None, keep_last=2)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3]  # step_1 pruned (keep_last=2)
     assert not (tmp_path / "step_0.tmp").exists()
@@ -38,12 +38,12 @@ def test_save_load_round_trip_prunes_and_resumes_exactly(tmp_path: Path) -> None
     fresh = Learner(settings(shuffle=True), START, local_context(), tiny_policy)
     assert fresh.load_checkpoint(tmp_path / "step_2") == {"cursor": 2}
     assert fresh.version == 2
-    got = fresh.train_step(scripted_groups(4, 4, seed=3))
+    got = fresh.train_step(*scripted_groups(4, 4, seed=3))
     for key in ("learner/actor/pg_loss", "learner/actor/grad_norm", "learner/actor/loss"):
         assert got[key] == expected[key], key  # bit-identical (fp32 CPU)
     for (name, a), (_, b) in zip(learner.model.state_dict().items(), fresh.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    learner.train_step(scripted_groups(4, 4, seed=4))
+    learner.train_step(*scripted_groups(4, 4, seed=4))
     learner.save_checkpoint(tmp_path, extra=None, keep_last=None)  # the config's default: keep every checkpoint
     assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3, 4]
     with pytest.raises(ValueError, match="not a committed checkpoint"):

@@ -13,10 +13,11 @@ import weakref
 
 import pytest
 import torch
-from _learner_testlib import START, VOCAB, layout, settings, tiny_config, tiny_policy
+from _learner_testlib import START, VOCAB, Prompts, layout, settings, tiny_config, tiny_policy
 
 from async_rl.learner import Learner, local_context
-from async_rl.learner.batching import Response, SampledGroup
+from async_rl.learner.batching import local_group
+from async_rl.transport.protocol import RolloutGroup, make_completion
 
 PROMPTS, N, PROMPT_LEN, RESPONSE_LEN = 4, 4, 16, 32
 
@@ -43,17 +44,22 @@ class SavedBytes:
         self.live -= size
 
 
-def _groups() -> list[SampledGroup]:
+def _groups() -> tuple[list[RolloutGroup], Prompts]:
     rng = random.Random(0)
-    out = []
+    out, prompts = [], {}
     for g in range(PROMPTS):
-        prompt = [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)]
-        responses = [
-            Response([rng.randrange(1, VOCAB) for _ in range(RESPONSE_LEN)], [-3.0] * RESPONSE_LEN, rng.random(), 0)
+        prompts[g] = [rng.randrange(1, VOCAB) for _ in range(PROMPT_LEN)]
+        completions = [
+            make_completion(
+                [rng.randrange(1, VOCAB) for _ in range(RESPONSE_LEN)],
+                [-3.0] * RESPONSE_LEN,
+                version_min=0,
+                reward=rng.random(),
+            )
             for _ in range(N)
         ]
-        out.append(SampledGroup(g, prompt, responses))
-    return out
+        out.append(local_group(g, completions))
+    return out, prompts
 
 
 def _step(name: str, micro: int) -> tuple[SavedBytes, float]:
@@ -69,7 +75,7 @@ def _step(name: str, micro: int) -> tuple[SavedBytes, float]:
     learner = Learner(s, START, local_context(), lambda: tiny_policy())
     saved = SavedBytes()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-        metrics = learner.train_step(_groups())
+        metrics = learner.train_step(*_groups())
     return saved, metrics["learner/batch/tokens_computed"]
 
 

@@ -196,7 +196,7 @@ def test_a_real_step_reduces_as_before_and_reports_catalogued_keys(
     Recording.made.clear()
     kw = {"critic": tiny_critic} if with_critic else {}
     learner = Learner(settings(**overrides), START, local_context(), tiny_policy, **kw)
-    metrics = learner.train_step(scripted_groups(4, 4, seed=11))
+    metrics = learner.train_step(*scripted_groups(4, 4, seed=11))
     (acc,) = Recording.made
     assert len(acc.calls) > 20  # micro-batches x metrics: a real workload
     ref = ReferenceAccumulator()

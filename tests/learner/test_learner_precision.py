@@ -131,10 +131,10 @@ def _one_step(param_dtype: str) -> _Step:
             model.get_submodule(name).register_forward_hook(lambda m, i, o, tag=tag: record(tag, m, o))
     kept: set[torch.dtype] = {p.dtype for m in (learner.model, learner.ref) for p in m.parameters()}
     learner.actor.grad_hook = lambda m: kept.update(p.grad.dtype for p in m.parameters() if p.grad is not None)
-    groups = scripted_groups(4, 4, seed=31)
-    batch = learner.collate(groups)
-    log_probs = learner._log_probs(learner.model, batch)[batch["response_mask"].bool()]
-    metrics = learner.train_step(groups)
+    groups, prompts = scripted_groups(4, 4, seed=31)
+    batch = learner.collate(groups, prompts)
+    log_probs = learner._log_probs(learner.model, batch)[batch.response_mask.bool()]
+    metrics = learner.train_step(groups, prompts)
     kept |= {v.dtype for st in learner.actor.optimizer.state.values() for v in st.values() if torch.is_tensor(v)}
     return _Step(learner.compute_dtype, seen, kept, log_probs, metrics)
 

@@ -10,42 +10,46 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 import torch
-from _learner_testlib import START, scripted_groups, settings, tiny_policy
+from _learner_testlib import START, Prompts, collate, scripted_groups, settings, tiny_policy
 
 from async_rl.config import ConfigError, load_config
 from async_rl.learner import Learner, local_context
-from async_rl.learner.batching import Response, SampledGroup, collate_groups
+from async_rl.learner.batching import local_group
+from async_rl.transport.protocol import RolloutGroup, pack_array
 
 COMMON = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 5, "max_response_length": 12}
 
 
-def _first_update(groups: list[SampledGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _first_update(
+    groups: tuple[list[RolloutGroup], Prompts], **overrides: object
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     learner = Learner(settings(**{**COMMON, **overrides}), START, local_context(), tiny_policy)
     grads: list[dict[str, torch.Tensor]] = []
     learner.actor.grad_hook = lambda m: grads.append(
         {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
     )
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(*groups)
     return grads[0], metrics
 
 
-def _on_policy_groups(seed: int = 21) -> list[SampledGroup]:
+def _on_policy_groups(seed: int = 21) -> tuple[list[RolloutGroup], Prompts]:
     """Scripted groups whose behaviour log-probs are exactly the initial model's (pi_rollout == pi_old)."""
-    groups = scripted_groups(4, 4, seed=seed)
+    groups, prompts = scripted_groups(4, 4, seed=seed)
     learner = Learner(settings(**COMMON), START, local_context(), tiny_policy)
-    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
+    batch = collate(groups, prompts, max_response_length=12)
     logps = learner._log_probs(learner.model, batch)
     out, row = [], 0
     for g in groups:
-        responses = []
-        for r in g.responses:
-            lp = logps[row, : len(r.token_ids)].tolist()
-            responses.append(Response(r.token_ids, lp, r.reward, r.version))
+        completions = []
+        for c in g.completions:
+            lp = pack_array(logps[row, : c.token_ids.length].tolist(), "<f4")
+            completions.append(msgspec.structs.replace(c, logprobs=lp))
             row += 1
-        out.append(SampledGroup(g.group_id, g.prompt_ids, responses))
-    return out
+        out.append(local_group(g.prompt_id, completions))
+    return out, prompts
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
@@ -82,11 +86,11 @@ def test_rejection_sampling_masks_tokens_once_per_step_before_the_loss() -> None
         settings(**COMMON, rollout_rs="token_k1", rollout_rs_threshold=1.2), START, local_context(), tiny_policy
     )
     assert not learner._reuses_proximal(16)  # rejection needs the proximal log-probs before the loss counts
-    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
-    d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"])[batch["response_mask"].bool()]
+    batch = collate(*groups, max_response_length=12)
+    d = (learner._log_probs(learner.model, batch) - batch.rollout_log_probs)[batch.response_mask.bool()]
     expected = float((d.abs() > math.log(1.2)).float().mean())  # k1 = -d kept within [log(1/1.2), log(1.2)]
     assert 0.05 < expected < 0.95  # a non-trivial share is rejected
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(*groups)
     assert metrics["learner/rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(expected, abs=1e-6)
     # rejecting everything leaves nothing to learn from: zero gradient
     grads, m_all = _first_update(groups, rollout_rs="token_k2", rollout_rs_threshold=1e-12)
@@ -103,11 +107,11 @@ def test_batch_normalised_weights_have_mean_one() -> None:
         tiny_policy,
     )
     assert not learner._reuses_proximal(16)
-    batch = collate_groups(groups, max_response_length=12, max_prompt_length=None)
-    mask = batch["response_mask"].float()
-    d = (learner._log_probs(learner.model, batch) - batch["rollout_log_probs"]) * mask
+    batch = collate(*groups, max_response_length=12)
+    mask = batch.response_mask.float()
+    d = (learner._log_probs(learner.model, batch) - batch.rollout_log_probs) * mask
     rows = torch.clamp(torch.exp(d.sum(-1).clamp(-20, 20)), max=5.0)  # one truncated weight per sequence
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(*groups)
     assert metrics["learner/rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(float(rows.mean()), rel=1e-5)
     assert abs(float(rows.mean()) - 1.0) > 1e-3  # normalisation does something here
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _learner_testlib import scripted_groups, tiny_critic, tiny_policy
+from _learner_testlib import Prompts, collate, scripted_groups, tiny_critic, tiny_policy
 
-from async_rl.learner.batching import Response, SampledGroup, collate_groups
+from async_rl.learner.batching import local_group
 from async_rl.learner.dist import local_context
 from async_rl.learner.model import build_model
 from async_rl.learner.partition import padding_waste, plan_forward, plan_updates, rank_shares, split_micro
@@ -18,6 +18,7 @@ from async_rl.learner.shared_prompt import (
     shared_prompt_enabled,
     use_shared_prompt_attention,
 )
+from async_rl.transport.protocol import RolloutGroup, make_completion
 
 CPU = torch.device("cpu")
 
@@ -41,17 +42,17 @@ def test_layout_by_hand() -> None:
         build_shared_layout([2], [[]])
 
 
-def _groups() -> list[SampledGroup]:
+def _groups() -> tuple[list[RolloutGroup], Prompts]:
     """Prompts of different lengths (3..9 tokens), 4 completions each, plus a group with n = 1."""
-    groups = scripted_groups(3, 4, seed=9)
-    lone = Response(token_ids=[5, 6, 7], logprobs=[-1.0] * 3, reward=1.0)
-    return [*groups, SampledGroup(group_id="lone", prompt_ids=[3, 1, 4, 1, 5], responses=[lone])]
+    groups, prompts = scripted_groups(3, 4, seed=9)
+    lone = make_completion([5, 6, 7], [-1.0] * 3, version_min=0, reward=1.0)
+    return [*groups, local_group(3, [lone])], {**prompts, 3: [3, 1, 4, 1, 5]}
 
 
 def _log_probs_and_grads(model: torch.nn.Module, batch, rows: list[list[int]], layout: str):  # type: ignore[no-untyped-def]
     """Log-probs over the micro-batches ``rows`` and the gradient of a loss touching every token."""
     model.zero_grad()
-    out = torch.zeros_like(batch["rollout_log_probs"])
+    out = torch.zeros_like(batch.rollout_log_probs)
     for micro in rows:
         mi = build_micro_inputs(batch, micro, layout=layout, device=CPU)
         lp, ent = response_log_probs(model, mi, temperature=0.7, entropy="grad")
@@ -72,12 +73,12 @@ def _log_probs_and_grads(model: torch.nn.Module, batch, rows: list[list[int]], l
     ],
 )
 def test_log_probs_and_gradients_equal_separate_sequences(micro: list[list[int]]) -> None:
-    batch = collate_groups(_groups(), max_prompt_length=None, max_response_length=None)
+    batch = collate(*_groups())
     model = tiny_policy(seed=4)
     assert use_shared_prompt_attention(model) and shared_prompt_enabled(model)
     expected, g_expected = _log_probs_and_grads(model, batch, [list(range(13))], "padded")
     got, g_got = _log_probs_and_grads(model, batch, micro, "shared")
-    assert float(expected[batch["response_mask"].bool()].max()) < 0  # real log-probs
+    assert float(expected[batch.response_mask.bool()].max()) < 0  # real log-probs
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert g_got.keys() == g_expected.keys()
     assert max(float(g.abs().max()) for g in g_expected.values()) > 1e-2
@@ -86,7 +87,7 @@ def test_log_probs_and_gradients_equal_separate_sequences(micro: list[list[int]]
 
 
 def test_values_equal_separate_sequences() -> None:
-    batch = collate_groups(_groups(), max_prompt_length=None, max_response_length=None)
+    batch = collate(*_groups())
     critic = tiny_critic().eval()
     use_shared_prompt_attention(critic)
     rows = list(range(13))
@@ -97,16 +98,16 @@ def test_values_equal_separate_sequences() -> None:
 
 
 def test_each_prompt_is_computed_once_per_micro_batch() -> None:
-    batch = collate_groups(_groups(), max_prompt_length=None, max_response_length=None)
-    p_lens, t_lens = batch["prompt_lengths"].tolist(), batch["response_lengths"].tolist()
+    batch = collate(*_groups())
+    p_lens, t_lens = batch.prompt_lengths.tolist(), batch.response_lengths.tolist()
     mi = build_micro_inputs(batch, list(range(13)), layout="shared", device=CPU)
     prompts_once = sum(p_lens[g * 4] for g in range(3)) + p_lens[12]
     assert mi.input_ids.shape == (1, prompts_once + sum(t_lens))
-    assert mi.labels.tolist() == batch["responses"][batch["response_mask"].bool()].tolist()
+    assert mi.labels.tolist() == batch.responses[batch.response_mask.bool()].tolist()
     # every completion's positions continue from the end of its prompt
     first = mi.position_ids[0, mi.shared.comp_index[:, 0]].tolist() if mi.shared is not None else []
     assert first == [p_lens[i] for i in range(13)]
-    groups = batch["index"].tolist()
+    groups = batch.index.tolist()
     micro = [[0, 1, 2], [3, 4, 5, 6, 7]]  # group 0 straddles the cut: its prompt is computed twice
     real, slots = padding_waste(p_lens, t_lens, micro, "shared", groups)
     assert real == slots == 2 * p_lens[0] + p_lens[4] + sum(t_lens[:8])
@@ -114,8 +115,8 @@ def test_each_prompt_is_computed_once_per_micro_batch() -> None:
 
 def test_a_row_whose_prompt_differs_from_its_group_gets_a_piece_of_its_own() -> None:
     # never produced by the actors, but the layout must stay exact for any batch
-    batch = collate_groups(scripted_groups(2, 3, seed=3), max_prompt_length=None, max_response_length=None)
-    batch["index"][3:] = 0  # both groups claim to be group 0, with different prompts
+    batch = collate(*scripted_groups(2, 3, seed=3))
+    batch.index[3:] = 0  # both groups claim to be group 0, with different prompts
     model = tiny_policy(seed=2).eval()
     use_shared_prompt_attention(model)
     rows = list(range(6))

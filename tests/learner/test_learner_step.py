@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 import torch
-from _learner_testlib import START, layout, scripted_groups, settings, tiny_critic, tiny_policy
+from _learner_testlib import START, Prompts, layout, scripted_groups, settings, tiny_critic, tiny_policy
 
 from async_rl.learner import Learner, local_context
+from async_rl.transport.protocol import RolloutGroup, pack_array, unpack_array
 
 
 def _grads_of_first_update(**overrides: object) -> dict[str, torch.Tensor]:
@@ -17,7 +19,7 @@ def _grads_of_first_update(**overrides: object) -> dict[str, torch.Tensor]:
     learner.actor.grad_hook = lambda m: store.append(
         {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
     )
-    learner.train_step(scripted_groups(4, 4, seed=21))
+    learner.train_step(*scripted_groups(4, 4, seed=21))
     return store[0]
 
 
@@ -51,19 +53,18 @@ def _snapshot(learner: Learner) -> dict[str, torch.Tensor]:
     return state
 
 
-def _nan_reward_groups(seed: int) -> list:  # type: ignore[type-arg]
-    groups = scripted_groups(4, 4, seed=seed)
-    bad = groups[1].responses[0]
-    groups[1].responses[0] = type(bad)(bad.token_ids, bad.logprobs, float("nan"), bad.version)
-    return groups
+def _nan_reward_groups(seed: int) -> tuple[list[RolloutGroup], Prompts]:
+    groups, prompts = scripted_groups(4, 4, seed=seed)
+    groups[1].completions[0] = msgspec.structs.replace(groups[1].completions[0], reward=float("nan"))
+    return groups, prompts
 
 
 def test_nan_advantage_skips_the_update_bit_for_bit_and_the_limit_raises() -> None:
     # one mini-batch per step (4 prompts x 4), so one optimizer update per step
     learner = Learner(settings(ppo_mini_batch_size=4, max_consecutive_nonfinite=3), START, local_context(), tiny_policy)
-    learner.train_step(scripted_groups(4, 4, seed=1))  # a normal step: optimizer state exists
+    learner.train_step(*scripted_groups(4, 4, seed=1))  # a normal step: optimizer state exists
     before = _snapshot(learner)
-    metrics = learner.train_step(_nan_reward_groups(2))  # a NaN reward makes its group's GRPO advantages NaN
+    metrics = learner.train_step(*_nan_reward_groups(2))  # a NaN reward makes its group's GRPO advantages NaN
     assert metrics["learner/actor/skipped_updates"] == 1.0
     assert metrics["learner/actor/skipped_total"] == 1.0
     after = _snapshot(learner)
@@ -72,19 +73,19 @@ def test_nan_advantage_skips_the_update_bit_for_bit_and_the_limit_raises() -> No
         assert torch.equal(before[key], after[key]), key  # weights and Adam moments bit-for-bit unchanged
     assert all(p.grad is None for p in learner.model.parameters())  # gradients zeroed
     assert learner.version == 2  # the step still consumed its batch
-    learner.train_step(_nan_reward_groups(3))  # 2 in a row
+    learner.train_step(*_nan_reward_groups(3))  # 2 in a row
     # the 3rd non-finite update in a row raises, naming the limit
     with pytest.raises(RuntimeError, match="3 consecutive optimizer steps skipped"):
-        learner.train_step(_nan_reward_groups(4))
+        learner.train_step(*_nan_reward_groups(4))
 
 
 def test_loss_hook_nan_then_recovery_resets_the_consecutive_count() -> None:
     learner = Learner(settings(max_consecutive_nonfinite=3), START, local_context(), tiny_policy)
     learner.loss_hook = lambda loss: loss + float("nan")  # finite gradients, non-finite loss: still skipped
-    m = learner.train_step(scripted_groups(4, 4, seed=1))
+    m = learner.train_step(*scripted_groups(4, 4, seed=1))
     assert m["learner/actor/skipped_updates"] == 2.0
     learner.loss_hook = None
-    m = learner.train_step(scripted_groups(4, 4, seed=2))
+    m = learner.train_step(*scripted_groups(4, 4, seed=2))
     assert m["learner/actor/skipped_updates"] == 0.0
     assert learner.actor.guard.consecutive == 0 and learner.actor.guard.skipped_total == 2
 
@@ -105,7 +106,7 @@ def test_models_are_built_only_for_their_roles() -> None:
     )
     assert full.ref is not None and full.critic is not None
     assert not any(p.requires_grad for p in full.ref.parameters())
-    metrics = full.train_step(scripted_groups(4, 4, seed=5))
+    metrics = full.train_step(*scripted_groups(4, 4, seed=5))
     assert all(k.startswith("learner/") for k in metrics)
     assert all(math.isfinite(v) for v in metrics.values())
     for key in ("learner/critic/loss", "learner/critic/vf_clipfrac", "learner/actor/kl_loss", "learner/actor/entropy"):
@@ -117,9 +118,9 @@ def test_models_are_built_only_for_their_roles() -> None:
 def test_step_metrics_and_version() -> None:
     corr = {"rollout_is": "token", "rollout_is_threshold": 2.0}
     learner = Learner(settings(**corr, **layout("padded")), START, local_context(), tiny_policy)
-    groups = scripted_groups(4, 4, seed=8, version=0)
-    m0 = learner.train_step(groups)
-    m1 = learner.train_step(groups)  # same samples, now one version stale
+    groups, prompts = scripted_groups(4, 4, seed=8, version=0)
+    m0 = learner.train_step(groups, prompts)
+    m1 = learner.train_step(groups, prompts)  # same samples, now one version stale
     assert (m0["learner/version"], m1["learner/version"]) == (1.0, 2.0)
     assert (m0["learner/staleness/mean"], m1["learner/staleness/max"]) == (0.0, 1.0)
     assert m0["learner/batch/size"] == 16.0
@@ -129,10 +130,10 @@ def test_step_metrics_and_version() -> None:
         assert key in m0
     assert "learner/perf/tokens_per_s" in m0
     assert m0["learner/rollout_corr/rollout_is_max"] <= 2.0 + 1e-6  # truncated at rollout_is_threshold
-    packed = Learner(settings(**layout("packed")), START, local_context(), tiny_policy).train_step(groups)
+    packed = Learner(settings(**layout("packed")), START, local_context(), tiny_policy).train_step(groups, prompts)
     assert packed["learner/batch/padding_waste"] < m0["learner/batch/padding_waste"]
     shared = Learner(settings(**corr, **layout("shared")), START, local_context(), tiny_policy)
-    m_shared = shared.train_step(groups)
+    m_shared = shared.train_step(groups, prompts)
     assert m_shared["learner/batch/padding_waste"] == 0.0  # one padding-free row per micro-batch
     # the same update: only float summation order differs
     assert m_shared["learner/actor/pg_loss"] == pytest.approx(m0["learner/actor/pg_loss"], abs=1e-6)
@@ -153,7 +154,7 @@ def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:
         learner.actor.grad_hook = lambda m, store=grads: store.append(
             {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
         )
-        metrics = learner.train_step(scripted_groups(4, 4, seed=21))
+        metrics = learner.train_step(*scripted_groups(4, 4, seed=21))
         results[reuse] = (grads[0], metrics)
     (g_reuse, m_reuse), (g_full, m_full) = results[True], results[False]
     skipped = "learner/actor/proximal_pass_skipped"
@@ -170,14 +171,15 @@ def test_skipping_the_proximal_pass_gives_the_same_update_and_metrics() -> None:
 
 def test_a_group_with_an_out_of_vocab_id_is_dropped_not_a_crash() -> None:
     # the incident: one completion with token id 1,000,000 (the tiny policy has 64 embedding rows)
-    groups = scripted_groups(4, 4, seed=31)
-    bad = groups[1].responses[2]
-    groups[1].responses[2] = type(bad)([*bad.token_ids[:-1], 1_000_000], bad.logprobs, bad.reward, bad.version)
+    groups, prompts = scripted_groups(4, 4, seed=31)
+    bad = groups[1].completions[2]
+    tokens = [*unpack_array(bad.token_ids)[:-1], 1_000_000]
+    groups[1].completions[2] = msgspec.structs.replace(bad, token_ids=pack_array(tokens, bad.token_ids.dtype))
     store: list[dict[str, torch.Tensor]] = []
 
-    def first_update(learner: Learner, batch: list) -> dict[str, float]:  # type: ignore[type-arg]
+    def first_update(learner: Learner, batch: list[RolloutGroup]) -> dict[str, float]:
         learner.actor.grad_hook = lambda m: store.append({n: p.grad.clone() for n, p in m.named_parameters()})
-        return learner.train_step(batch)
+        return learner.train_step(batch, prompts)
 
     common = {"ppo_micro_batch_size_per_gpu": 4, "max_response_length": 12}
     learner = Learner(settings(ppo_mini_batch_size=4, **common), START, local_context(), tiny_policy)

@@ -111,7 +111,7 @@ def test_learner_trains_the_adapter_only_and_syncs_it_under_peft_names() -> None
     assert opt_params == sum(p.numel() for n, p in learner.model.named_parameters() if "lora_" in n)
     before = {k: v.clone() for k, v in learner.model.state_dict().items() if k.endswith(".lora_B")}
     for step in range(2):
-        learner.train_step(scripted_groups(4, 4, seed=50 + step, version=step))
+        learner.train_step(*scripted_groups(4, 4, seed=50 + step, version=step))
     state = learner.model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in base.items())  # the base stays bit-identical
     assert all(float((state[k] - v).abs().max()) > 0 for k, v in before.items())  # every adapter moved
@@ -128,17 +128,17 @@ def test_reference_is_the_frozen_base_without_a_second_model() -> None:
     # one mini-batch per step, so step 1's KL is measured before any update
     learner = _lora_learner(use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl", ppo_mini_batch_size=4)
     assert learner.ref is None
-    first = learner.train_step(scripted_groups(4, 4, seed=60, version=0))
+    first = learner.train_step(*scripted_groups(4, 4, seed=60, version=0))
     assert first["learner/actor/kl_loss"] == pytest.approx(0.0, abs=1e-9)  # a fresh adapter: policy == base
     for step in range(1, 4):
-        last = learner.train_step(scripted_groups(4, 4, seed=60 + step, version=step))
+        last = learner.train_step(*scripted_groups(4, 4, seed=60 + step, version=step))
     assert last["learner/actor/kl_loss"] > 1e-7
 
 
 def test_exported_adapter_loads_in_peft_and_merged_export_matches(tmp_path: Path) -> None:
     learner = _lora_learner()
     for step in range(2):
-        learner.train_step(scripted_groups(4, 4, seed=70 + step, version=step))
+        learner.train_step(*scripted_groups(4, 4, seed=70 + step, version=step))
     _randomise_b(learner.model, seed=9)  # a large adapter, so a wrong scaling or transpose shows
     config = learner.adapter_config("tiny")
     assert config is not None and config["r"] == 4 and config["lora_alpha"] == 8.0

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 import torch
-from _learner_testlib import START, layout, settings, tiny_critic, tiny_policy
+from _learner_testlib import START, Prompts, layout, settings, tiny_critic, tiny_policy
 
 from async_rl.learner import Learner, local_context
-from async_rl.learner.batching import Response, SampledGroup, collate_groups
+from async_rl.learner.batching import collate_groups, local_group
 from async_rl.learner.update import mini_batch_counts
-from async_rl.runtime.rollout_source import collate_wire_groups
 from async_rl.transport.codec import WireCodec
 from async_rl.transport.protocol import RolloutGroup, TurnSpan, make_completion
 
@@ -25,17 +25,19 @@ OBS, SAMPLED = [2, 3, 4], [0, 1, 5, 6]
 PROMPT_LEN = 3
 
 
-def _episodes(obs_logprob: float = 0.0) -> list[SampledGroup]:
+def _episodes(obs_logprob: float = 0.0) -> tuple[list[RolloutGroup], Prompts]:
     """2 groups x 2 episodes, distinct tokens per row, rewards 0 and 1 in each group (GRPO advantages -+0.707)."""
-    groups = []
+    groups, prompts = [], {}
     for g in range(2):
-        responses = []
+        completions = []
         for i in range(2):
             base = 10 + 8 * (2 * g + i)
             logprobs = [-4.0 - 0.1 * k if m else obs_logprob for k, m in enumerate(MASK)]
-            responses.append(Response([base + k for k in range(7)], logprobs, float(i), loss_mask=MASK))
-        groups.append(SampledGroup(g, [1 + g, 2, 3], responses))
-    return groups
+            tokens = [base + k for k in range(7)]
+            completions.append(make_completion(tokens, logprobs, version_min=0, reward=float(i), loss_mask=MASK))
+        groups.append(local_group(g, completions))
+        prompts[g] = [1 + g, 2, 3]
+    return groups, prompts
 
 
 def _one_step_settings(**overrides: Any) -> Any:
@@ -73,12 +75,10 @@ def test_the_wire_mask_reaches_the_batch() -> None:
     codec = WireCodec()  # as rank 0 gets it: decoded from the received bytes (numpy views of them)
     wire = codec.decode(codec.encode(RolloutGroup(prompt_id=4, lease_id=1, actor_id="a0", completions=completions)))
     assert isinstance(wire, RolloutGroup)
-    batch = collate_wire_groups(
-        [wire], {4: [1, 2, 3]}.__getitem__, pad_token_id=0, max_prompt_length=None, max_response_length=8
-    )
-    assert batch["loss_mask"].tolist() == [[1, 1, 0, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
-    assert batch["response_mask"].tolist() == [[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
-    assert batch["loss_mask"].dtype == torch.int64
+    batch = collate_groups([wire], {4: [1, 2, 3]}, pad_token_id=0, max_prompt_length=None, max_response_length=8)
+    assert batch.loss_mask.tolist() == [[1, 1, 0, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+    assert batch.response_mask.tolist() == [[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+    assert batch.loss_mask.dtype == torch.int64
     assert mini_batch_counts(local_context(), batch, [0, 1]) == (6.0, 2.0)  # 4 + 2 sampled tokens, 2 sequences
 
 
@@ -97,7 +97,7 @@ def test_observation_tokens_get_exactly_zero_gradient(overrides: dict[str, Any])
     learner = Learner(_one_step_settings(**overrides), START, local_context(), tiny_policy, critic=tiny_critic)
     actor_logits = _grad_enabled_logits(learner.model)
     critic_logits = _grad_enabled_logits(learner.critic.model) if learner.critic is not None else []
-    metrics = learner.train_step(_episodes())
+    metrics = learner.train_step(*_episodes())
     assert len(actor_logits) == 1  # one update micro-batch: logits [4 rows, 7 response positions, V]
     grad = actor_logits[0].grad
     assert grad is not None and grad.shape[:2] == (4, 7)
@@ -133,7 +133,7 @@ def test_behaviour_log_probs_at_observation_tokens_are_never_read(overrides: dic
         learner.actor.grad_hook = lambda m: grads.append(
             {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
         )
-        metrics = learner.train_step(_episodes(obs_logprob))
+        metrics = learner.train_step(*_episodes(obs_logprob))
         return grads[0], metrics
 
     (g0, m0), (g9, m9) = first_step(0.0), first_step(-9.0)
@@ -150,23 +150,16 @@ def test_behaviour_log_probs_at_observation_tokens_are_never_read(overrides: dic
 
 
 def test_an_episode_that_ran_into_the_length_limit_leaves_the_loss_whole() -> None:
-    groups = _episodes()
-    first = groups[0].responses[0]
-    groups[0] = SampledGroup(
-        0,
-        groups[0].prompt_ids,
-        [
-            Response(first.token_ids, first.logprobs, first.reward, truncated=True, loss_mask=MASK),
-            groups[0].responses[1],
-        ],
-    )
+    groups, prompts = _episodes()
+    first = groups[0].completions[0]
+    groups[0].completions[0] = msgspec.structs.replace(first, finish_reason="length")
     learner = Learner(_one_step_settings(mask_truncated_responses=True), START, local_context(), tiny_policy)
-    batch = collate_groups(groups, max_prompt_length=None, max_response_length=None)
+    batch = collate_groups(groups, prompts, pad_token_id=0, max_prompt_length=None, max_response_length=None)
     assert mini_batch_counts(local_context(), batch, [0, 1, 2, 3]) == (16.0, 4.0)
     logits = _grad_enabled_logits(learner.model)
     metrics = learner.train_batch(batch, [0, 1])
     assert metrics["learner/batch/truncated_masked"] == 1.0
-    assert batch["loss_mask"].tolist() == [[0] * 7, MASK, MASK, MASK]  # the row is out, the others keep their mask
+    assert batch.loss_mask.tolist() == [[0] * 7, MASK, MASK, MASK]  # the row is out, the others keep their mask
     assert mini_batch_counts(local_context(), batch, [0, 1, 2, 3]) == (12.0, 3.0)
     grad = logits[0].grad
     assert torch.count_nonzero(grad[:, OBS]) == 0

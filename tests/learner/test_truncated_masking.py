@@ -1,5 +1,5 @@
 """A completion's finish reason reaches the learner as ``truncated`` (transport group -> rank 0's collation ->
-tensors broadcast to the ranks -> ``batch["truncated"]``), and ``mask_truncated_responses`` takes those rows out of
+tensors broadcast to the ranks -> ``batch.truncated``), and ``mask_truncated_responses`` takes those rows out of
 the loss after the advantages: no gradient from them, and no token in the token-mean denominator."""
 
 from __future__ import annotations
@@ -7,99 +7,100 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from _learner_testlib import START, layout, scripted_groups, settings, tiny_policy
+from _learner_testlib import START, Prompts, layout, scripted_groups, settings, tiny_policy
 
 from async_rl.learner import Learner, local_context
-from async_rl.learner.batching import Response, SampledGroup, collate_groups, mask_truncated
+from async_rl.learner.batching import RolloutBatch, collate_groups, local_group, mask_truncated
 from async_rl.learner.dist import share_batch
 from async_rl.learner.update import mini_batch_counts
-from async_rl.runtime.rollout_source import collate_wire_groups
-from async_rl.transport.protocol import RolloutGroup as WireGroup
-from async_rl.transport.protocol import make_completion
+from async_rl.transport.codec import WireCodec
+from async_rl.transport.protocol import Completion, RolloutGroup, make_completion, pack_array, unpack_array
 
 
-def _wire_group() -> WireGroup:
+def _wire_group() -> RolloutGroup:
     completions = [
         make_completion([5, 6], [-0.1, -0.2], version_min=1, finish_reason="stop", reward=1.0),
         make_completion([7, 8, 9], [-0.3, -0.4, -0.5], version_min=1, finish_reason="length", reward=0.5),
         make_completion([4], [-0.6], version_min=2, finish_reason="abort", reward=0.0),
     ]
-    return WireGroup(prompt_id=3, lease_id=1, actor_id="a0", completions=completions)
+    return RolloutGroup(prompt_id=3, lease_id=1, actor_id="a0", completions=completions)
+
+
+def _collate(groups: list[RolloutGroup], prompts: Prompts) -> RolloutBatch:
+    return collate_groups(groups, prompts, pad_token_id=0, max_prompt_length=None, max_response_length=None)
 
 
 def test_the_finish_reason_flows_to_the_collated_batch() -> None:
     prompts = {3: [1, 2, 3]}
-    batch = collate_wire_groups(
-        [_wire_group()], prompts.__getitem__, pad_token_id=0, max_prompt_length=None, max_response_length=None
-    )
-    assert batch["truncated"].dtype == torch.bool
-    assert batch["truncated"].tolist() == [False, True, False]  # only "length" is truncation
-    assert batch["versions"].tolist() == [1, 1, 2]
-    assert batch.select([1, 0])["truncated"].tolist() == [True, False]
+    batch = _collate([_wire_group()], prompts)
+    assert batch.truncated.dtype == torch.bool
+    assert batch.truncated.tolist() == [False, True, False]  # only "length" is truncation
+    assert batch.versions.tolist() == [1, 1, 2]
+    assert batch.select([1, 0]).truncated.tolist() == [True, False]
     shared, ids = share_batch(local_context(), batch, [3])  # the rank-0 -> every-rank tensor broadcast
-    assert ids == [3] and shared["truncated"].tolist() == [False, True, False]
-    # the wire path and the in-process path are one collation: the same groups give the same tensors
-    same = SampledGroup(
-        3,
-        [1, 2, 3],
-        [
-            Response([5, 6], [-0.1, -0.2], 1.0, version=1),
-            Response([7, 8, 9], [-0.3, -0.4, -0.5], 0.5, version=1, truncated=True),
-            Response([4], [-0.6], 0.0, version=2),
-        ],
+    assert ids == [3] and shared.truncated.tolist() == [False, True, False]
+    # as rank 0 gets the group (decoded from the received bytes: numpy views of them), the same tensors
+    codec = WireCodec()
+    received = codec.decode(codec.encode(_wire_group()))
+    assert isinstance(received, RolloutGroup)
+    expected = _collate([received], prompts)
+    assert sorted(batch.tensors()) == sorted(expected.tensors())
+    for key, value in expected.tensors().items():
+        assert batch.tensors()[key].dtype == value.dtype, key
+        assert torch.equal(batch.tensors()[key], value), key
+
+
+def test_completions_default_to_not_truncated() -> None:
+    group = local_group(0, [make_completion([2], [-1.0], version_min=0)])
+    assert group.completions[0].finish_reason == "stop"
+    assert _collate([group], {0: [1]}).truncated.tolist() == [False]
+
+
+def _response(tokens: list[int], logprobs: list[float], reward: float, *, truncated: bool = False) -> Completion:
+    return make_completion(
+        tokens, logprobs, version_min=0, reward=reward, finish_reason="length" if truncated else "stop"
     )
-    expected = collate_groups([same], max_prompt_length=None, max_response_length=None)
-    assert sorted(batch.tensors) == sorted(expected.tensors)
-    for key, value in expected.tensors.items():
-        assert batch[key].dtype == value.dtype, key
-        assert torch.equal(batch[key], value), key
-
-
-def test_responses_default_to_not_truncated() -> None:
-    group = SampledGroup(0, [1], [Response([2], [-1.0], 0.0)])
-    assert group.responses[0].truncated is False
-    assert collate_groups([group], max_prompt_length=None, max_response_length=None)["truncated"].tolist() == [False]
 
 
 def test_mask_truncated_zeroes_loss_rows_and_the_denominator() -> None:
     groups = [
-        SampledGroup(
-            "a",
-            [5, 6],
-            [
-                Response([8, 9], [-1.0, -2.0], 1.0),
-                Response([10, 11, 12], [-1.0] * 3, 0.0, truncated=True),
-            ],
+        local_group(
+            0,
+            [_response([8, 9], [-1.0, -2.0], 1.0), _response([10, 11, 12], [-1.0] * 3, 0.0, truncated=True)],
         ),
-        SampledGroup("b", [7], [Response([13], [-0.5], 0.5, truncated=True), Response([14, 15], [-1.0] * 2, 0.0)]),
+        local_group(1, [_response([13], [-0.5], 0.5, truncated=True), _response([14, 15], [-1.0] * 2, 0.0)]),
     ]
-    batch = collate_groups(groups, max_prompt_length=None, max_response_length=None)
+    batch = _collate(groups, {0: [5, 6], 1: [7]})
     ctx = local_context()
     assert mini_batch_counts(ctx, batch, [0, 1, 2, 3]) == (8.0, 4.0)
     assert mask_truncated(batch) == 2
-    assert batch["loss_mask"].tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 0], [1, 1, 0]]
-    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]  # forward layout kept
+    assert batch.loss_mask.tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 0], [1, 1, 0]]
+    assert batch.response_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]  # forward layout kept
     assert mini_batch_counts(ctx, batch, [0, 1, 2, 3]) == (4.0, 2.0)  # tokens and sequences of the loss
     assert mask_truncated(batch) == 0  # already out: counted once
 
 
-def _grpo_groups(truncate: bool, perturb: bool = False) -> list[SampledGroup]:
+def _grpo_groups(truncate: bool, perturb: bool = False) -> tuple[list[RolloutGroup], Prompts]:
     """4 groups x 4; in groups 0 and 2 one response is truncated and its reward is the group mean (advantage 0)."""
-    groups = scripted_groups(4, 4, seed=41)
+    groups, prompts = scripted_groups(4, 4, seed=41)
     out = []
     for gi, g in enumerate(groups):
-        responses = list(g.responses)
+        completions = list(g.completions)
         if gi in (0, 2):
             rewards = [0.0, 1.0, 0.5, 0.5] if gi == 0 else [0.25, 0.5, 0.75, 0.5]
-            responses = [msgspec.structs.replace(r, reward=w) for r, w in zip(responses, rewards, strict=True)]
-            r = responses[3]
-            tokens = [(t * 7 + 3) % 63 + 1 for t in r.token_ids] if perturb else r.token_ids
-            responses[3] = msgspec.structs.replace(r, token_ids=tokens, truncated=truncate)
-        out.append(SampledGroup(g.group_id, g.prompt_ids, responses))
-    return out
+            completions = [msgspec.structs.replace(c, reward=w) for c, w in zip(completions, rewards, strict=True)]
+            c = completions[3]
+            if perturb:
+                tokens = [(int(t) * 7 + 3) % 63 + 1 for t in unpack_array(c.token_ids)]
+                c = msgspec.structs.replace(c, token_ids=pack_array(tokens, c.token_ids.dtype))
+            completions[3] = msgspec.structs.replace(c, finish_reason="length" if truncate else "stop")
+        out.append(local_group(g.prompt_id, completions))
+    return out, prompts
 
 
-def _first_grads(groups: list[SampledGroup], **overrides: object) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _first_grads(
+    groups: tuple[list[RolloutGroup], Prompts], **overrides: object
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     # one mini-batch of all 16 rows (one optimizer step; ratio 1 on the first step), token-mean
     learner = Learner(
         settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=5, **overrides),
@@ -111,16 +112,16 @@ def _first_grads(groups: list[SampledGroup], **overrides: object) -> tuple[dict[
     learner.actor.grad_hook = lambda m: store.append(
         {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
     )
-    metrics = learner.train_step(groups)
+    metrics = learner.train_step(*groups)
     return store[0], metrics
 
 
 @pytest.mark.parametrize("lay", ["padded", "packed", "shared"])
 def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(lay: str) -> None:
     groups = _grpo_groups(truncate=True)
-    batch = collate_groups(groups, max_prompt_length=None, max_response_length=None)
-    total = float(batch["response_mask"].sum())
-    truncated_tokens = float(batch["response_mask"][batch["truncated"]].sum())
+    batch = _collate(*groups)
+    total = float(batch.response_mask.sum())
+    truncated_tokens = float(batch.response_mask[batch.truncated].sum())
     # Off: the truncated rows (advantage 0) add nothing to the numerator but count in the denominator.
     off, m_off = _first_grads(groups, **layout(lay))
     on, m_on = _first_grads(groups, **layout(lay), mask_truncated_responses=True)
@@ -136,20 +137,20 @@ def test_a_masked_truncated_row_adds_no_gradient_and_no_denominator_token(lay: s
 def test_a_masked_truncated_row_gives_no_gradient_whatever_its_tokens() -> None:
     # Give the truncated rows a non-zero advantage (the scripted rewards) and change their tokens: masked, the
     # gradient does not move; unmasked (the control), it does.
-    def groups(perturb: bool, truncate: bool = True) -> list[SampledGroup]:
+    def groups(perturb: bool, truncate: bool = True) -> tuple[list[RolloutGroup], Prompts]:
         out = []
-        for g in _grpo_groups(truncate=truncate, perturb=perturb):
+        scripted, prompts = _grpo_groups(truncate=truncate, perturb=perturb)
+        for g in scripted:
             out.append(
-                SampledGroup(
-                    g.group_id,
-                    g.prompt_ids,
+                local_group(
+                    g.prompt_id,
                     [
-                        msgspec.structs.replace(r, reward=len(r.token_ids) % 3 / 2 + 0.1 * i)
-                        for i, r in enumerate(g.responses)
+                        msgspec.structs.replace(c, reward=c.token_ids.length % 3 / 2 + 0.1 * i)
+                        for i, c in enumerate(g.completions)
                     ],
                 )
             )
-        return out
+        return out, prompts
 
     a, _ = _first_grads(groups(perturb=False), mask_truncated_responses=True)
     b, _ = _first_grads(groups(perturb=True), mask_truncated_responses=True)

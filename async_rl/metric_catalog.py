@@ -385,7 +385,7 @@ LEARNER_IDLE_FRACTION = _m("learner/idle_fraction", "step", "share of the step s
 LEARNER_PEAK_MEMORY_MIB = _m(
     "learner/peak_memory_mib",
     "gauge",
-    "learner rank 0's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
+    "the largest learner rank's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
 )
 # ---- the actor fleet, from the counters actors report about once a second (runtime/metrics.py ActorActivity)
 ACTOR_GEN_TOKENS_PER_S = _m(

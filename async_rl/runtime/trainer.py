@@ -214,12 +214,14 @@ class Trainer:
         if every and (version % every == 0 or step + 1 == self.total_steps):
             self._save(step + 1)
         self.validator.poll()  # a finished round is logged at its own (earlier) step before this step's line
+        # the largest rank's peak (every rank joins this one-number reduction)
+        peak = float(self.ctx.all_reduce(torch.tensor([peak_memory_mib(self.ctx.device)]), op="max")[0])
         if self.sink is not None and self.coordinator is not None:
             metrics.update(self.coordinator.metrics())
             metrics.update(self.actor_activity(metrics))
             metrics[mc.LEARNER_IDLE_FRACTION] = rollouts.wait_s / max(time.monotonic() - step_started, 1e-9)
             metrics[mc.TIME_WALL_S] = time.monotonic() - self.started
-            metrics[mc.LEARNER_PEAK_MEMORY_MIB] = peak_memory_mib(self.ctx.device)
+            metrics[mc.LEARNER_PEAK_MEMORY_MIB] = peak
             self.sink.log(step + 1, metrics)
         return metrics
 

@@ -37,7 +37,7 @@ OVERLONG = [
 ]
 
 
-def test_verls_dapo_keys_port_and_map_onto_the_plane_settings() -> None:
+def test_verls_dapo_keys_port_and_map_onto_the_plane_config() -> None:
     cfg, warnings = load_config_with_warnings(None, GRPO + DAPO + OVERLONG)
     fg = cfg.algorithm.filter_groups
     assert (fg.enable, fg.metric, fg.max_num_gen_batches) == (True, "acc", 10)

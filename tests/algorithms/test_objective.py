@@ -8,8 +8,9 @@ import math
 
 import pytest
 import torch
+from _loss_testlib import ppo_loss
 
-from async_rl.algorithms import policy_loss, reinforce_loss, rollout_is_weights
+from async_rl.algorithms import reinforce_loss, rollout_is_weights
 from async_rl.algorithms.objective import ActorMicroBatch, ObjectiveSpec, actor_objective, correction_weights
 
 SPEC = ObjectiveSpec(
@@ -81,7 +82,7 @@ def test_importance_weights_precomputed_or_computed_here_are_the_same_loss() -> 
     here = actor_objective(_batch(log_prob, rollout_log_prob=rollout), spec)
     assert given.loss.item() == here.loss.item()
     assert given.correction_metrics == {} and "rollout_is_eff_sample_size" in here.correction_metrics
-    plain, _ = policy_loss(
+    plain, _ = ppo_loss(
         log_prob,
         log_prob,
         ADV,
@@ -89,13 +90,6 @@ def test_importance_weights_precomputed_or_computed_here_are_the_same_loss() -> 
         is_weights=weights,
         global_num_tokens=5.0,
         global_num_seqs=2.0,
-        clip_ratio=0.2,
-        clip_ratio_low=None,
-        clip_ratio_high=None,
-        clip_ratio_c=3.0,
-        loss_agg_mode="token-mean",
-        loss_mode="vanilla",
-        loss_scale_factor=None,
     )
     assert here.loss.item() == pytest.approx(plain.item())
     assert torch.equal(correction_weights(log_prob, rollout, MASK, spec)[0], weights)
@@ -106,20 +100,13 @@ def test_bypass_ppo_clip_is_ppo_against_the_rollout() -> None:
     rollout = torch.tensor([[-1.2, -1.9, 0.0], [-0.5, -2.5, -3.1]])
     spec = dataclasses.replace(SPEC, bypass_loss_type="ppo_clip", rollout_is="token")  # ppo_clip takes no weights
     out = actor_objective(_batch(log_prob, old_log_prob=torch.zeros(2, 3), rollout_log_prob=rollout), spec)
-    expected, _ = policy_loss(
+    expected, _ = ppo_loss(
         rollout,
         log_prob,
         ADV,
         MASK,
         global_num_tokens=5.0,
         global_num_seqs=2.0,
-        clip_ratio=0.2,
-        clip_ratio_low=None,
-        clip_ratio_high=None,
-        clip_ratio_c=3.0,
-        loss_agg_mode="token-mean",
-        loss_mode="vanilla",
-        loss_scale_factor=None,
     )
     assert out.pg_loss.item() == pytest.approx(expected.item())
 

@@ -11,28 +11,17 @@ and gradient, are detached, leave the denominators alone, and on-policy (all wei
 """
 
 import math
-from functools import partial
 
 import pytest
 import torch
+from _loss_testlib import ppo_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, policy_loss, rollout_is_weights
+from async_rl.algorithms import LOSS_AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, rollout_is_weights
 
 E = math.e
 LN2 = math.log(2.0)
-
-ppo_loss = partial(
-    policy_loss,
-    clip_ratio=0.2,
-    clip_ratio_low=None,
-    clip_ratio_high=None,
-    clip_ratio_c=3.0,
-    loss_agg_mode="token-mean",
-    loss_mode="vanilla",
-    loss_scale_factor=None,
-)
 
 
 def _vanilla_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

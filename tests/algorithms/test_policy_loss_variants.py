@@ -16,23 +16,12 @@ What was compared against verl 0.9.1 (``verl/trainer/ppo/core_algos.py``) and ho
 """
 
 import math
-from functools import partial
 
 import pytest
 import torch
+from _loss_testlib import ppo_loss
 
-from async_rl.algorithms import policy_loss, reinforce_loss
-
-ppo_loss = partial(
-    policy_loss,
-    clip_ratio=0.2,
-    clip_ratio_low=None,
-    clip_ratio_high=None,
-    clip_ratio_c=3.0,
-    loss_agg_mode="token-mean",
-    loss_mode="vanilla",
-    loss_scale_factor=None,
-)
+from async_rl.algorithms import reinforce_loss
 
 
 def _gspo_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

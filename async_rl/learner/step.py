@@ -48,7 +48,6 @@ from async_rl.algorithms import (
 )
 from async_rl.algorithms.objective import ActorMicroBatch, actor_objective, correction_weights
 from async_rl.config import Config
-from async_rl.config.actor_rollout_ref import ActorConfig
 from async_rl.config.algorithm import AlgorithmConfig
 from async_rl.config.names import needs_critic
 from async_rl.config.resolve import LearnerStart, resolved
@@ -106,8 +105,8 @@ class Learner:
         self.seed = cfg.trainer.seed
         self.objective = objective_spec(arr.actor, cfg.algorithm.rollout_correction)
         self.lora = lora_spec(arr.model)
-        self.use_kl_in_reward = cfg.algorithm.use_kl_in_reward
-        self.needs_ref = arr.actor.use_kl_loss or self.use_kl_in_reward  # only a KL term reads reference log-probs
+        # only a KL term reads reference log-probs
+        self.needs_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.micro_forward = resolved(
             arr.rollout.log_prob_micro_batch_size_per_gpu, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
         )
@@ -115,7 +114,7 @@ class Learner:
         self.compute_dtype = resolve_compute_dtype(
             arr.actor.fsdp_config.mixed_precision.param_dtype, ctx.device, warn=ctx.is_rank0
         )
-        self.actor = self._build_actor(policy, arr.actor, start)
+        self.actor = self._build_actor(policy, start)
         self.vocab_size = embedding_rows(self.actor.model)
         # with LoRA the reference policy is the actor's frozen base (adapters off): no second copy of the model
         self.ref = self._build_ref(ref if ref is not None else policy) if self.needs_ref and self.lora is None else None
@@ -141,10 +140,10 @@ class Learner:
         self.version = 0
         self.loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # tests: corrupt the loss on purpose
 
-    def _build_actor(self, policy: ModelSource, actor_cfg: ActorConfig, start: LearnerStart) -> TrainedModel:
+    def _build_actor(self, policy: ModelSource, start: LearnerStart) -> TrainedModel:
         """The policy with its optimizer; also settles ``self.layout``, the micro-batch layout every pass uses
         (shared prompts need a model that takes them: build_model warns, and the layout falls back)."""
-        model_cfg = self.model_cfg
+        model_cfg, actor_cfg = self.model_cfg, self.actor_cfg
         actor = build_model(
             policy,
             self.ctx,

@@ -20,7 +20,7 @@
 #                    for the five curve_* config keys); required unless COORD_ADDR is loopback. This node needs
 #                    DIR/server.key and DIR/clients/actor-N.key_secret for its own actors only.
 #   CONFIGS          config files, space separated        PYTHON [python]
-#   LOG_DIR          one log per actor, LOG_DIR/actor-N.log [logs]
+#   LOG_DIR          one log per actor, LOG_DIR/actor-N.log (appended to) [logs]
 #   STOP_GRACE_S     seconds between SIGTERM and SIGKILL when stopping actors [15]
 #   DRY_RUN=1        print the commands instead of running them
 #
@@ -127,7 +127,7 @@ for ((i = 0; i < ACTORS_PER_NODE; i++)); do
     echo
     continue
   fi
-  "${cmd[@]}" </dev/null >"$LOG_DIR/$id.log" 2>&1 &
+  "${cmd[@]}" </dev/null >>"$LOG_DIR/$id.log" 2>&1 & # appended: a requeued job keeps the earlier lines
   pids+=("$!")
   names+=("$id")
   echo "actor_node.sh: started $id (pid $!, ${env_args[*]:-CPU}); log: $LOG_DIR/$id.log" >&2

@@ -144,4 +144,12 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
   exit 0
 fi
 echo "learner_node.sh: node $NODE_RANK/$NNODES, $NPROC_PER_NODE ranks, coordinator $COORD_ADDR:$COORD_PORT" >&2
+if [[ -n "${SLURM_STEP_ID:-}" ]]; then
+  # Under srun, Slurm signals every process of the step itself (scancel, preemption, --signal=TERM@...), so each rank
+  # gets the SIGTERM directly and stops at a step boundary with a checkpoint. torchrun must stay out of it: acting on
+  # the signal it would send the ranks another, and a further one (srun's) makes it exit before they have finished,
+  # and the step's end then kills them. So torchrun ignores SIGTERM here; each rank installs its own handler.
+  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT # torchrun --signals-to-handle (torch >= 2.8; older: ignored)
+  trap '' TERM
+fi
 exec "${cmd[@]}"

@@ -120,6 +120,7 @@ class Trainer:
         self.start_step = maybe_resume(cfg, self.learner, self.coordinator, self.ckpt_dir)
         self.saved_step = self.start_step  # the newest step a checkpoint holds (or the run started from)
         self.published = self.learner.version  # the newest version the actors were sent (or start with)
+        self.warned_stop_deadline = False
         self.sink = self._open_sink() if ctx.rank == 0 else None
         self.started = time.monotonic()
         self.validator = build_validator(cfg, ctx, self.coordinator, self.tokenizer, self._log_validation)
@@ -193,7 +194,23 @@ class Trainer:
                     logger.warning("data exhausted after %d of %d steps: stopping the run", step, self.total_steps)
                 break
             summary = self.train_step(step, rollouts, step_started)
+            self._check_stop_deadline(time.monotonic() - step_started - rollouts.wait_s)
         return self._finish(summary)
+
+    def _check_stop_deadline(self, busy_s: float) -> None:
+        """A SIGTERM is acted on at the end of the step it arrives in, so a step whose work outlasts the stop deadline
+        (``async_training.timeouts.stop_s``) would be cut short without a checkpoint: say so, once."""
+        stop_s = self.cfg.async_training.timeouts.stop_s
+        if busy_s <= stop_s or self.warned_stop_deadline or self.ctx.rank != 0:
+            return
+        self.warned_stop_deadline = True
+        logger.warning(
+            "a step took %.1f s, longer than async_training.timeouts.stop_s=%.1f s: a SIGTERM arriving mid-step would"
+            " exit without a checkpoint. Raise stop_s above the step time plus a checkpoint's, and keep the"
+            " launcher's grace (Slurm: KillWait, the partition's GraceTime) above stop_s.",
+            busy_s,
+            stop_s,
+        )
 
     def _next_rollouts(self, step: int) -> StepRollouts | None:
         """The step's batch; the source checks the stop signal (collectively) before it waits, and while it waits."""
@@ -229,6 +246,8 @@ class Trainer:
         """Publish ``version`` every ``sync_every_n_steps`` and whenever it is due for validation (its round needs it
         on the actors); otherwise the coordinator only learns the new version."""
         validate = self.validator.schedule.due(version)
+        if self.stop.agreed(self.ctx):  # collective; the actors are being stopped too: checkpoint, do not publish
+            return {}
         if version % self.cfg.async_training.sync_every_n_steps == 0 or validate:
             report = self._publish(version)
             if validate:

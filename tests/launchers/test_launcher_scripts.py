@@ -92,7 +92,7 @@ def test_every_script_parses() -> None:
 def test_sbatch_is_a_hetjob_using_both_node_scripts() -> None:
     text = (LAUNCHERS / "slurm_hetjob.sbatch").read_text()
     assert "#SBATCH hetjob" in text
-    srun_lines = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    srun_lines = [ln for ln in text.replace("\\\n", " ").splitlines() if ln.startswith("srun ")]
     assert any("--het-group=0" in ln and "launchers/learner_node.sh" in ln for ln in srun_lines)
     assert any("--het-group=1" in ln and "launchers/actor_node.sh" in ln for ln in srun_lines)
 
@@ -323,3 +323,47 @@ def test_sbatch_dry_run_wires_learner_and_actors_together(tmp_path: Path) -> Non
         assert _value(argv, "async_training.num_actors") == _value(learner, "async_training.num_actors") == "4"
         assert _value(argv, f"{TS}.curve_server_public_key") == f"{curve}/server.key"
         assert "trainer.experiment_name=e" in argv
+
+
+def _sbatch_dry_run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    bin_dir, out_dir = tmp_path / "bin", tmp_path / "srun"
+    bin_dir.mkdir(exist_ok=True)
+    out_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    env = _env(
+        DRY_RUN="1", SRUN_OUT=str(out_dir), SLURM_JOB_ID="42", SLURM_SUBMIT_DIR=str(REPO), PYTHON=sys.executable,
+        SLURM_JOB_NUM_NODES_HET_GROUP_0="2", SLURM_JOB_NUM_NODES_HET_GROUP_1="1", RUN_DIR=str(tmp_path / "run"),
+        **extra,
+    )  # fmt: skip
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    cmd = ["bash", str(LAUNCHERS / "slurm_hetjob.sbatch")]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [({"ACTORS_PER_NODE": "1"}, "NPROC_PER_NODE"), ({"NPROC_PER_NODE": "2"}, "ACTORS_PER_NODE")],
+)
+def test_sbatch_without_gpus_names_the_variable_to_set(tmp_path: Path, given: dict[str, str], missing: str) -> None:
+    res = _sbatch_dry_run(tmp_path, MASTER_ADDR="10.0.0.5", **given)  # a CPU-only partition: no GPUs per node
+    assert res.returncode == 2
+    assert f"slurm_hetjob.sbatch: {missing}=0:" in res.stderr
+    assert "sbatch --gpus-per-node=0" in res.stderr and f"set {missing}" in res.stderr
+    assert not (tmp_path / "srun" / "het0.out").exists()  # nothing started
+
+
+def test_sbatch_cpu_only_with_explicit_counts_and_addresses(tmp_path: Path) -> None:
+    res = _sbatch_dry_run(
+        tmp_path, NPROC_PER_NODE="2", ACTORS_PER_NODE="3", MASTER_ADDR="10.0.0.5", COORD_ADDR="10.0.0.6",
+        CUDA_VISIBLE_DEVICES="",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    learner = shlex.split((tmp_path / "srun" / "het0.out").read_text())
+    actors = _actor_lines((tmp_path / "srun" / "het1.out").read_text())
+    assert learner[learner.index("--rdzv_endpoint") + 1] == "10.0.0.5:29400"
+    assert learner[learner.index("--nproc_per_node") + 1] == "2" and learner[learner.index("--nnodes") + 1] == "2"
+    assert _value(learner, "async_training.weight_sync.master_addr") == "10.0.0.6"
+    assert _value(learner, "trainer.default_local_dir") == f"{tmp_path / 'run'}/out"
+    assert len(actors) == 3 and all(a[a.index("--coordinator") + 1] == "tcp://10.0.0.6:29410" for a in actors)
+    assert _value(learner, "async_training.num_actors") == "3"

@@ -20,6 +20,8 @@
 #                    for the five curve_* config keys); required unless COORD_ADDR is loopback. This node needs
 #                    DIR/server.key and DIR/clients/actor-N.key_secret for its own actors only.
 #   CONFIGS          config files, space separated        PYTHON [python]
+#   ACTOR_FLAGS      extra flags for every actor, e.g. '--emulate-tokens-per-s 256' (no vLLM: a fixed-rate
+#                    emulated generator with the real client and weight sync, for pipeline and launcher tests) []
 #   LOG_DIR          one log per actor, LOG_DIR/actor-N.log (appended to) [logs]
 #   STOP_GRACE_S     seconds between SIGTERM and SIGKILL when stopping actors [15]
 #   DRY_RUN=1        print the commands instead of running them
@@ -41,6 +43,7 @@ LOG_DIR=${LOG_DIR:-logs}
 STOP_GRACE_S=${STOP_GRACE_S:-15}
 PYTHON=${PYTHON:-python}
 read -r -a configs <<<"${CONFIGS:-}"
+read -r -a actor_flags <<<"${ACTOR_FLAGS:-}"
 
 die() {
   echo "actor_node.sh: $*" >&2
@@ -119,7 +122,7 @@ for ((i = 0; i < ACTORS_PER_NODE; i++)); do
     )
   fi
   cmd=(
-    env "${env_args[@]}" "$PYTHON" -m async_rl.entrypoints.actor "${config_args[@]}"
+    env "${env_args[@]}" "$PYTHON" -m async_rl.entrypoints.actor "${actor_flags[@]}" "${config_args[@]}"
     --coordinator "tcp://$COORD_ADDR:$COORD_PORT" --actor-id "$id" "$@" "${wiring[@]}" "${curve[@]}"
   )
   if [[ "${DRY_RUN:-0}" == 1 ]]; then

@@ -144,12 +144,29 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
   exit 0
 fi
 echo "learner_node.sh: node $NODE_RANK/$NNODES, $NPROC_PER_NODE ranks, coordinator $COORD_ADDR:$COORD_PORT" >&2
-if [[ -n "${SLURM_STEP_ID:-}" ]]; then
-  # Under srun, Slurm signals every process of the step itself (scancel, preemption, --signal=TERM@...), so each rank
-  # gets the SIGTERM directly and stops at a step boundary with a checkpoint. torchrun must stay out of it: acting on
-  # the signal it would send the ranks another, and a further one (srun's) makes it exit before they have finished,
-  # and the step's end then kills them. So torchrun ignores SIGTERM here; each rank installs its own handler.
-  export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT # torchrun --signals-to-handle (torch >= 2.8; older: ignored)
-  trap '' TERM
+if [[ -z "${SLURM_STEP_ID:-}" ]]; then
+  exec "${cmd[@]}"
 fi
-exec "${cmd[@]}"
+# Under srun, Slurm signals every process of the step itself (scancel, preemption, --signal=TERM@<s>), so each rank
+# gets the SIGTERM directly and stops at a step boundary with a checkpoint. torchrun must stay out of it: acting on the
+# signal it would send the ranks another, and a further one (srun's) makes it exit before they have finished, and the
+# step's end then kills them. So torchrun runs with SIGTERM ignored (each rank installs its own handler), and this
+# script, seeing the signal, exits 128 + SIGTERM like the ranks rather than torchrun's 1 for "a worker failed".
+export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT # torchrun --signals-to-handle (torch >= 2.8; older: ignored)
+stopped=0
+trap 'stopped=1' TERM
+(
+  trap '' TERM
+  exec "${cmd[@]}"
+) &
+torchrun_pid=$!
+while :; do
+  rc=0
+  wait "$torchrun_pid" || rc=$?
+  kill -0 "$torchrun_pid" 2>/dev/null || break # a trapped signal only interrupted the wait
+done
+if ((rc != 0 && stopped)); then
+  echo "learner_node.sh: stopped by SIGTERM (torchrun exited $rc)" >&2
+  exit 143
+fi
+exit "$rc"

@@ -356,7 +356,7 @@ def test_sbatch_without_gpus_names_the_variable_to_set(tmp_path: Path, given: di
 def test_sbatch_cpu_only_with_explicit_counts_and_addresses(tmp_path: Path) -> None:
     res = _sbatch_dry_run(
         tmp_path, NPROC_PER_NODE="2", ACTORS_PER_NODE="3", MASTER_ADDR="10.0.0.5", COORD_ADDR="10.0.0.6",
-        CUDA_VISIBLE_DEVICES="",
+        CUDA_VISIBLE_DEVICES="", ACTOR_FLAGS="--emulate-tokens-per-s 256",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     learner = shlex.split((tmp_path / "srun" / "het0.out").read_text())
@@ -367,3 +367,4 @@ def test_sbatch_cpu_only_with_explicit_counts_and_addresses(tmp_path: Path) -> N
     assert _value(learner, "trainer.default_local_dir") == f"{tmp_path / 'run'}/out"
     assert len(actors) == 3 and all(a[a.index("--coordinator") + 1] == "tcp://10.0.0.6:29410" for a in actors)
     assert _value(learner, "async_training.num_actors") == "3"
+    assert all(a[a.index("async_rl.entrypoints.actor") + 1 :][:2] == ["--emulate-tokens-per-s", "256"] for a in actors)

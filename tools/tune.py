@@ -6,16 +6,20 @@
 
 On a machine shared with other jobs, serialize it: ``flock /tmp/async_rl_cpu.lock python tools/tune.py ...``.
 
-Profiling (a few minutes on CPU) measures vLLM generation tokens/s at several concurrency levels, the learner step
-at 1 and 2 ranks, the weight-update time at two model sizes and the actor/learner slow-down when sharing cores, and
-saves ``profile.json``. The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the
-actor:learner split, rollout concurrency, train_batch_size and max_staleness; the scaling assumptions from this
-machine to the target are printed and can be changed (``--gen-scale``, ``--learner-scale``, ``--efficiency``,
-``--sync-log-factor``, ``--model-bytes``, ``--learner-fixed-s``). Output: ``recommendations.md``,
-``recommendations.csv`` (best per GPU count), ``candidates.csv`` (everything simulated) and ``throughput.png`` in
-``--out``. ``--validate`` first runs the profiled config at K=0 (in-job calibration of the learner step, broadcast
-and per-step overhead), then the real job for three other configurations through ``launchers/local.py``, and prints
-the simulator's error on each.
+Profiling (a few minutes on CPU for the demo's tiny model, much longer for a real one) measures vLLM generation
+tokens/s at several concurrency levels, the learner step at 1 and 2 ranks, the weight-update time at two model sizes
+and the actor/learner slow-down when sharing cores (generation keeps running until the learner has timed two steps
+beside it, however long a step takes), prints the probes' progress, and saves ``profile.json``. A probe that cannot
+measure stops the tuner with a message naming it and what to change (``--probe-timeout``, ``--contend-slowdown``).
+
+The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the actor:learner split, rollout
+concurrency, train_batch_size and max_staleness; the scaling assumptions from this machine to the target are printed
+and can be changed (``--gen-scale``, ``--learner-scale``, ``--efficiency``, ``--sync-log-factor``, ``--model-bytes``,
+``--learner-fixed-s``). Output: ``recommendations.md``, ``recommendations.csv`` (best per GPU count),
+``candidates.csv`` (everything simulated) and ``throughput.png`` in ``--out``. ``--validate`` first runs the profiled
+config at K=0 (in-job calibration of the learner step, broadcast and per-step overhead), then the real job for three
+other configurations through ``launchers/local.py``, and prints and writes (``validation.md``) the simulator's
+prediction error on each.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from async_rl.tuning.probes import ProbeError  # noqa: E402
 from async_rl.tuning.profile import MeasureOptions, Profile, measure  # noqa: E402
 from async_rl.tuning.recommend import Assumptions, recommend  # noqa: E402
 from async_rl.tuning.report import markdown_table, plot, write_csv  # noqa: E402
@@ -42,7 +47,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--validate-steps", type=int, default=30)
     p.add_argument("--validate-reuse", action="store_true", help="re-read finished validation runs, do not rerun")
     p.add_argument("--reuse-probes", action="store_true", help="keep probe results already under <out>/probes")
-    p.add_argument("--gen-seconds", type=float, default=5.0, help="seconds per generation concurrency level")
+    # probe options: None keeps MeasureOptions' own value
+    p.add_argument(
+        "--gen-seconds",
+        type=float,
+        default=None,
+        help=f"seconds per generation concurrency level [{MeasureOptions.gen_seconds:g}]",
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=None,
+        help=f"wall-clock cap per probe run, seconds [{MeasureOptions.timeout_s:g}]",
+    )
+    p.add_argument(
+        "--contend-slowdown",
+        type=float,
+        default=None,
+        help="how many times its step alone the learner may take per step beside generation before that probe gives"
+        f" up [{MeasureOptions.contend_slowdown:g}]",
+    )
     p.add_argument("--gen-scale", type=float, default=1.0, help="target GPU actor tokens/s / measured actor's")
     p.add_argument("--learner-scale", type=float, default=1.0, help="target learner rank tokens/s / measured rank's")
     p.add_argument("--efficiency", type=float, default=0.9, help="learner scaling efficiency per doubling of ranks")
@@ -69,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile = Profile.load(args.profile)
     else:
-        profile = measure(
-            args.config,
-            args.overrides,
-            out / "probes",
-            MeasureOptions(gen_seconds=args.gen_seconds, reuse=args.reuse_probes),
-        )
+        given = {"gen_seconds": args.gen_seconds, "timeout_s": args.probe_timeout}
+        given["contend_slowdown"] = args.contend_slowdown
+        opts = MeasureOptions(reuse=args.reuse_probes, **{k: v for k, v in given.items() if v is not None})
+        try:
+            profile = measure(args.config, args.overrides, out / "probes", opts)
+        except ProbeError as err:
+            print(f"tune: profiling stopped: {err}", file=sys.stderr)
+            return 1
         profile.save(out / "profile.json")
         print(f"profile saved to {out / 'profile.json'}")
     print(describe_profile(profile))

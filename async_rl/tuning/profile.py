@@ -9,7 +9,8 @@ sizes, the response lengths sampled, and the mutual slow-down of actor and learn
 :func:`measure` runs the probes (:mod:`async_rl.tuning.probes`) as child processes, in this order, so that no
 measurement overlaps another's start-up: the vLLM probe and the 2-rank learner probe start together and meet at
 file markers (both up -> generation alone -> learner alone -> both at once); then the 1-rank learner probe; then
-``tools/bench_weight_sync.py`` at two model sizes.
+``tools/bench_weight_sync.py`` at two model sizes. It relays the probes' progress lines and stops with a
+:class:`~async_rl.tuning.probes.ProbeError` naming the probe when one cannot measure.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from async_rl.tuning.probes import PROBE_FAILED, PROGRESS, ProbeError
 from async_rl.tuning.simulator import Curve, LearnerModel, SharedCompute, Workload
 
 logger = logging.getLogger(__name__)
@@ -173,10 +175,22 @@ class MeasureOptions:
     gen_seconds: float = 5.0
     learner_steps: int = 3  # timed steps per batch size (after one warm-up)
     world_sizes: tuple[int, ...] = (1, 2)
-    contended_seconds: float = 8.0  # generation and learner at once, for SharedCompute
+    contended_seconds: float = 8.0  # generation and learner at once, for SharedCompute; longer while the learner
+    # has not yet timed probes.CONTENDED_STEPS steps beside generation ...
+    contend_slowdown: float = 6.0  # ... for at most this many times its step alone per step
     sync_sizes: tuple[tuple[int, int], ...] = ((128, 2), (512, 4))  # (hidden, layers) models for the sync fit
-    timeout_s: float = 900.0
+    timeout_s: float = 1800.0  # wall-clock cap on each probe run (the paired run: both probes together)
     reuse: bool = False  # keep probe results already in the work directory (re-measure only what is missing)
+
+    def __post_init__(self) -> None:
+        for name in ("learner_steps",):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("gen_seconds", "contended_seconds", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.contend_slowdown >= 1:
+            raise ValueError(f"contend_slowdown must be >= 1, got {self.contend_slowdown}")
 
 
 def _probe_cmd(probe: str, params: dict[str, Any], out: Path, nproc: int | None = None) -> list[str]:
@@ -188,8 +202,40 @@ def _probe_cmd(probe: str, params: dict[str, Any], out: Path, nproc: int | None 
     return [*head, probe, "--params", json.dumps(params), "--out", str(out)]
 
 
+class _Relay:
+    """Echo the probes' progress lines (:data:`~async_rl.tuning.probes.PROGRESS`) from their logs as they grow."""
+
+    def __init__(self, logs: list[Path]) -> None:
+        self.logs = logs
+        self.read = [0] * len(logs)
+        self.partial = [b""] * len(logs)
+
+    def poll(self) -> None:
+        for i, log in enumerate(self.logs):
+            with open(log, "rb") as f:
+                f.seek(self.read[i])
+                chunk = f.read()
+            self.read[i] += len(chunk)
+            *lines, self.partial[i] = (self.partial[i] + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                if line.startswith(PROGRESS):
+                    logger.info("%s: %s", log.stem, line[len(PROGRESS) :])
+
+
+def _failure(log: Path, code: int | None) -> Exception:
+    """The error for a probe that exited with ``code``: its own :class:`ProbeError` message when it printed one."""
+    lines = log.read_text(errors="replace").splitlines()
+    said = [line[len(PROBE_FAILED) :] for line in lines if line.startswith(PROBE_FAILED)]
+    if said:
+        return ProbeError(f"{said[0]} (log: {log})")
+    tail = "\n  ".join(lines[-8:])
+    return RuntimeError(f"profiling probe failed (exit {code}); see {log}, which ends:\n  {tail}")
+
+
 def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float) -> None:
-    """Start the commands together, wait for all; a failure stops the others and raises naming its log."""
+    """Start the commands together, wait for all, relaying their progress; a failure stops the others and raises
+    naming its log, and a run past ``timeout_s`` stops them all."""
     env = {
         **os.environ,
         "PYTHONWARNINGS": "ignore",
@@ -199,17 +245,24 @@ def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float) -> None:
     for cmd, log in zip(cmds, logs, strict=True):
         with open(log, "wb") as f:
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+    relay = _Relay(logs)
     deadline = time.monotonic() + timeout_s
     try:
-        while any(p.poll() is None for p in procs):
-            bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if bad or time.monotonic() > deadline:
-                which = logs[bad[0]] if bad else "timeout"
-                raise RuntimeError(f"profiling probe failed ({which}); see {logs}")
+        while True:
+            relay.poll()
+            codes = [p.poll() for p in procs]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                raise _failure(logs[bad[0]], codes[bad[0]])
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(log.stem for log, c in zip(logs, codes, strict=True) if c is None)
+                raise ProbeError(
+                    f"probe {names} still running after {timeout_s:.0f} s (the probe time limit); raise"
+                    f" --probe-timeout, or see {logs} for where it was"
+                )
             time.sleep(0.2)
-        bad = [i for i, p in enumerate(procs) if p.returncode != 0]
-        if bad:
-            raise RuntimeError(f"profiling probe failed; see {logs[bad[0]]}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -246,7 +299,14 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     concurrent = cfg.async_training.actor.max_concurrent_groups
     most = max(1, min(concurrent, cfg.actor_rollout_ref.rollout.max_num_seqs // n))
     levels = sorted({min(g, most) for g in opts.gen_groups} | {most})
-    common = {"config": config, "overrides": overrides, "workdir": str(work / "model"), "marks": str(marks)}
+    common = {
+        "config": config,
+        "overrides": overrides,
+        "workdir": str(work / "model"),
+        "marks": str(marks),
+        "timeout_s": opts.timeout_s,
+        "contend_slowdown": opts.contend_slowdown,
+    }
     gen_params = {**common, "levels": levels, "seconds": opts.gen_seconds, "contend_groups": most}
     gen_params["contend_seconds"] = opts.contended_seconds
     batches = sorted({max(1, b // 2), b})

@@ -219,8 +219,8 @@ class _Relay:
             *lines, self.partial[i] = (self.partial[i] + chunk).split(b"\n")
             for raw in lines:
                 line = raw.decode(errors="replace")
-                if line.startswith(PROGRESS):
-                    logger.info("%s: %s", log.stem, line[len(PROGRESS) :])
+                if line.startswith(PROGRESS):  # each names its probe
+                    logger.info("%s", line[len(PROGRESS) :])
 
 
 def _failure(log: Path, code: int | None) -> Exception:

@@ -100,7 +100,7 @@ def test_run_relays_progress_and_raises_the_probes_own_error(tmp_path: Path, cap
     caplog.set_level(logging.INFO, logger="async_rl.tuning.profile")
     with pytest.raises(ProbeError, match=rf"^learner probe: 0 step\(s\) recorded \(log: {log}\)$"):
         _run([cmd, sleeper], [log, slog], timeout_s=60)
-    assert "learner-2: learner world 2: step 1/3: 38.1 s" in caplog.messages
+    assert "learner world 2: step 1/3: 38.1 s" in caplog.messages
     assert not any("noise" in m for m in caplog.messages)
 
 

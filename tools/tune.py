@@ -12,6 +12,13 @@ and the actor/learner slow-down when sharing cores (generation keeps running unt
 beside it, however long a step takes), prints the probes' progress, and saves ``profile.json``. A probe that cannot
 measure stops the tuner with a message naming it and what to change (``--probe-timeout``, ``--contend-slowdown``).
 
+It also times three learner settings both ways on this host and recommends each, with the measured step times, as
+``set key=value (measured X s vs Y s per learner step: ...)`` on the console and in ``recommendations.md``:
+``actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype`` (fp32 vs bf16: bf16 is slower on AVX2-only CPUs
+and faster on native-bf16 ones), ``actor_rollout_ref.model.use_shared_prompt`` (each group's prompt computed once, or
+per sequence) and ``trainer.n_gpus_per_node`` (the learner as 2 ranks x 1 thread or 1 rank x all cores). The config's
+own value is kept unless the other was more than 5% faster (``async_rl.tuning.settings.SWITCH_MARGIN``).
+
 The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the actor:learner split, rollout
 concurrency, train_batch_size and max_staleness; the scaling assumptions from this machine to the target are printed
 and can be changed (``--gen-scale``, ``--learner-scale``, ``--efficiency``, ``--sync-log-factor``, ``--model-bytes``,
@@ -35,6 +42,7 @@ from async_rl.tuning.probes import ProbeError  # noqa: E402
 from async_rl.tuning.profile import MeasureOptions, Profile, measure  # noqa: E402
 from async_rl.tuning.recommend import Assumptions, recommend  # noqa: E402
 from async_rl.tuning.report import markdown_table, plot, write_csv  # noqa: E402
+from async_rl.tuning.settings import settings_lines  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -104,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         profile.save(out / "profile.json")
         print(f"profile saved to {out / 'profile.json'}")
     print(describe_profile(profile))
+    settings = settings_lines(profile)
+    print("\nlearner settings for the profiled host (each timed both ways here):")
+    for line in settings:
+        print(f"  {line}")
     assumptions = Assumptions(
         gen_scale=args.gen_scale,
         learner_scale=args.learner_scale,
@@ -129,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(best)
     print("\n" + table)
     header = "\n".join(f"- {line}" for line in assumptions.lines(profile))
-    (out / "recommendations.md").write_text(f"# Recommendations\n\nAssumptions:\n{header}\n\n{table}\n")
+    measured = "\n".join(f"- {line}" for line in settings)
+    (out / "recommendations.md").write_text(
+        f"# Recommendations\n\nLearner settings for the profiled host ({profile.device}, {profile.cores} cores), each"
+        f" timed both ways there:\n{measured}\n\nDeployments. Assumptions:\n{header}\n\n{table}\n"
+    )
     write_csv(best, out / "recommendations.csv")
     write_csv(everything, out / "candidates.csv")
     plot(best, out / "throughput.png")

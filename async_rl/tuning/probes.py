@@ -8,7 +8,9 @@
   config's data) and reports generated tokens/s and the response lengths it saw;
 * ``learner``: every torchrun rank builds the config's :class:`Learner` and times ``share_batch`` + ``train_batch``
   on synthetic groups shaped like the workload (real prompt lengths, measured response lengths) at one or more
-  batch sizes; rank 0 reports the median step time per size.
+  batch sizes; rank 0 reports the median step time per size. With ``trials`` it then times, on the smallest batch,
+  a second learner that differs in one setting (:data:`KNOBS`: compute precision, shared-prompt layout), in rounds
+  that alternate which of the two goes first.
 
 Paired (the generation probe and the first learner probe started together), they meet at marker files: both up ->
 generation alone -> learner alone -> both at once. The last level keeps generation running until the learner has
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,39 @@ def median_step(times: list[float], probe: str, fix: str, *, least: int = 1) -> 
     if len(times) < least:
         raise ProbeError(f"{probe}: {len(times)} step(s) recorded, {least} needed; {fix}")
     return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A learner setting the probe can time both ways: a dotted config key with two values, and how to read the
+    value a built learner actually runs with (``auto`` resolved, a layout fallen back)."""
+
+    key: str
+    values: tuple[str, str]
+    ran_with: Callable[[Any], str]
+
+    def other(self, value: str) -> str:
+        return self.values[1 - self.values.index(value)]
+
+
+def _precision(learner: Any) -> str:
+    import torch
+
+    return "bf16" if learner.compute_dtype == torch.bfloat16 else "fp32"
+
+
+def _shared_prompt(learner: Any) -> str:
+    return "true" if learner.layout == "shared" else "false"
+
+
+KNOBS = {
+    k.key: k
+    for k in (
+        Knob("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", ("fp32", "bf16"), _precision),
+        Knob("actor_rollout_ref.model.use_shared_prompt", ("true", "false"), _shared_prompt),
+    )
+}
+"""The settings trials time (by config key)."""
 
 
 def _progress(text: str) -> None:
@@ -264,6 +301,34 @@ class _Bench:
             _progress(text)
 
 
+def _trial(bench: _Bench, knob: Knob, base_cfg: Any, learner: Any, size: int) -> dict[str, Any] | None:
+    """Time ``learner`` (the config's) against a second learner with ``knob`` at its other value on the same
+    ``size`` groups, ``trial_rounds`` rounds alternating which goes first, after one warm-up step of the second."""
+    rounds = int(bench.params["trial_rounds"])
+    base = knob.ran_with(learner)
+    other = knob.other(base)
+    name = knob.key.rsplit(".", 1)[-1]
+    cfg = _config(bench.params, f"{knob.key}={other}")
+    groups, prompts, tokens = bench.batch(cfg, size)
+    bench.batch(base_cfg, size)
+    variant = bench.build(cfg)
+    if knob.ran_with(variant) == base:  # e.g. shared prompts on a model that does not take them
+        bench.say(f"trial {knob.key}: {other} runs as {base} on this model and host; not timed")
+        return None
+    bench.say(f"trial {knob.key}: {base} vs {other}, {size} groups ({tokens} tokens), {rounds} rounds + 1 warm-up")
+    bench.say(f"trial {name}={other}: warm-up step {_timed_step(bench.ctx, variant, groups, prompts):.2f} s")
+    times: dict[str, list[float]] = {base: [], other: []}
+    for r in range(rounds):
+        pair = [(base, learner), (other, variant)]
+        for value, which in pair if r % 2 == 0 else pair[::-1]:
+            times[value].append(_timed_step(bench.ctx, which, groups, prompts))
+        last = f"{base} {times[base][-1]:.3f} s, {other} {times[other][-1]:.3f} s"
+        bench.say(f"trial {name}: round {r + 1}/{rounds}: {last}")
+    del variant
+    gc.collect()
+    return {"key": knob.key, "values": [base, other], "times_s": [times[base], times[other]], "tokens": tokens}
+
+
 def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     import torch
     from transformers import AutoConfig
@@ -305,6 +370,8 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     out: dict[str, Any] = {"world_size": ws, "threads": threads, "points": results}
     if paired:
         out["contended_step_s"] = _contended(bench, learner, groups, prompts, results[-1]["step_s"], where)
+    trials = [_trial(bench, KNOBS[key], cfg, learner, params["batch_sizes"][0]) for key in params.get("trials", [])]
+    out["trials"] = [t for t in trials if t is not None]
     teardown(ctx)
     return out if ctx.rank == 0 else None
 

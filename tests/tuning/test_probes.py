@@ -84,6 +84,8 @@ def test_contended_with_no_step_recorded_is_a_clear_error(tmp_path: Path, monkey
 def test_measure_options_refuse_zero_steps() -> None:
     with pytest.raises(ValueError, match="learner_steps must be >= 1, got 0"):
         MeasureOptions(learner_steps=0)
+    with pytest.raises(ValueError, match="trial_rounds must be >= 1"):
+        MeasureOptions(trial_rounds=0)
     with pytest.raises(ValueError, match="contend_slowdown must be >= 1"):
         MeasureOptions(contend_slowdown=0.5)
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -382,6 +383,9 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
             train_factor=min(1.0, alone / contended),
         )
     settings = [knob_trial(t) for t in learner_runs[last].get("trials", [])]
+    drift = drift_warning(learner_runs[last], batches[0])
+    if drift is not None:
+        logger.warning("%s", drift)
     layout = layout_trial(learner_runs, cfg.trainer.n_gpus_per_node, b)
     if layout is not None:
         settings.append(layout)
@@ -423,6 +427,28 @@ def knob_trial(result: dict[str, Any]) -> SettingTrial:
     labels = (f"{leaf}={base}", f"{leaf}={other}")
     return SettingTrial(
         key, (base, other), labels, (tuple(result["times_s"][0]), tuple(result["times_s"][1])), result["tokens"]
+    )
+
+
+DRIFT_LIMIT = 1.5
+"""Timings of the same learner step in one probe further apart than this factor mean the machine's speed changed."""
+
+
+def drift_warning(run: dict[str, Any], groups: int) -> str | None:
+    """A warning when one learner probe timed the config's learner on the same ``groups`` twice (its timed steps, then
+    as the incumbent in the setting trials) more than :data:`DRIFT_LIMIT` apart: the machine's speed changed while
+    profiling (other jobs), so comparisons across separate runs (ranks x threads) are in doubt; else None."""
+    point = next((p for p in run["points"] if p["groups"] == groups), None)
+    again = [s for t in run.get("trials", []) for s in t["times_s"][0]]
+    if point is None or not again:
+        return None
+    first, second = statistics.median(point["all_s"]), statistics.median(again)
+    if 1 / DRIFT_LIMIT <= first / second <= DRIFT_LIMIT:
+        return None
+    return (
+        f"the learner's step at world size {run['world_size']} on {groups} groups took {first:.3g} s in its timed"
+        f" steps and {second:.3g} s in the setting trials: the machine's speed changed while profiling (other jobs?),"
+        " so the ranks x threads comparison (separate runs) may be off; profile again with the machine otherwise idle"
     )
 
 

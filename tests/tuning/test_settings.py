@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from async_rl.tuning.probes import ProbeError
-from async_rl.tuning.profile import Profile, SettingTrial, knob_trial, layout_trial
+from async_rl.tuning.profile import Profile, SettingTrial, drift_warning, knob_trial, layout_trial
 from async_rl.tuning.settings import SWITCH_MARGIN, choose, choose_settings, settings_lines
 
 PRECISION = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
@@ -133,3 +133,19 @@ def test_every_recommended_line_is_a_valid_config_override() -> None:
     assert load_config(None, [f"{SHARED}=false"]).actor_rollout_ref.model.use_shared_prompt is False
     assert load_config(None, [f"{LAYOUT_KEY}=2"]).trainer.n_gpus_per_node == 2
     assert KNOBS[PRECISION].other("fp32") == "bf16" and KNOBS[SHARED].other("false") == "true"
+
+
+def test_a_learner_timed_twice_far_apart_is_a_warning() -> None:
+    # measured on this host while another job ran: the world-1 probe's steps on 32 groups took 8.3-9.6 s, the same
+    # step 0.14-0.22 s a minute later as the incumbent of the setting trials (medians 8.674 s and 0.1485 s)
+    run = _run(1, 2, [2.5, 2.4, 6.9])
+    run["points"][0]["groups"], run["points"][0]["all_s"] = 32, [8.275, 9.636, 8.674]  # type: ignore[index]
+    run["trials"] = [{"times_s": [[0.22, 0.194, 0.147], [1.0, 0.94, 0.79]]}, {"times_s": [[0.15, 0.146, 0.144], [0.2]]}]
+    warning = drift_warning(run, 32)
+    assert warning is not None and warning.startswith(
+        "the learner's step at world size 1 on 32 groups took 8.67 s in its timed steps and 0.148 s in the setting"
+        " trials: the machine's speed changed while profiling"
+    )
+    run["points"][0]["all_s"] = [0.184, 0.186, 0.178]  # type: ignore[index]
+    assert drift_warning(run, 32) is None  # the quiet run: 0.184 vs 0.1485 s, 1.24x apart (< 1.5)
+    assert drift_warning({**run, "trials": []}, 32) is None  # no trials, nothing to compare

@@ -6,16 +6,27 @@
 
 On a machine shared with other jobs, serialize it: ``flock /tmp/async_rl_cpu.lock python tools/tune.py ...``.
 
-Profiling (a few minutes on CPU) measures vLLM generation tokens/s at several concurrency levels, the learner step
-at 1 and 2 ranks, the weight-update time at two model sizes and the actor/learner slow-down when sharing cores, and
-saves ``profile.json``. The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the
-actor:learner split, rollout concurrency, train_batch_size and max_staleness; the scaling assumptions from this
-machine to the target are printed and can be changed (``--gen-scale``, ``--learner-scale``, ``--efficiency``,
-``--sync-log-factor``, ``--model-bytes``, ``--learner-fixed-s``). Output: ``recommendations.md``,
-``recommendations.csv`` (best per GPU count), ``candidates.csv`` (everything simulated) and ``throughput.png`` in
-``--out``. ``--validate`` first runs the profiled config at K=0 (in-job calibration of the learner step, broadcast
-and per-step overhead), then the real job for three other configurations through ``launchers/local.py``, and prints
-the simulator's error on each.
+Profiling (a few minutes on CPU for the demo's tiny model, much longer for a real one) measures vLLM generation
+tokens/s at several concurrency levels, the learner step at 1 and 2 ranks, the weight-update time at two model sizes
+and the actor/learner slow-down when sharing cores (generation keeps running until the learner has timed two steps
+beside it, however long a step takes), prints the probes' progress, and saves ``profile.json``. A probe that cannot
+measure stops the tuner with a message naming it and what to change (``--probe-timeout``, ``--contend-slowdown``).
+
+It also times three learner settings both ways on this host and recommends each, with the measured step times, as
+``set key=value (measured X s vs Y s per learner step: ...)`` on the console and in ``recommendations.md``:
+``actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype`` (fp32 vs bf16: bf16 is slower on AVX2-only CPUs
+and faster on native-bf16 ones), ``actor_rollout_ref.model.use_shared_prompt`` (each group's prompt computed once, or
+per sequence) and ``trainer.n_gpus_per_node`` (the learner as 2 ranks x 1 thread or 1 rank x all cores). The config's
+own value is kept unless the other was more than 5% faster (``async_rl.tuning.settings.SWITCH_MARGIN``).
+
+The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the actor:learner split, rollout
+concurrency, train_batch_size and max_staleness; the scaling assumptions from this machine to the target are printed
+and can be changed (``--gen-scale``, ``--learner-scale``, ``--efficiency``, ``--sync-log-factor``, ``--model-bytes``,
+``--learner-fixed-s``). Output: ``recommendations.md``, ``recommendations.csv`` (best per GPU count),
+``candidates.csv`` (everything simulated) and ``throughput.png`` in ``--out``. ``--validate`` first runs the profiled
+config at K=0 (in-job calibration of the learner step, broadcast and per-step overhead), then the real job for three
+other configurations through ``launchers/local.py``, and prints and writes (``validation.md``) the simulator's
+prediction error on each.
 """
 
 from __future__ import annotations
@@ -27,9 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from async_rl.tuning.probes import ProbeError  # noqa: E402
 from async_rl.tuning.profile import MeasureOptions, Profile, measure  # noqa: E402
 from async_rl.tuning.recommend import Assumptions, recommend  # noqa: E402
 from async_rl.tuning.report import markdown_table, plot, write_csv  # noqa: E402
+from async_rl.tuning.settings import settings_lines  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +55,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--validate-steps", type=int, default=30)
     p.add_argument("--validate-reuse", action="store_true", help="re-read finished validation runs, do not rerun")
     p.add_argument("--reuse-probes", action="store_true", help="keep probe results already under <out>/probes")
-    p.add_argument("--gen-seconds", type=float, default=5.0, help="seconds per generation concurrency level")
+    # probe options: None keeps MeasureOptions' own value
+    p.add_argument(
+        "--gen-seconds",
+        type=float,
+        default=None,
+        help=f"seconds per generation concurrency level [{MeasureOptions.gen_seconds:g}]",
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=None,
+        help=f"wall-clock cap per probe run, seconds [{MeasureOptions.timeout_s:g}]",
+    )
+    p.add_argument(
+        "--contend-slowdown",
+        type=float,
+        default=None,
+        help="how many times its step alone the learner may take per step beside generation before that probe gives"
+        f" up [{MeasureOptions.contend_slowdown:g}]",
+    )
     p.add_argument("--gen-scale", type=float, default=1.0, help="target GPU actor tokens/s / measured actor's")
     p.add_argument("--learner-scale", type=float, default=1.0, help="target learner rank tokens/s / measured rank's")
     p.add_argument("--efficiency", type=float, default=0.9, help="learner scaling efficiency per doubling of ranks")
@@ -69,15 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile = Profile.load(args.profile)
     else:
-        profile = measure(
-            args.config,
-            args.overrides,
-            out / "probes",
-            MeasureOptions(gen_seconds=args.gen_seconds, reuse=args.reuse_probes),
-        )
+        given = {"gen_seconds": args.gen_seconds, "timeout_s": args.probe_timeout}
+        given["contend_slowdown"] = args.contend_slowdown
+        opts = MeasureOptions(reuse=args.reuse_probes, **{k: v for k, v in given.items() if v is not None})
+        try:
+            profile = measure(args.config, args.overrides, out / "probes", opts)
+        except ProbeError as err:
+            print(f"tune: profiling stopped: {err}", file=sys.stderr)
+            return 1
         profile.save(out / "profile.json")
         print(f"profile saved to {out / 'profile.json'}")
     print(describe_profile(profile))
+    settings = settings_lines(profile)
+    print("\nlearner settings for the profiled host (each timed both ways here):")
+    for line in settings:
+        print(f"  {line}")
     assumptions = Assumptions(
         gen_scale=args.gen_scale,
         learner_scale=args.learner_scale,
@@ -103,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(best)
     print("\n" + table)
     header = "\n".join(f"- {line}" for line in assumptions.lines(profile))
-    (out / "recommendations.md").write_text(f"# Recommendations\n\nAssumptions:\n{header}\n\n{table}\n")
+    measured = "\n".join(f"- {line}" for line in settings)
+    (out / "recommendations.md").write_text(
+        f"# Recommendations\n\nLearner settings for the profiled host ({profile.device}, {profile.cores} cores), each"
+        f" timed both ways there:\n{measured}\n\nDeployments. Assumptions:\n{header}\n\n{table}\n"
+    )
     write_csv(best, out / "recommendations.csv")
     write_csv(everything, out / "candidates.csv")
     plot(best, out / "throughput.png")

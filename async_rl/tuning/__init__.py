@@ -2,8 +2,9 @@
 
 Tuner (``tools/tune.py``): ``simulator`` is a pure discrete-event model of actors, coordinator admission, learner
 steps and weight broadcasts; ``probes`` and ``profile`` measure the real pieces and hold the rates (JSON);
-``recommend`` searches deployments with the simulator; ``validate`` compares its predictions with real runs here;
-``report`` writes tables and plots.
+``recommend`` searches deployments with the simulator; ``settings`` picks the learner's precision, prompt layout and
+ranks x threads for the profiled host from settings the probes timed both ways; ``validate`` compares the
+simulator's predictions with real runs here; ``report`` writes tables and plots.
 
 Staleness sweep (``tools/sweep_staleness.py``): ``sweep`` plans and runs one config over max_staleness values with
 and without off-policy correction; ``sweep_report`` turns the runs' metrics into a table and plots.

@@ -8,7 +8,15 @@
   config's data) and reports generated tokens/s and the response lengths it saw;
 * ``learner``: every torchrun rank builds the config's :class:`Learner` and times ``share_batch`` + ``train_batch``
   on synthetic groups shaped like the workload (real prompt lengths, measured response lengths) at one or more
-  batch sizes; rank 0 reports the median step time per size.
+  batch sizes; rank 0 reports the median step time per size. With ``trials`` it then times, on the smallest batch,
+  a second learner that differs in one setting (:data:`KNOBS`: compute precision, shared-prompt layout), in rounds
+  that alternate which of the two goes first.
+
+Paired (the generation probe and the first learner probe started together), they meet at marker files: both up ->
+generation alone -> learner alone -> both at once. The last level keeps generation running until the learner has
+timed :data:`CONTENDED_STEPS` steps beside it, however long a step takes, up to a cap sized from the learner's own
+step time measured alone. A probe that cannot measure raises :class:`ProbeError`, whose message names the probe and
+what to change; progress lines start with :data:`PROGRESS` (the tuner relays them to its console).
 
 A separate process per probe keeps vLLM's helper processes and the process group out of the tuner itself.
 """
@@ -17,41 +25,102 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
 import statistics
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CONTENDED_STEPS = 3
-"""Learner steps timed beside generation: the last may run past generation's end, so the median is of the others."""
-CONTEND_CAP_S = 900.0
-"""Longest the contended generation level waits for those steps (a real model's step takes tens of seconds)."""
+CONTENDED_STEPS = 2
+"""Learner steps the contended level must time beside generation (a step still running when generation stops is not
+counted)."""
+PROGRESS = "probe| "
+"""Prefix of a probe's progress lines (relayed to the tuner's console)."""
+PROBE_FAILED = "probe failed: "
+"""Prefix of the line a probe prints before it exits on a :class:`ProbeError`."""
 
 
-def _signal(params: dict[str, Any], name: str) -> None:
-    """Leave a marker file for the other probe (the probes meet at markers so measurements never overlap)."""
-    (Path(params["marks"]) / name).touch()
+class ProbeError(RuntimeError):
+    """A probe could not measure what it is for; the message names the probe and what to change."""
+
+
+def median_step(times: list[float], probe: str, fix: str, *, least: int = 1) -> float:
+    """The median of the step times ``probe`` recorded; :class:`ProbeError` naming ``probe`` and ``fix`` (what to
+    change) when it recorded fewer than ``least``."""
+    if len(times) < least:
+        raise ProbeError(f"{probe}: {len(times)} step(s) recorded, {least} needed; {fix}")
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A learner setting the probe can time both ways: a dotted config key with two values, and how to read the
+    value a built learner actually runs with (``auto`` resolved, a layout fallen back)."""
+
+    key: str
+    values: tuple[str, str]
+    ran_with: Callable[[Any], str]
+
+    def other(self, value: str) -> str:
+        return self.values[1 - self.values.index(value)]
+
+
+def _precision(learner: Any) -> str:
+    import torch
+
+    return "bf16" if learner.compute_dtype == torch.bfloat16 else "fp32"
+
+
+def _shared_prompt(learner: Any) -> str:
+    return "true" if learner.layout == "shared" else "false"
+
+
+KNOBS = {
+    k.key: k
+    for k in (
+        Knob("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", ("fp32", "bf16"), _precision),
+        Knob("actor_rollout_ref.model.use_shared_prompt", ("true", "false"), _shared_prompt),
+    )
+}
+"""The settings trials time (by config key)."""
+
+
+def _progress(text: str) -> None:
+    print(PROGRESS + text, flush=True)
+
+
+def _signal(params: dict[str, Any], name: str, text: str = "") -> None:
+    """Leave a marker file holding ``text`` for the other probe (the probes meet at markers so measurements never
+    overlap); written aside and renamed, so a marker that exists is complete."""
+    path = Path(params["marks"]) / name
+    path.with_suffix(".tmp").write_text(text)
+    path.with_suffix(".tmp").replace(path)
 
 
 def _seen(params: dict[str, Any], name: str) -> bool:
     return (Path(params["marks"]) / name).exists()
 
 
-def _await(params: dict[str, Any], name: str, timeout_s: float = 600.0) -> None:
+def _await(params: dict[str, Any], name: str) -> None:
+    """Wait for marker ``name`` at most the probes' ``timeout_s`` (the tuner stops both probes then anyway)."""
+    timeout_s = float(params["timeout_s"])
     deadline = time.monotonic() + timeout_s
     while not _seen(params, name):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"probe marker {name!r} did not appear within {timeout_s:.0f} s")
+            raise ProbeError(f"probe marker {name!r} did not appear within {timeout_s:.0f} s; raise --probe-timeout")
         time.sleep(0.05)
 
 
-def _config(params: dict[str, Any]) -> Any:
+def _config(params: dict[str, Any], *extra: str) -> Any:
     from async_rl.config import load_config
 
-    return load_config(list(params["config"]), list(params.get("overrides", [])))
+    return load_config(list(params["config"]), [*params.get("overrides", []), *extra])
 
 
 def _model_and_records(cfg: Any, workdir: Path) -> tuple[str, list[Any]]:
@@ -89,9 +158,11 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
         cursor += 1
         return [int(t) for t in records[cursor % len(records)].token_ids]
 
-    async def run_level(groups: int, seconds: float, until: str | None = None) -> tuple[int, float, list[int]]:
-        """Keep ``groups`` in flight for ``seconds``, and past that until marker ``until`` appears (at most
-        ``CONTEND_CAP_S``): a real model's learner step can outlast the planned seconds."""
+    async def run_level(
+        groups: int, seconds: float, until: str | None = None, cap_s: float = 0.0
+    ) -> tuple[float, list[int]]:
+        """Keep ``groups`` in flight for ``seconds``, and past that until marker ``until`` appears (at most ``cap_s``
+        in all): a real model's learner step can outlast the planned seconds. Returns tokens/s and the lengths."""
         start = time.perf_counter()
         deadline = start + seconds
         lengths: list[int] = []
@@ -100,38 +171,53 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
             now = time.perf_counter()
             if now < deadline:
                 return True
-            return until is not None and not _seen(params, until) and now < start + CONTEND_CAP_S
+            return until is not None and not _seen(params, until) and now < start + cap_s
 
         async def worker() -> None:
             while going():
                 for c in await engine.generate(next_prompt(), sampling):
                     lengths.append(len(c.token_ids))
 
-        t0 = time.perf_counter()
         await asyncio.gather(*[worker() for _ in range(groups)])
-        return sum(lengths), time.perf_counter() - t0, lengths
+        elapsed = time.perf_counter() - start
+        if not sum(lengths):
+            raise ProbeError(
+                f"generation probe: no token generated in {elapsed:.1f} s at {groups} groups in flight; check"
+                " data.max_response_length and the rollout's sampling settings"
+            )
+        return sum(lengths) / elapsed, lengths
 
     try:
         await run_level(max(params["levels"]), 2.0)  # warm-up: first-request compilation, allocator growth
         levels, rates, all_lengths = [], [], []
         for groups in params["levels"]:
-            tokens, elapsed, lengths = await run_level(groups, float(params["seconds"]))
+            rate, lengths = await run_level(groups, float(params["seconds"]))
             levels.append(groups * sampling.n)
-            rates.append(tokens / elapsed)
+            rates.append(rate)
             all_lengths.extend(lengths)
-            print(f"generation: {groups} groups x {sampling.n} in flight: {rates[-1]:.0f} tokens/s", flush=True)
+            _progress(f"generation: {groups} groups x {sampling.n} in flight: {rates[-1]:.0f} tokens/s")
         contended = None
         if paired:
             _signal(params, "gen_alone_done")
             _await(params, "learner_alone_done")
+            alone_s = float((Path(params["marks"]) / "learner_alone_done").read_text())
+            seconds = float(params["contend_seconds"])
+            # the learner's step in flight when generation starts, then the steps it must time, each allowed
+            # contend_slowdown x its time alone
+            cap_s = seconds + float(params["contend_slowdown"]) * (CONTENDED_STEPS + 1) * alone_s
             await asyncio.sleep(1.0)  # let the learner's first contended step start
+            _progress(
+                f"generation beside the learner: until it has timed {CONTENDED_STEPS} steps (a step alone took"
+                f" {alone_s:.2f} s; at most {cap_s:.0f} s)"
+            )
             _signal(params, "gen_started")
-            tokens, elapsed, _ = await run_level(
-                int(params["contend_groups"]), float(params["contend_seconds"]), until="learner_contended_enough"
+            t0 = time.perf_counter()
+            contended, _ = await run_level(
+                int(params["contend_groups"]), seconds, until="learner_contended_enough", cap_s=cap_s
             )
             _signal(params, "gen_done")
-            contended = tokens / elapsed
-            print(f"generation while the learner trains: {contended:.0f} tokens/s", flush=True)
+            took = time.perf_counter() - t0
+            _progress(f"generation while the learner trains: {contended:.0f} tokens/s over {took:.1f} s")
     finally:
         await engine.shutdown()
     prompt_lens = [len(rec.token_ids) for rec in records[:2000]]
@@ -168,23 +254,86 @@ def _synthetic_groups(
     return groups, prompts
 
 
-def _shared_step(ctx: Any, learner: Any, groups: list[Any], prompts: dict[int, list[int]]) -> None:
-    """One step as a training run takes it: rank 0 collates, the ranks get the tensors, every rank trains."""
+def _timed_step(ctx: Any, learner: Any, groups: list[Any], prompts: dict[int, list[int]]) -> float:
+    """One step as a training run takes it (rank 0 collates, the ranks get the tensors, every rank trains); seconds."""
     from async_rl.learner.dist import share_batch
 
+    t0 = time.perf_counter()
     rank0 = ctx.is_rank0
     batch, ids = share_batch(
         ctx, learner.collate(groups, prompts) if rank0 else None, [g.prompt_id for g in groups] if rank0 else None
     )
     learner.train_batch(batch, ids)
+    return time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """What every learner measurement of one probe shares: the process group, the model, the prompts, the vocabulary
+    and the mini-batch count per step."""
+
+    params: dict[str, Any]
+    ctx: Any
+    model_path: str
+    records: list[Any]
+    vocab: int
+    minis_per_step: int
+
+    def build(self, cfg: Any) -> Any:
+        from async_rl.config.resolve import learner_start
+        from async_rl.learner.step import Learner
+
+        # synthetic groups: pad id 0 (the probe's token ids are drawn from the vocabulary, never padded by a tokenizer)
+        return Learner(cfg, learner_start(cfg, pad_token_id=0, total_training_steps=None), self.ctx, self.model_path)
+
+    def batch(self, cfg: Any, size: int) -> tuple[list[Any], dict[int, list[int]], int]:
+        """``size`` synthetic groups (the same for the same size), their prompts and their tokens; sets ``cfg``'s
+        mini-batch so a step has the config's number of optimizer steps (the learner reads that section per step)."""
+        mini = size // self.minis_per_step if size % self.minis_per_step == 0 else size
+        cfg.actor_rollout_ref.actor.ppo_mini_batch_size = mini
+        n = cfg.actor_rollout_ref.rollout.n
+        groups, prompts = _synthetic_groups(self.records, self.params["response_lengths"], size, n, self.vocab, size)
+        tokens = sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
+        return groups, prompts, tokens
+
+    def say(self, text: str) -> None:
+        if self.ctx.is_rank0:
+            _progress(text)
+
+
+def _trial(bench: _Bench, knob: Knob, base_cfg: Any, learner: Any, size: int) -> dict[str, Any] | None:
+    """Time ``learner`` (the config's) against a second learner with ``knob`` at its other value on the same
+    ``size`` groups, ``trial_rounds`` rounds alternating which goes first, after one warm-up step of the second."""
+    rounds = int(bench.params["trial_rounds"])
+    base = knob.ran_with(learner)
+    other = knob.other(base)
+    name = knob.key.rsplit(".", 1)[-1]
+    cfg = _config(bench.params, f"{knob.key}={other}")
+    groups, prompts, tokens = bench.batch(cfg, size)
+    bench.batch(base_cfg, size)
+    variant = bench.build(cfg)
+    if knob.ran_with(variant) == base:  # e.g. shared prompts on a model that does not take them
+        bench.say(f"trial {knob.key}: {other} runs as {base} on this model and host; not timed")
+        return None
+    bench.say(f"trial {knob.key}: {base} vs {other}, {size} groups ({tokens} tokens), {rounds} rounds + 1 warm-up")
+    bench.say(f"trial {name}={other}: warm-up step {_timed_step(bench.ctx, variant, groups, prompts):.2f} s")
+    times: dict[str, list[float]] = {base: [], other: []}
+    for r in range(rounds):
+        pair = [(base, learner), (other, variant)]
+        for value, which in pair if r % 2 == 0 else pair[::-1]:
+            times[value].append(_timed_step(bench.ctx, which, groups, prompts))
+        last = f"{base} {times[base][-1]:.3f} s, {other} {times[other][-1]:.3f} s"
+        bench.say(f"trial {name}: round {r + 1}/{rounds}: {last}")
+    del variant
+    gc.collect()
+    return {"key": knob.key, "values": [base, other], "times_s": [times[base], times[other]], "tokens": tokens}
 
 
 def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     import torch
+    from transformers import AutoConfig
 
-    from async_rl.config.resolve import learner_start
     from async_rl.learner import init_distributed, teardown
-    from async_rl.learner.step import Learner
 
     cfg = _config(params)
     ctx = init_distributed(backend="auto", timeout_s=cfg.async_training.timeouts.collective_s)
@@ -193,9 +342,12 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
         _model_and_records(cfg, workdir)
     ctx.barrier()
     model_path, records = _model_and_records(cfg, workdir)
-    # synthetic groups: pad id 0 (the probe's token ids are drawn from the vocabulary, never padded by a tokenizer)
-    learner = Learner(cfg, learner_start(cfg, pad_token_id=0, total_training_steps=None), ctx, model_path)
-    vocab = int(getattr(learner.model.config, "vocab_size", 64))
+    minis = max(1, cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    vocab = int(AutoConfig.from_pretrained(model_path).vocab_size)
+    bench = _Bench(params, ctx, model_path, records, vocab, minis_per_step=minis)
+    learner = bench.build(cfg)
+    ws, threads = ctx.world_size, torch.get_num_threads()
+    where = f"learner probe (world size {ws}, {threads} thread(s) per rank)"
     paired = bool(params.get("contend"))
     if paired:  # measure alone only after the generation probe has measured alone
         ctx.barrier()
@@ -203,55 +355,58 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
             _signal(params, "learner_up")
             _await(params, "gen_alone_done")
         ctx.barrier()
-    n = cfg.actor_rollout_ref.rollout.n
-    actor_cfg = cfg.actor_rollout_ref.actor  # the learner reads this section: set per batch size below
-    minis_per_step = max(1, cfg.data.train_batch_size // actor_cfg.ppo_mini_batch_size)
     results = []
     for size in params["batch_sizes"]:
-        mini = size // minis_per_step if size % minis_per_step == 0 else size
-        actor_cfg.ppo_mini_batch_size = mini
-        groups, prompts = _synthetic_groups(records, params["response_lengths"], size, n, vocab, seed=size)
-        tokens = sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
+        groups, prompts, tokens = bench.batch(cfg, size)
         times = []
         for rep in range(params["steps"] + 1):
-            t0 = time.perf_counter()
-            _shared_step(ctx, learner, groups, prompts)
+            elapsed = _timed_step(ctx, learner, groups, prompts)
             if rep:  # the first step of each size is a warm-up
-                times.append(time.perf_counter() - t0)
-        results.append({"groups": size, "tokens": tokens, "step_s": statistics.median(times), "all_s": times})
-        if ctx.is_rank0:
-            print(f"learner: world {ctx.world_size}, {size} groups ({tokens} tokens): {results[-1]['step_s']:.3f} s")
-    contended: list[float] = []
-    if paired:  # keep training the full batch while the generation probe runs beside it
-        if ctx.is_rank0:
-            _signal(params, "learner_alone_done")
-        while True:
-            flag = None
-            if ctx.is_rank0:
-                flag = b"stop" if _seen(params, "gen_done") else b"time" if _seen(params, "gen_started") else b"warm"
-            flag = ctx.broadcast_bytes(flag)
-            if flag == b"stop":
-                break
-            t0 = time.perf_counter()
-            _shared_step(ctx, learner, groups, prompts)
-            if flag == b"time":
-                contended.append(time.perf_counter() - t0)
-                if len(contended) == CONTENDED_STEPS and ctx.is_rank0:
-                    _signal(params, "learner_contended_enough")  # generation may stop once its seconds are up
-        if ctx.is_rank0:
-            if contended:
-                median = statistics.median(contended)
-                print(f"learner while generation runs: {len(contended)} steps, median {median:.3f} s")
-            else:
-                print("learner while generation runs: no step fitted in the generation probe's time")
+                times.append(elapsed)
+            what = f"step {rep}/{params['steps']}" if rep else "warm-up step"
+            bench.say(f"learner world {ws}: {size} groups ({tokens} tokens), {what}: {elapsed:.3f} s")
+        step_s = median_step(times, f"{where}, {size} groups", "set the tuner's learner steps to at least 1")
+        results.append({"groups": size, "tokens": tokens, "step_s": step_s, "all_s": times})
+    out: dict[str, Any] = {"world_size": ws, "threads": threads, "points": results}
+    if paired:
+        out["contended_step_s"] = _contended(bench, learner, groups, prompts, results[-1]["step_s"], where)
+    trials = [_trial(bench, KNOBS[key], cfg, learner, params["batch_sizes"][0]) for key in params.get("trials", [])]
+    out["trials"] = [t for t in trials if t is not None]
     teardown(ctx)
-    del torch
-    if ctx.rank != 0:
-        return None
-    out: dict[str, Any] = {"world_size": ctx.world_size, "points": results}
-    if len(contended) > 2:
-        out["contended_step_s"] = statistics.median(contended[:-1])  # the last one may run past generation's end
-    return out
+    return out if ctx.rank == 0 else None
+
+
+def _contended(
+    bench: _Bench, learner: Any, groups: list[Any], prompts: dict[int, list[int]], alone_s: float, where: str
+) -> float:
+    """Keep training ``groups`` while the generation probe runs beside it; the median step that ran entirely
+    beside generation. A step counts when it started after generation had started and ended before it stopped."""
+    ctx, params = bench.ctx, bench.params
+    if ctx.is_rank0:
+        _signal(params, "learner_alone_done", f"{alone_s}")  # the generation probe sizes its cap from it
+    contended: list[float] = []
+    pending: float | None = None  # the last step, timed beside generation, not yet known to have ended before it
+    while True:
+        flag = None
+        if ctx.is_rank0:
+            flag = b"stop" if _seen(params, "gen_done") else b"time" if _seen(params, "gen_started") else b"warm"
+        flag = ctx.broadcast_bytes(flag)
+        if flag == b"stop":  # generation stopped during the pending step: it ran partly alone
+            break
+        if pending is not None:
+            contended.append(pending)
+            bench.say(f"learner beside generation: step {len(contended)}: {pending:.3f} s (alone {alone_s:.3f} s)")
+            if len(contended) == CONTENDED_STEPS and ctx.is_rank0:
+                _signal(params, "learner_contended_enough")  # generation may stop once its seconds are up
+        elapsed = _timed_step(ctx, learner, groups, prompts)
+        pending = elapsed if flag == b"time" else None
+    fix = (
+        f"generation stopped waiting after {params['contend_slowdown']:g}x the step time alone per step: the learner"
+        " is starved beside vLLM here; free the machine's cores, or raise --contend-slowdown"
+    )
+    step_s = median_step(contended, f"{where}, beside generation", fix, least=CONTENDED_STEPS)
+    bench.say(f"learner beside generation: {len(contended)} steps, median {step_s:.3f} s")
+    return step_s
 
 
 def main() -> None:
@@ -262,7 +417,11 @@ def main() -> None:
     args = p.parse_args()
     params = json.loads(args.params)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    result = asyncio.run(_generation(params)) if args.probe == "generation" else _learner(params)
+    try:
+        result = asyncio.run(_generation(params)) if args.probe == "generation" else _learner(params)
+    except ProbeError as err:
+        print(PROBE_FAILED + str(err), flush=True)
+        sys.exit(3)
     if result is not None:
         Path(args.out).write_text(json.dumps(result))
 

@@ -2,14 +2,17 @@
 
 A :class:`Profile` holds what the probes saw on this machine: generated tokens/s of one actor at several numbers of
 sequences in flight, learner step times at world sizes 1 and 2 and two batch sizes, weight-update times at two model
-sizes, the response lengths sampled, and the mutual slow-down of actor and learner when they share the cores
-(measured by running both at once). ``Profile.to_json`` / ``Profile.from_json`` round-trip it, so
-``tools/tune.py --profile FILE`` skips the minutes of measuring.
+sizes, the response lengths sampled, the mutual slow-down of actor and learner when they share the cores (measured by
+running both at once), and learner settings timed both ways on the same batch (:class:`SettingTrial`: compute
+precision, shared-prompt layout, ranks x threads; :mod:`async_rl.tuning.settings` turns them into recommendations).
+``Profile.to_json`` / ``Profile.from_json`` round-trip it, so ``tools/tune.py --profile FILE`` skips the minutes of
+measuring.
 
 :func:`measure` runs the probes (:mod:`async_rl.tuning.probes`) as child processes, in this order, so that no
 measurement overlaps another's start-up: the vLLM probe and the 2-rank learner probe start together and meet at
-file markers (both up -> generation alone -> learner alone -> both at once); then the 1-rank learner probe; then
-``tools/bench_weight_sync.py`` at two model sizes.
+file markers (both up -> generation alone -> learner alone -> both at once); then the 1-rank learner probe, which also
+runs the setting trials; then ``tools/bench_weight_sync.py`` at two model sizes. It relays the probes' progress lines
+and stops with a :class:`~async_rl.tuning.probes.ProbeError` naming the probe when one cannot measure.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from async_rl.tuning.probes import KNOBS, PROBE_FAILED, PROGRESS, ProbeError, median_step
 from async_rl.tuning.simulator import Curve, LearnerModel, SharedCompute, Workload
 
 logger = logging.getLogger(__name__)
@@ -49,6 +54,25 @@ class SyncPoint:
 
     nbytes: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class SettingTrial:
+    """One learner setting timed at two values on the same batch: ``times_s[i]`` are the step times with ``key`` at
+    ``values[i]`` (labelled ``labels[i]``: how that ran, e.g. ``1 rank x 2 threads``). ``values[0]`` is the incumbent,
+    the config's own value as it ran here (``auto`` resolved), which a recommendation keeps unless the other value
+    was clearly faster; ``tokens`` is the batch's size."""
+
+    key: str
+    values: tuple[str, str]
+    labels: tuple[str, str]
+    times_s: tuple[tuple[float, ...], tuple[float, ...]]
+    tokens: int
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SettingTrial:
+        a, b = data["times_s"]
+        return cls(data["key"], tuple(data["values"]), tuple(data["labels"]), (tuple(a), tuple(b)), data["tokens"])
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,7 @@ class Profile:
     model_bytes: int  # bytes of the config's weights as broadcast
     shared: SharedCompute | None = None  # slow-down when actor and learner share this machine's cores
     calibration: InJob | None = None  # the same pieces inside a short real job here (see InJob)
+    settings: tuple[SettingTrial, ...] = ()  # learner settings timed both ways (empty in profiles made before them)
 
     # ---- fits ----------------------------------------------------------------------------------------------------
     def curve(self) -> Curve:
@@ -132,6 +157,7 @@ class Profile:
         data["sync"] = tuple(SyncPoint(**p) for p in data["sync"])
         data["shared"] = SharedCompute(**data["shared"]) if data.get("shared") else None
         data["calibration"] = InJob(**data["calibration"]) if data.get("calibration") else None
+        data["settings"] = tuple(SettingTrial.from_dict(t) for t in data.get("settings", ()))
         for key in ("config", "overrides", "response_lengths", "gen_sequences", "gen_tokens_per_s"):
             data[key] = tuple(data[key])
         return cls(**data)
@@ -173,10 +199,23 @@ class MeasureOptions:
     gen_seconds: float = 5.0
     learner_steps: int = 3  # timed steps per batch size (after one warm-up)
     world_sizes: tuple[int, ...] = (1, 2)
-    contended_seconds: float = 8.0  # generation and learner at once, for SharedCompute
+    contended_seconds: float = 8.0  # generation and learner at once, for SharedCompute; longer while the learner
+    # has not yet timed probes.CONTENDED_STEPS steps beside generation ...
+    contend_slowdown: float = 6.0  # ... for at most this many times its step alone per step
+    trial_rounds: int = 3  # rounds per setting trial, one step at each value each, after a warm-up step
     sync_sizes: tuple[tuple[int, int], ...] = ((128, 2), (512, 4))  # (hidden, layers) models for the sync fit
-    timeout_s: float = 900.0
+    timeout_s: float = 1800.0  # wall-clock cap on each probe run (the paired run: both probes together)
     reuse: bool = False  # keep probe results already in the work directory (re-measure only what is missing)
+
+    def __post_init__(self) -> None:
+        for name in ("learner_steps", "trial_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("gen_seconds", "contended_seconds", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.contend_slowdown >= 1:
+            raise ValueError(f"contend_slowdown must be >= 1, got {self.contend_slowdown}")
 
 
 def _probe_cmd(probe: str, params: dict[str, Any], out: Path, nproc: int | None = None) -> list[str]:
@@ -188,8 +227,40 @@ def _probe_cmd(probe: str, params: dict[str, Any], out: Path, nproc: int | None 
     return [*head, probe, "--params", json.dumps(params), "--out", str(out)]
 
 
+class _Relay:
+    """Echo the probes' progress lines (:data:`~async_rl.tuning.probes.PROGRESS`) from their logs as they grow."""
+
+    def __init__(self, logs: list[Path]) -> None:
+        self.logs = logs
+        self.read = [0] * len(logs)
+        self.partial = [b""] * len(logs)
+
+    def poll(self) -> None:
+        for i, log in enumerate(self.logs):
+            with open(log, "rb") as f:
+                f.seek(self.read[i])
+                chunk = f.read()
+            self.read[i] += len(chunk)
+            *lines, self.partial[i] = (self.partial[i] + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                if line.startswith(PROGRESS):  # each names its probe
+                    logger.info("%s", line[len(PROGRESS) :])
+
+
+def _failure(log: Path, code: int | None) -> Exception:
+    """The error for a probe that exited with ``code``: its own :class:`ProbeError` message when it printed one."""
+    lines = log.read_text(errors="replace").splitlines()
+    said = [line[len(PROBE_FAILED) :] for line in lines if line.startswith(PROBE_FAILED)]
+    if said:
+        return ProbeError(f"{said[0]} (log: {log})")
+    tail = "\n  ".join(lines[-8:])
+    return RuntimeError(f"profiling probe failed (exit {code}); see {log}, which ends:\n  {tail}")
+
+
 def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float) -> None:
-    """Start the commands together, wait for all; a failure stops the others and raises naming its log."""
+    """Start the commands together, wait for all, relaying their progress; a failure stops the others and raises
+    naming its log, and a run past ``timeout_s`` stops them all."""
     env = {
         **os.environ,
         "PYTHONWARNINGS": "ignore",
@@ -199,17 +270,24 @@ def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float) -> None:
     for cmd, log in zip(cmds, logs, strict=True):
         with open(log, "wb") as f:
             procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+    relay = _Relay(logs)
     deadline = time.monotonic() + timeout_s
     try:
-        while any(p.poll() is None for p in procs):
-            bad = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if bad or time.monotonic() > deadline:
-                which = logs[bad[0]] if bad else "timeout"
-                raise RuntimeError(f"profiling probe failed ({which}); see {logs}")
+        while True:
+            relay.poll()
+            codes = [p.poll() for p in procs]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                raise _failure(logs[bad[0]], codes[bad[0]])
+            if all(c == 0 for c in codes):
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(log.stem for log, c in zip(logs, codes, strict=True) if c is None)
+                raise ProbeError(
+                    f"probe {names} still running after {timeout_s:.0f} s (the probe time limit); raise"
+                    f" --probe-timeout, or see {logs} for where it was"
+                )
             time.sleep(0.2)
-        bad = [i for i, p in enumerate(procs) if p.returncode != 0]
-        if bad:
-            raise RuntimeError(f"profiling probe failed; see {logs[bad[0]]}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -246,7 +324,14 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     concurrent = cfg.async_training.actor.max_concurrent_groups
     most = max(1, min(concurrent, cfg.actor_rollout_ref.rollout.max_num_seqs // n))
     levels = sorted({min(g, most) for g in opts.gen_groups} | {most})
-    common = {"config": config, "overrides": overrides, "workdir": str(work / "model"), "marks": str(marks)}
+    common = {
+        "config": config,
+        "overrides": overrides,
+        "workdir": str(work / "model"),
+        "marks": str(marks),
+        "timeout_s": opts.timeout_s,
+        "contend_slowdown": opts.contend_slowdown,
+    }
     gen_params = {**common, "levels": levels, "seconds": opts.gen_seconds, "contend_groups": most}
     gen_params["contend_seconds"] = opts.contended_seconds
     batches = sorted({max(1, b // 2), b})
@@ -255,8 +340,14 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     lengths = [cfg.data.max_response_length]
     learner_params = {**common, "batch_sizes": batches, "steps": opts.learner_steps, "response_lengths": lengths}
     world_sizes = sorted(opts.world_sizes, reverse=True)
+    first, last = world_sizes[0], world_sizes[-1]
+
+    trials = {"trials": list(KNOBS), "trial_rounds": opts.trial_rounds}
+
+    def params_at(ws: int) -> dict[str, Any]:  # the last learner probe also times the setting trials
+        return {**learner_params, **trials} if ws == last else learner_params
+
     gen_out, points = work / "generation.json", []
-    first = world_sizes[0]
     first_out = work / f"learner-{first}.json"
     if not (opts.reuse and gen_out.exists() and first_out.exists()):
         for old in marks.iterdir():
@@ -265,7 +356,7 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         _run(
             [
                 _probe_cmd("generation", gen_params, gen_out),
-                _probe_cmd("learner", {**learner_params, "contend": True}, first_out, first),
+                _probe_cmd("learner", {**params_at(first), "contend": True}, first_out, first),
             ],
             [work / "generation.log", work / f"learner-{first}.log"],
             opts.timeout_s,
@@ -277,8 +368,8 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         if opts.reuse and out.exists():
             learner_runs[ws] = json.loads(out.read_text())
             continue
-        logger.info("profiling: learner at world size %d", ws)
-        _run([_probe_cmd("learner", learner_params, out, ws)], [work / f"learner-{ws}.log"], opts.timeout_s)
+        logger.info("profiling: learner at world size %d%s", ws, ", then the setting trials" if ws == last else "")
+        _run([_probe_cmd("learner", params_at(ws), out, ws)], [work / f"learner-{ws}.log"], opts.timeout_s)
         learner_runs[ws] = json.loads(out.read_text())
     for ws, run in learner_runs.items():
         points += [LearnerPoint(ws, p["groups"], p["tokens"], p["step_s"]) for p in run["points"]]
@@ -291,6 +382,13 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
             generation_factor=min(1.0, gen["contended_tokens_per_s"] / rate_alone),
             train_factor=min(1.0, alone / contended),
         )
+    settings = [knob_trial(t) for t in learner_runs[last].get("trials", [])]
+    drift = drift_warning(learner_runs[last], batches[0])
+    if drift is not None:
+        logger.warning("%s", drift)
+    layout = layout_trial(learner_runs, cfg.trainer.n_gpus_per_node, b)
+    if layout is not None:
+        settings.append(layout)
     sync = []
     for hidden, layers in opts.sync_sizes:
         logger.info("profiling: weight sync of a hidden=%d layers=%d model", hidden, layers)
@@ -315,6 +413,67 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         sync=tuple(sync),
         model_bytes=model_bytes,
         shared=shared,
+        settings=tuple(settings),
+    )
+
+
+def knob_trial(result: dict[str, Any]) -> SettingTrial:
+    """A setting trial from the learner probe's report of it (:func:`async_rl.tuning.probes._trial`)."""
+    key = result["key"]
+    leaf = key.rsplit(".", 1)[-1]
+    base, other = result["values"]
+    for value, times in zip(result["values"], result["times_s"], strict=True):
+        median_step(times, f"setting trial {key}={value}", "set the tuner's trial rounds to at least 1")
+    labels = (f"{leaf}={base}", f"{leaf}={other}")
+    return SettingTrial(
+        key, (base, other), labels, (tuple(result["times_s"][0]), tuple(result["times_s"][1])), result["tokens"]
+    )
+
+
+DRIFT_LIMIT = 1.5
+"""Timings of the same learner step in one probe further apart than this factor mean the machine's speed changed."""
+
+
+def drift_warning(run: dict[str, Any], groups: int) -> str | None:
+    """A warning when one learner probe timed the config's learner on the same ``groups`` twice (its timed steps, then
+    as the incumbent in the setting trials) more than :data:`DRIFT_LIMIT` apart: the machine's speed changed while
+    profiling (other jobs), so comparisons across separate runs (ranks x threads) are in doubt; else None."""
+    point = next((p for p in run["points"] if p["groups"] == groups), None)
+    again = [s for t in run.get("trials", []) for s in t["times_s"][0]]
+    if point is None or not again:
+        return None
+    first, second = statistics.median(point["all_s"]), statistics.median(again)
+    if 1 / DRIFT_LIMIT <= first / second <= DRIFT_LIMIT:
+        return None
+    return (
+        f"the learner's step at world size {run['world_size']} on {groups} groups took {first:.3g} s in its timed"
+        f" steps and {second:.3g} s in the setting trials: the machine's speed changed while profiling (other jobs?),"
+        " so the ranks x threads comparison (separate runs) may be off; profile again with the machine otherwise idle"
+    )
+
+
+LAYOUT_KEY = "trainer.n_gpus_per_node"
+
+
+def layout_trial(runs: dict[int, dict[str, Any]], configured: int, groups: int) -> SettingTrial | None:
+    """Ranks x threads for the learner on this host: its step at ``groups`` groups alone at world sizes 1 and 2 (the
+    learner probes' ``runs`` by world size; torchrun gives each of several ranks one thread, one rank all the cores),
+    the ``configured`` world size first when it is one of them; None unless both were measured."""
+    if not {1, 2} <= set(runs):
+        return None
+    order = (configured, 3 - configured) if configured in (1, 2) else (2, 1)
+    at = {ws: next(p for p in runs[ws]["points"] if p["groups"] == groups) for ws in order}
+
+    def label(ws: int) -> str:
+        threads = runs[ws].get("threads", "?")  # absent in learner probe results saved before it was recorded
+        return f"{ws} rank{'s' if ws > 1 else ''} x {threads} thread{'' if threads == 1 else 's'}"
+
+    return SettingTrial(
+        LAYOUT_KEY,
+        (str(order[0]), str(order[1])),
+        (label(order[0]), label(order[1])),
+        (tuple(at[order[0]]["all_s"]), tuple(at[order[1]]["all_s"])),
+        at[order[0]]["tokens"],
     )
 
 

@@ -165,7 +165,10 @@ def measured_rate(rows: list[dict[str, float]], warmup: int) -> tuple[float, flo
 
 
 def read_rows(path: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The training steps' rows of a run's ``metrics.jsonl``: a validation round logs a row of its own (``val/*``)
+    under the same step, which would otherwise stand in for that step's row."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if mc.LEARNER_PERF_STEP_TIME_S in r]
 
 
 def run_case(profile: Profile, case: Case, out: Path, steps: int, timeout_s: float = 900.0) -> Path:
@@ -176,6 +179,7 @@ def run_case(profile: Profile, case: Case, out: Path, steps: int, timeout_s: flo
     cmd += ["--nproc-per-node", "2", "--actors", "1", "--run-dir", str(run_dir)]
     cmd += [*profile.overrides, *case.overrides(), f"trainer.total_training_steps={steps}"]
     cmd += [f"trainer.default_local_dir={run_dir / 'out'}", "trainer.logger=[jsonl]", "trainer.save_freq=-1"]
+    cmd += ["trainer.test_freq=-1", "trainer.val_before_train=false"]  # the simulator has no validation rounds
     run_dir.mkdir(parents=True, exist_ok=True)
     logger.info("validation run %s: %s", case.name, " ".join(cmd))
     with open(run_dir / "launcher.log", "wb") as log:

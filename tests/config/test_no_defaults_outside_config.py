@@ -34,7 +34,6 @@ GENERIC: dict[tuple[str, str, str], str] = {
     ),
     ("transport/client.py", "poll", "timeout_s"): "a zmq poll's wait for one message (0: do not block)",
     ("transport/client.py", "request_work", "timeout_s"): "how long to wait for grants after offering credit",
-    ("tuning/probes.py", "_await", "timeout_s"): "a profiling probe's wait for another process's marker file",
     ("tuning/validate.py", "run_case", "timeout_s"): "wall-clock cap of one validation run of the launcher",
 }
 

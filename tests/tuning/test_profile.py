@@ -6,17 +6,31 @@ from pathlib import Path
 
 import pytest
 
-from async_rl.tuning.profile import InJob, Profile
+from async_rl.tuning.profile import InJob, Profile, SettingTrial
 from async_rl.tuning.simulator import SharedCompute
 
 
 def test_json_round_trip(tuner_profile: Profile, tmp_path: Path) -> None:
-    shared = Profile(
-        **{**tuner_profile.__dict__, "shared": SharedCompute(0.6, 0.4), "calibration": InJob(1.8, 0.07, 0.005)}
+    trial = SettingTrial(
+        "trainer.n_gpus_per_node", ("2", "1"), ("2 ranks x 1 thread", "1 rank x 2 threads"), ((0.3, 0.32), (0.22,)), 900
     )
-    for p in (tuner_profile, shared):
+    full = Profile(
+        **{
+            **tuner_profile.__dict__,
+            "shared": SharedCompute(0.6, 0.4),
+            "calibration": InJob(1.8, 0.07, 0.005),
+            "settings": (trial,),
+        }
+    )
+    for p in (tuner_profile, full):
         p.save(tmp_path / "p.json")
         assert Profile.load(tmp_path / "p.json") == p
+
+
+def test_a_profile_saved_before_setting_trials_still_loads(tuner_profile: Profile) -> None:
+    text = tuner_profile.to_json().replace('\n "settings": [],', "")
+    assert '"settings"' not in text
+    assert Profile.from_json(text) == tuner_profile and tuner_profile.settings == ()
 
 
 def test_bad_json_is_refused(tuner_profile: Profile) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from async_rl.tuning.profile import Profile
+from async_rl.tuning.profile import Profile, SettingTrial
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "tune.py"
 
@@ -36,6 +36,7 @@ def test_cli_writes_table_csv_and_png(
     assert "4 GPUs:" in printed and "8 GPUs:" in printed
     table = (out / "recommendations.md").read_text()
     assert "| gpus | learner_gpus |" in table and "bottleneck" in table
+    assert "no learner setting was timed in this profile" in printed and "no learner setting was timed" in table
     assert len((out / "recommendations.csv").read_text().splitlines()) == 3  # header + one row per GPU count
     assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -43,3 +44,22 @@ def test_cli_writes_table_csv_and_png(
 def test_cli_needs_a_config_or_a_profile() -> None:
     with pytest.raises(SystemExit):
         _tool().parse_args(["--gpus", "8"])
+
+
+def test_cli_prints_and_writes_the_measured_settings(
+    tuner_profile: Profile, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
+    trial = SettingTrial(key, ("fp32", "bf16"), ("param_dtype=fp32", "param_dtype=bf16"), ((2.0, 2.1), (0.8, 0.9)), 640)
+    Profile(**{**tuner_profile.__dict__, "settings": (trial,)}).save(tmp_path / "profile.json")
+    out = tmp_path / "out"
+    assert (
+        _tool().main(["--profile", str(tmp_path / "profile.json"), "--gpus", "4", "--steps", "10", "--out", str(out)])
+        == 0
+    )
+    line = (
+        f"set {key}=bf16 (measured 0.85 s vs 2.05 s per learner step: param_dtype=bf16 vs param_dtype=fp32, 640"
+        " tokens, medians of 2 and 2 steps)"
+    )
+    assert f"  {line}\n" in capsys.readouterr().out
+    assert f"- {line}\n" in (out / "recommendations.md").read_text()

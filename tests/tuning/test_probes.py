@@ -1,0 +1,115 @@
+"""The probes' failure modes and the contended-learner protocol, with a fake learner step and a real marker directory;
+the tuner's probe runner with real child processes (a progress line relayed, a probe's own error, the time limit)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from async_rl.tuning import probes
+from async_rl.tuning.probes import CONTENDED_STEPS, PROBE_FAILED, PROGRESS, ProbeError, median_step
+from async_rl.tuning.profile import MeasureOptions, _run
+
+
+def test_median_step_names_the_probe_and_the_fix() -> None:
+    assert median_step([3.0, 1.0, 2.0], "p", "f") == 2.0
+    assert median_step([4.0, 5.0], "p", "f", least=2) == 4.5
+    with pytest.raises(ProbeError, match=r"^learner probe: 0 step\(s\) recorded, 1 needed; raise X$"):
+        median_step([], "learner probe", "raise X")
+    with pytest.raises(ProbeError, match=r"1 step\(s\) recorded, 2 needed"):
+        median_step([30.0], "learner probe", "raise X", least=2)
+
+
+def _bench(tmp_path: Path) -> probes._Bench:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    params = {"marks": str(marks), "contend_slowdown": 6.0}
+    ctx = SimpleNamespace(is_rank0=True, broadcast_bytes=lambda flag: flag)
+    return probes._Bench(params, ctx, "model", [], vocab=64, minis_per_step=1)
+
+
+def _script(
+    bench: probes._Bench, durations: list[float], events: dict[int, str]
+) -> tuple[list[int], Callable[..., float]]:
+    """A fake learner step: the i-th step returns ``durations[i]`` and, while it runs, the generation probe leaves
+    marker ``events[i]`` (if any). Returns the list of steps run (filled in as they run) and the step."""
+    ran: list[int] = []
+
+    def step(ctx: Any, learner: Any, groups: Any, prompts: Any) -> float:
+        i = len(ran)
+        ran.append(i)
+        if i in events:
+            probes._signal(bench.params, events[i])
+        return durations[i]
+
+    return ran, step
+
+
+def test_contended_counts_only_steps_that_ended_while_generation_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = _bench(tmp_path)
+    marks = Path(bench.params["marks"])
+    # step 0 is a warm-up (generation starts during it); steps 1 and 2 run beside generation (30 s and 50 s); the
+    # learner then says it has enough, generation stops during step 3 (10 s), which ran partly alone: not counted
+    ran, step = _script(bench, [20.0, 30.0, 50.0, 10.0], {0: "gen_started", 3: "gen_done"})
+    monkeypatch.setattr(probes, "_timed_step", step)
+    assert probes._contended(bench, None, [], {}, 12.5, "learner probe") == 40.0
+    assert ran == [0, 1, 2, 3]
+    assert (marks / "learner_alone_done").read_text() == "12.5"  # the generation probe sizes its cap from it
+    assert (marks / "learner_contended_enough").exists() and CONTENDED_STEPS == 2
+
+
+def test_contended_with_no_step_recorded_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a real model's step outlasting generation: generation gave up (its cap) during the first timed step
+    bench = _bench(tmp_path)
+    ran, step = _script(bench, [40.0, 300.0], {0: "gen_started", 1: "gen_done"})
+    monkeypatch.setattr(probes, "_timed_step", step)
+    with pytest.raises(ProbeError) as err:
+        probes._contended(bench, None, [], {}, 40.0, "learner probe (world size 2, 1 thread(s) per rank)")
+    assert str(err.value) == (
+        "learner probe (world size 2, 1 thread(s) per rank), beside generation: 0 step(s) recorded, 2 needed;"
+        " generation stopped waiting after 6x the step time alone per step: the learner is starved beside vLLM"
+        " here; free the machine's cores, or raise --contend-slowdown"
+    )
+    assert ran == [0, 1] and not (Path(bench.params["marks"]) / "learner_contended_enough").exists()
+
+
+def test_measure_options_refuse_zero_steps() -> None:
+    with pytest.raises(ValueError, match="learner_steps must be >= 1, got 0"):
+        MeasureOptions(learner_steps=0)
+    with pytest.raises(ValueError, match="trial_rounds must be >= 1"):
+        MeasureOptions(trial_rounds=0)
+    with pytest.raises(ValueError, match="contend_slowdown must be >= 1"):
+        MeasureOptions(contend_slowdown=0.5)
+
+
+def _child(tmp_path: Path, name: str, code: str) -> tuple[list[str], Path]:
+    return [sys.executable, "-c", code], tmp_path / f"{name}.log"
+
+
+def test_run_relays_progress_and_raises_the_probes_own_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    failing = f"print({PROGRESS!r} + 'learner world 2: step 1/3: 38.1 s'); print('noise'); "
+    failing += f"print({PROBE_FAILED!r} + 'learner probe: 0 step(s) recorded'); raise SystemExit(3)"
+    cmd, log = _child(tmp_path, "learner-2", failing)
+    sleeper, slog = _child(tmp_path, "generation", "import time; time.sleep(60)")
+    caplog.set_level(logging.INFO, logger="async_rl.tuning.profile")
+    with pytest.raises(ProbeError, match=rf"^learner probe: 0 step\(s\) recorded \(log: {log}\)$"):
+        _run([cmd, sleeper], [log, slog], timeout_s=60)
+    assert "learner world 2: step 1/3: 38.1 s" in caplog.messages
+    assert not any("noise" in m for m in caplog.messages)
+
+
+def test_run_without_a_probe_message_shows_the_log_tail_and_stops_at_the_limit(tmp_path: Path) -> None:
+    cmd, log = _child(tmp_path, "learner-1", "import sys; print('Traceback: boom'); sys.exit(1)")
+    with pytest.raises(RuntimeError, match=r"exit 1\); see .*learner-1.log, which ends:\n  Traceback: boom"):
+        _run([cmd], [log], timeout_s=60)
+    cmd, log = _child(tmp_path, "learner-2", "import time; time.sleep(60)")
+    with pytest.raises(ProbeError, match=r"probe learner-2 still running after 1 s .*raise --probe-timeout"):
+        _run([cmd], [log], timeout_s=1)

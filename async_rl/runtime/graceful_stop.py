@@ -125,4 +125,16 @@ class GracefulStop:
         os._exit(128 + self.sig)
 
 
-__all__ = ["GracefulStop", "StopRequested"]
+def step_outlasts_deadline(busy_s: float, deadline_s: float) -> str | None:
+    """A SIGTERM is acted on at the end of the step it arrives in: the warning to give when a step's work (``busy_s``,
+    the wait for rollouts excluded) outlasts the stop deadline, else None."""
+    if busy_s <= deadline_s:
+        return None
+    return (
+        f"a step took {busy_s:.1f} s, longer than async_training.timeouts.stop_s={deadline_s:.1f} s: a SIGTERM arriving"
+        " mid-step would exit without a checkpoint. Raise stop_s above the step time plus a checkpoint's, and keep the"
+        " launcher's grace (Slurm: KillWait, the partition's GraceTime, the --signal lead) above stop_s."
+    )
+
+
+__all__ = ["GracefulStop", "StopRequested", "step_outlasts_deadline"]

@@ -25,7 +25,7 @@ from async_rl.config.names import needs_critic
 from async_rl.config.precision import precision_line
 from async_rl.config.resolve import learner_start, served_check_tolerance
 from async_rl.runtime import resources
-from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
+from async_rl.runtime.graceful_stop import GracefulStop, StopRequested, step_outlasts_deadline
 from async_rl.runtime.metrics import ActorActivity
 from async_rl.runtime.rollout_metrics import rollout_metrics
 from async_rl.runtime.rollout_source import RolloutSource, StepRollouts
@@ -198,19 +198,11 @@ class Trainer:
         return self._finish(summary)
 
     def _check_stop_deadline(self, busy_s: float) -> None:
-        """A SIGTERM is acted on at the end of the step it arrives in, so a step whose work outlasts the stop deadline
-        (``async_training.timeouts.stop_s``) would be cut short without a checkpoint: say so, once."""
-        stop_s = self.cfg.async_training.timeouts.stop_s
-        if busy_s <= stop_s or self.warned_stop_deadline or self.ctx.rank != 0:
-            return
-        self.warned_stop_deadline = True
-        logger.warning(
-            "a step took %.1f s, longer than async_training.timeouts.stop_s=%.1f s: a SIGTERM arriving mid-step would"
-            " exit without a checkpoint. Raise stop_s above the step time plus a checkpoint's, and keep the"
-            " launcher's grace (Slurm: KillWait, the partition's GraceTime) above stop_s.",
-            busy_s,
-            stop_s,
-        )
+        """Warn once (rank 0) when a step's work outlasts the stop deadline (see ``step_outlasts_deadline``)."""
+        warning = step_outlasts_deadline(busy_s, self.cfg.async_training.timeouts.stop_s)
+        if warning is not None and not self.warned_stop_deadline and self.ctx.rank == 0:
+            self.warned_stop_deadline = True
+            logger.warning("%s", warning)
 
     def _next_rollouts(self, step: int) -> StepRollouts | None:
         """The step's batch; the source checks the stop signal (collectively) before it waits, and while it waits."""

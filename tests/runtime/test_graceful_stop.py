@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from async_rl.learner.dist import local_context
-from async_rl.runtime.graceful_stop import GracefulStop, StopRequested
+from async_rl.runtime.graceful_stop import GracefulStop, StopRequested, step_outlasts_deadline
 from async_rl.runtime.rollout_source import wait_for_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,3 +143,11 @@ def test_the_rollout_wait_raises_stop_requested_before_taking_any_group() -> Non
     # coordinator None: the wait must leave before it asks the coordinator for groups (none is taken, none lost)
     with pytest.raises(StopRequested, match="waiting for rollouts"):
         wait_for_groups(local_context(), None, None, 8, timeout_s=10.0, republish=lambda: None, stop=_Agreed())  # type: ignore[arg-type]
+
+
+def test_a_step_longer_than_the_stop_deadline_is_named_with_the_keys_to_raise() -> None:
+    assert step_outlasts_deadline(9.9, 10.0) is None and step_outlasts_deadline(10.0, 10.0) is None
+    warning = step_outlasts_deadline(35.25, 10.0)
+    assert warning is not None
+    assert warning.startswith("a step took 35.2 s, longer than async_training.timeouts.stop_s=10.0 s")
+    assert "KillWait" in warning and "GraceTime" in warning

@@ -4,6 +4,7 @@ It runs munged, slurmctld and three slurmd (node1..node3, all on loopback) with 
 temporary directory, and stops them by PID afterwards. Slurm never puts two components of a heterogeneous job on one
 node, so this machine poses as three nodes (``slurmd -N nodeK``, one port each). Two partitions over the same nodes
 make preemption real: ``low`` (the default; its jobs are requeued when preempted, after a grace time) and ``high``.
+Heterogeneous jobs are started by the backfill scheduler only, so it runs every second (its default: 30 s).
 
 Debian's ``slurm-wlm`` and ``munge`` are installed when missing and this process may (root, ``apt-get``); where Slurm
 cannot be installed or started, :func:`unavailable` / :class:`SlurmUnavailable` say why, for the test to skip.
@@ -192,6 +193,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+SchedulerParameters=bf_interval=1
 MpiDefault=none
 ReturnToService=2
 KillWait={GRACE_S}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from async_rl.tuning import probes
-from async_rl.tuning.probes import CONTENDED_STEPS, PROBE_FAILED, PROGRESS, ProbeError, median_step
+from async_rl.tuning.probes import CONTENDED_STEPS, PROBE_FAILED, PROGRESS, ProbeError, clear_winner, median_step
 from async_rl.tuning.profile import MeasureOptions, _run
 
 
@@ -113,3 +113,11 @@ def test_run_without_a_probe_message_shows_the_log_tail_and_stops_at_the_limit(t
     cmd, log = _child(tmp_path, "learner-2", "import time; time.sleep(60)")
     with pytest.raises(ProbeError, match=r"probe learner-2 still running after 1 s .*raise --probe-timeout"):
         _run([cmd], [log], timeout_s=1)
+
+
+def test_a_trial_is_decided_early_only_when_every_step_of_one_side_is_twice_the_other() -> None:
+    assert clear_winner([15.4], [218.5])  # fp32 vs bf16 emulated on an AVX2 CPU (measured on SmolLM2)
+    assert clear_winner([218.5, 230.0], [15.4, 16.0])
+    assert not clear_winner([15.4, 40.0], [60.0, 70.0])  # one fast step of the slower side does not decide
+    assert not clear_winner([10.0], [19.9])
+    assert not clear_winner([], [5.0])

@@ -45,6 +45,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     reason = unavailable()
     if reason is not None:
         pytest.skip(reason)
+    try:
+        socket.gethostbyname(socket.gethostname())  # the nodes' host name, and the learners' MASTER_ADDR
+    except OSError as exc:
+        pytest.skip(f"this machine's host name {socket.gethostname()!r} does not resolve: {exc}")
     daemon_env = {k: v for k, v in os.environ.items() if k != "ASYNC_RL_E2E_TEST"}  # not a test's process
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), daemon_env)
     try:

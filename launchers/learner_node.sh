@@ -149,8 +149,8 @@ if [[ -z "${SLURM_STEP_ID:-}" ]]; then
 fi
 # Under srun, Slurm signals every process of the step itself (scancel, preemption, --signal=TERM@<s>), so each rank
 # gets the SIGTERM directly and stops at a step boundary with a checkpoint. torchrun must stay out of it: acting on the
-# signal it would send the ranks another, and a further one (srun's) makes it exit before they have finished, and the
-# step's end then kills them. So torchrun runs with SIGTERM ignored (each rank installs its own handler), and this
+# signal it sends the ranks another, a second SIGTERM to torchrun makes it exit before they have finished, and the
+# step's end then kills what is left. So torchrun runs with SIGTERM ignored (each rank installs its own handler), and this
 # script, seeing the signal, exits 128 + SIGTERM like the ranks rather than torchrun's 1 for "a worker failed".
 export PET_SIGNALS_TO_HANDLE=SIGINT,SIGHUP,SIGQUIT # torchrun --signals-to-handle (torch >= 2.8; older: ignored)
 stopped=0

@@ -143,6 +143,10 @@ class SlurmCluster:
             time.sleep(0.5)
         return fields
 
+    def wait_idle(self, timeout_s: float) -> None:
+        """Wait until every node is idle again (the previous allocations released)."""
+        self._wait(lambda: self._idle_nodes() == len(NODES), timeout_s, f"{len(NODES)} idle nodes")
+
     # ------------------------------------------------------------------ internals
     def _spawn(self, name: str, *argv: str) -> None:
         log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 - the daemon holds it open

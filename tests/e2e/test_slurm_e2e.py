@@ -122,7 +122,11 @@ def test_preempted_cancelled_and_resubmitted_job_trains_every_prompt_once(slurm:
     assert fields["Restarts"] == "1", fields
     first = _stopped_at(run_dir)
     assert 3 <= first < STEPS
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # skip Slurm's 2-minute requeue delay
+    # Skip Slurm's 2-minute requeue delay, but not its reason: a job restarted within the second its old allocation
+    # was released is refused ("Job credential revoked", measured), so wait for idle nodes and a further 2 s.
+    slurm.wait_idle(timeout_s=60)
+    time.sleep(2.0)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
 
     # 2. the requeued job resumes from that checkpoint; scancel stops it with another
     _wait_for("3 steps after the resume", lambda: _trained_steps(run_dir) >= first + 3, slurm, job)

@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -158,9 +158,9 @@ class SlurmCluster:
             log.close()
         self.procs.append((name, proc))
 
-    def _wait(self, ready: object, timeout_s: float, what: str) -> None:
+    def _wait(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
-        while not ready():  # type: ignore[operator]
+        while not ready():
             dead = [name for name, p in self.procs if p.poll() is not None]
             if dead or time.monotonic() > deadline:
                 logs = {n: (self.root / "log" / f"{n}.out").read_text(errors="replace")[-500:] for n, _ in self.procs}

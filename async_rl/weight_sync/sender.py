@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from async_rl.weight_sync.buckets import BufferPool, fill_buckets, plan_buckets, tensor_spec
+from async_rl.weight_sync.buckets import Bucket, BufferPool, fill_buckets, plan_buckets, tensor_spec
 from async_rl.weight_sync.digest import ByteDigest, TensorDigest, algo_for_device, fingerprint
 from async_rl.weight_sync.errors import WeightSyncError
 from async_rl.weight_sync.group import Transfer, WeightSyncGroup
@@ -87,7 +87,8 @@ class WeightSender:
                 raise ValueError(f"direct_min_mb must be > 0, got {direct_min_mb}")
             direct = min(max(int(direct_min_mb * _MB), 1), self.cap_bytes)
         self.direct_min_bytes = direct
-        self.pool = BufferPool(group.device)  # packing buffers, reused by the next send (see BufferPool)
+        # packing buffers, each handed back once its bucket is off the wire and reused (see BufferPool)
+        self.pool = BufferPool(group.device, block_bytes=self.cap_bytes)
 
     def send(
         self,
@@ -142,21 +143,28 @@ class WeightSender:
         group = self.group
         states: dict[str, ByteDigest] = {}
         digests: list[TensorDigest] = []
-        in_flight: deque[Transfer] = deque()
+        in_flight: deque[tuple[Transfer, Bucket]] = deque()
+
+        def complete_oldest() -> None:
+            transfer, bucket = in_flight.popleft()
+            group.complete(transfer)
+            if not bucket.direct:
+                self.pool.give_back(bucket.data)  # the next bucket but one packs into it
+
         try:
             # Taking the next bucket (gather, pack) runs while the previous one is still on the wire.
             buckets = fill_buckets(plan.buckets, named_tensors, device=group.device, pool=self.pool)
             for seq, bucket in enumerate(buckets):
-                in_flight.append(group.post(bucket.data, what=f"bucket {seq}"))
+                in_flight.append((group.post(bucket.data, what=f"bucket {seq}"), bucket))
                 for meta in bucket.chunks:  # digest while the bytes are on the wire
                     state = states.setdefault(meta.name, ByteDigest(plan.algo, meta.total))
                     self._digest_chunk(meta, bucket.data[meta.offset : meta.offset + meta.nbytes], state)
                     if state.consumed == meta.total:
                         digests.append(states.pop(meta.name).finish(meta.name, meta.dtype, meta.shape))
                 if len(in_flight) > 1:
-                    group.complete(in_flight.popleft())
+                    complete_oldest()
             while in_flight:
-                group.complete(in_flight.popleft())
+                complete_oldest()
         except BaseException as exc:  # mid-stream: no frame can be sent; the receivers watch the store
             self.pool.drop()
             group.abandon(f"{type(exc).__name__}: {exc}")

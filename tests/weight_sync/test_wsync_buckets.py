@@ -185,3 +185,19 @@ def test_buffer_pool_lends_each_buffer_once_per_update_and_reuses_it_after() -> 
     assert pool.take(100).data_ptr() not in again  # a third one of that size is new memory
     pool.drop()  # a failed update: what it had lent is not reused
     assert pool.held_bytes == 0 and pool.take(100).data_ptr() not in again
+
+
+def test_a_block_pool_lends_views_of_equal_blocks_and_takes_each_back_at_once() -> None:
+    pool = BufferPool("cpu", block_bytes=256)
+    a = pool.take(100)
+    assert a.numel() == 100 and a.untyped_storage().nbytes() == 256
+    pool.give_back(a)  # off the wire: a request of another size reuses the same block
+    b = pool.take(200)
+    assert b.numel() == 200 and b.data_ptr() == a.data_ptr() and pool.held_bytes == 0
+    c = pool.take(256)
+    assert c.data_ptr() != b.data_ptr()  # b is still lent
+    pool.give_back(b)
+    pool.give_back(torch.zeros(4, dtype=torch.uint8))  # not lent by this pool: ignored
+    assert pool.held_bytes == 256
+    pool.restore()
+    assert pool.held_bytes == 512

@@ -195,6 +195,21 @@ def test_lazy_source_with_a_manifest_matches_the_materialised_send() -> None:
     assert all(torch.equal(got[name], t) for name, t in weights.items())
 
 
+def test_the_sender_keeps_two_packing_buffers_however_many_buckets_an_update_has() -> None:
+    root, actor = _groups(2, timeout_s=20)
+    weights = {f"w{i}": torch.full((128,), float(i)) for i in range(16)}  # 512 B each: 2 per 1-KiB bucket
+    sender = WeightSender(root, bucket_size_mb=1 / 1024, direct_min_mb=4 / 1024)
+    for version in (1, 2):
+        thread, box = _in_thread(_collect(actor))
+        manifest = [tensor_spec(n, t) for n, t in weights.items()]
+        sent = sender.send(iter(weights.items()), version=version, manifest=manifest)
+        thread.join(30)
+        got, _ = box["value"]
+        assert sent.buckets == 8 and all(torch.equal(got[n], t) for n, t in weights.items())
+        # one bucket on the wire while the next is packed: two 1-KiB blocks, not one per bucket
+        assert sender.pool.held_bytes == 2 * 1024
+
+
 def test_a_receiver_with_a_pool_reuses_its_buffers_on_the_next_update() -> None:
     root, actor = _groups(2, timeout_s=20)
     pool = BufferPool("cpu")

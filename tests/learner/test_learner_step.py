@@ -10,6 +10,7 @@ import torch
 from _learner_testlib import START, Prompts, layout, scripted_groups, settings, tiny_critic, tiny_policy
 
 from async_rl.learner import Learner, local_context
+from async_rl.peft_format import LoRASpec
 from async_rl.transport.protocol import RolloutGroup, pack_array, unpack_array
 
 
@@ -44,6 +45,18 @@ def test_activation_checkpointing_leaves_gradients_unchanged() -> None:
         ckpt = _grads_of_first_update(enable_gradient_checkpointing=True, **layout(lay), **common)
         for name in plain:
             torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=0, msg=f"{lay} {name}")
+
+
+def test_activation_checkpointing_leaves_lora_gradients_unchanged() -> None:
+    # frozen embeddings feed the first checkpointed layer: the adapters' gradients must still flow through it
+    common = {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 8, "lora": LoRASpec(4, 8.0, "all-linear")}
+    plain = _grads_of_first_update(**layout("shared"), **common)
+    ckpt = _grads_of_first_update(enable_gradient_checkpointing=True, **layout("shared"), **common)
+    assert plain and all("lora" in name for name in plain)
+    assert max(float(g.abs().max()) for g in plain.values()) > 1e-4
+    assert ckpt.keys() == plain.keys()
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], atol=1e-6, rtol=0, msg=name)
 
 
 def _snapshot(learner: Learner) -> dict[str, torch.Tensor]:

@@ -27,6 +27,9 @@ BUILTIN_PREFERENCES = "builtin:arith-prefs"
 """The generated toy preference pairs (a correct sum chosen over a wrong one): train split for ``data.train_files``,
 eval split for ``data.val_files``; :mod:`async_rl.data.toy_preferences`."""
 
+BUILTIN_PREFERENCES_CHAT = "builtin:arith-prefs-chat"
+"""The same pairs as chat messages (a user question, one assistant answer each), for instruct models."""
+
 PairTruncation = Literal["error", "left", "drop"]
 
 
@@ -35,7 +38,10 @@ class RewardDataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     train_files: Annotated[
         str | list[str],
-        doc(f"Training pairs (jsonl/parquet, TRL's layout); '{BUILTIN_PREFERENCES}' = the toy arithmetic preferences."),
+        doc(
+            f"Training pairs (jsonl/parquet, TRL's layout); '{BUILTIN_PREFERENCES}' = the toy arithmetic preferences"
+            f" (plain text), '{BUILTIN_PREFERENCES_CHAT}' = the same as chat messages."
+        ),
     ] = BUILTIN_PREFERENCES
     val_files: Annotated[
         str | list[str] | None,
@@ -198,6 +204,7 @@ def load_reward_model_config(
 
 __all__ = [
     "BUILTIN_PREFERENCES",
+    "BUILTIN_PREFERENCES_CHAT",
     "RewardDataConfig",
     "RewardLossConfig",
     "RewardModelModelConfig",

@@ -13,7 +13,7 @@ from async_rl.data.toy_preferences import EVAL_PAIRS, make_toy_preferences
 from async_rl.models.tiny import build_char_tokenizer
 
 D = RewardDataConfig()
-TEMPLATE = "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}\n{% endfor %}"
+TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"  # the tiny charset's
 
 
 def _tokenizer(chat: bool = False):
@@ -38,8 +38,8 @@ def test_chat_messages_and_a_string_reply_to_a_chat_prompt() -> None:
     assert p.prompt == user and p.chosen == [{"role": "assistant", "content": "yo"}] and p.rejected == "no"
     tok = _tokenizer(chat=True)
     out = tokenize_pairs(tok, [p], D, pad_token_id=tok.pad_token_id)
-    # the whole conversation through the template: "<u>hi\n<a>yo\n" and "<u>hi\n<a>no\n"
-    assert tok.decode(out.chosen[0]) == "<u>hi\n<a>yo\n" and tok.decode(out.rejected[0]) == "<u>hi\n<a>no\n"
+    # the whole conversation through the template
+    assert tok.decode(out.chosen[0]) == "u: hi\na: yo\n" and tok.decode(out.rejected[0]) == "u: hi\na: no\n"
 
 
 @pytest.mark.parametrize(

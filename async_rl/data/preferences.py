@@ -145,7 +145,11 @@ def _sequences(tokenizer: Any, pairs: Sequence[PreferencePair], side: str) -> li
     chat = [i for i, p in enumerate(pairs) if isinstance(p.prompt, list)]
     plain = [i for i, p in enumerate(pairs) if not isinstance(p.prompt, list)]
     out: list[list[int]] = [[] for _ in pairs]
-    texts = [_chat_text(tokenizer, pairs[i].prompt, responses[i], pairs[i].where) for i in chat]  # type: ignore[arg-type]
+    texts = []
+    for i in chat:
+        prompt = pairs[i].prompt
+        assert isinstance(prompt, list)
+        texts.append(_chat_text(tokenizer, prompt, responses[i], pairs[i].where))
     for i, ids in zip(chat, _encode(tokenizer, texts), strict=True):
         out[i] = ids
     prompts = _encode(tokenizer, [str(pairs[i].prompt) for i in plain])

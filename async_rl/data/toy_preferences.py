@@ -21,7 +21,7 @@ _MAX_OFF = 3
 
 
 def _all_pairs() -> list[tuple[int, int, int]]:
-    out = []
+    out: list[tuple[int, int, int]] = []
     for a in range(10):
         for b in range(10):
             out.extend((a, b, a + b + d) for d in range(-_MAX_OFF, _MAX_OFF + 1) if d and a + b + d >= 0)

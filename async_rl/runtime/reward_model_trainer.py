@@ -186,7 +186,7 @@ class RewardModelTrainer:
             self.sink.close()
         return {"steps": self.total_steps, "export": str(export), "reward_stats": stats, "last": metrics}
 
-    def reward_stats(self) -> dict[str, float]:
+    def reward_stats(self) -> dict[str, Any]:
         """Mean and standard deviation of the final model's scores on the held-out pairs (else the training pairs)."""
         pairs = self.val_pairs if self.val_pairs is not None else self.train_pairs
         scores = self.model.score_pairs(pairs.chosen, pairs.rejected)
@@ -198,7 +198,7 @@ class RewardModelTrainer:
             "split": "eval" if self.val_pairs is not None else "train",
         }
 
-    def export(self, stats: dict[str, float]) -> Path:
+    def export(self, stats: dict[str, Any]) -> Path:
         out = self.model.export(self.out_dir / EXPORT_DIR)
         if self.ctx.rank == 0:
             self.tokenizer.save_pretrained(str(out))

@@ -73,3 +73,21 @@ def test_two_ranks_train_as_one_process(tmp_path: Path) -> None:
     )
     assert sorted(w2) == sorted(w1) and "score.weight" in w2
     assert max(float((w2[k] - w1[k]).abs().max()) for k in w2) < 1e-5
+
+
+def test_dry_run_checks_the_data_and_a_bad_key_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from async_rl.entrypoints.train_reward_model import main
+
+    assert main(["--dry-run", f"trainer.default_local_dir={tmp_path}", "data.max_length=5"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["train"]["pairs"] == 490 and plan["eval"]["pairs"] == 100 and plan["train"]["longest"] == 5
+    assert plan["train"]["truncated"] > 0  # "a+b=" plus a two-digit sum is 6 characters: cut from the left
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "1+1=", "chosen": "2"}) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: record has no field 'rejected'"):
+        main(["--dry-run", f"trainer.default_local_dir={tmp_path}", f"data.train_files={tmp_path / 'bad.jsonl'}"])
+    with pytest.raises(SystemExit) as info:
+        main(["data.max_lenght=5"])
+    assert info.value.code == 2
+    assert "did you mean `data.max_length`?" in capsys.readouterr().err

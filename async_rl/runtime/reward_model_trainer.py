@@ -17,7 +17,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from async_rl import metric_catalog as mc
 from async_rl.config.cli import config_to_dict
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.runtime import resources
+
+if TYPE_CHECKING:
+    from async_rl.learner.reward_model import PairScores
 
 __all__ = ["REWARD_STATS_FILE", "RewardModelTrainer", "format_rm_line", "run_reward_model_training"]
 
@@ -105,6 +108,7 @@ class RewardModelTrainer:
         self.total_steps = t.total_training_steps or t.total_epochs * self.steps_per_epoch
         self.model = RewardModel(cfg, ctx, model_path, run_steps=self.total_steps, pad_token_id=pad)
         self.sink = self._open_sink() if ctx.rank == 0 else None
+        self.last_eval: PairScores | None = None  # the newest evaluation's scores
         if ctx.rank == 0:
             logger.info(
                 "reward model: %d training pairs, %s held-out, %d steps of %d pairs over %d rank(s), compute %s",
@@ -141,6 +145,7 @@ class RewardModelTrainer:
             return {}
         started = time.monotonic()
         scores = self.model.score_pairs(self.val_pairs.chosen, self.val_pairs.rejected)
+        self.last_eval = scores
         margins = torch.tensor(self.val_pairs.margins, dtype=torch.float64)
         out = scores.summary(margins, self.cfg.loss.center_rewards_coefficient)
         out[mc.RM_EVAL_WALL_S] = time.monotonic() - started
@@ -189,7 +194,8 @@ class RewardModelTrainer:
     def reward_stats(self) -> dict[str, Any]:
         """Mean and standard deviation of the final model's scores on the held-out pairs (else the training pairs)."""
         pairs = self.val_pairs if self.val_pairs is not None else self.train_pairs
-        scores = self.model.score_pairs(pairs.chosen, pairs.rejected)
+        # the last step always evaluates when there are held-out pairs: its scores are the final model's
+        scores = self.last_eval if self.last_eval is not None else self.model.score_pairs(pairs.chosen, pairs.rejected)
         both = torch.cat([scores.chosen, scores.rejected])
         return {
             "mean": float(both.mean()),

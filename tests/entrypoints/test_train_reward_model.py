@@ -58,7 +58,7 @@ def test_two_ranks_train_as_one_process(tmp_path: Path) -> None:
         tmp_path / "two",
         "1",
     )
-    one = _run([sys.executable, *entry], tmp_path / "one", "2")
+    one = _run([sys.executable, *entry], tmp_path / "one", "1")
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2, 3, 4]
     for a, b in zip(two, one, strict=True):
         for key in ("rm/train/loss", "rm/train/accuracy", "rm/train/margin_mean", "rm/train/grad_norm"):

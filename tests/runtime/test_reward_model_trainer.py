@@ -24,10 +24,14 @@ def test_tiny_reward_model_learns_the_toy_preferences_and_exports(tmp_path: Path
         [str(REPO / "configs" / "reward_model" / "tiny_toy.yaml")],
         [f"trainer.default_local_dir={tmp_path}", "model.mixed_precision.param_dtype=fp32", "trainer.test_freq=300"],
     )
-    torch.set_num_threads(2)
-    trainer = RewardModelTrainer(cfg, local_context(torch.device("cpu")))
-    assert trainer.total_steps == 40 * (len(trainer.train_pairs) // 32) and len(trainer.val_pairs) == 100
-    summary = trainer.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 2 threads on 2 shared cores ran 20x slower while other work was running
+    try:
+        trainer = RewardModelTrainer(cfg, local_context(torch.device("cpu")))
+        assert trainer.total_steps == 40 * (len(trainer.train_pairs) // 32) and len(trainer.val_pairs) == 100
+        summary = trainer.train()
+    finally:
+        torch.set_num_threads(threads)
 
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert len(records) == trainer.total_steps

@@ -82,6 +82,7 @@ RECORDS: dict[str, str] = {
     "val": "a validation round's line in metrics.jsonl (it carries val/version), at the step of the version evaluated",
     "actor": "the JSON line an actor prints when it exits (its totals)",
     "client": "RolloutClient.metrics(), the actor's side of the rollout plane (read by tests; no sink logs it yet)",
+    "rm": "a reward-model training step's line in metrics.jsonl (the rm/eval/ keys on the steps that evaluate)",
 }
 
 # Fields of a metrics.jsonl line that are not metrics.
@@ -571,7 +572,38 @@ val_core_source_reward_mean_n_key = _f(
 val_core_source_reward_best_n_mean_key = _f(
     "val-core/{source}/reward/best@{n}/mean", "round", "verl's name for the per-source best@n (exact here)", "val"
 )
-TIME_WALL_S = _m("time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val")
+TIME_WALL_S = _m("time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val", "rm")
+# ---- reward-model training (learner/reward_model.py, runtime/reward_model_trainer.py)
+RM_EPOCH = _m("rm/epoch", "step", "the pass over the training pairs this step belongs to (0-based)", "rm")
+RM_TRAIN_LOSS = _m("rm/train/loss", "batch", "Bradley-Terry loss of the step's pairs (margins and centring in)", "rm")
+RM_TRAIN_ACCURACY = _m(
+    "rm/train/accuracy",
+    "batch",
+    "share of the step's pairs scored chosen > rejected (ties half), before the update",
+    "rm",
+)
+RM_TRAIN_MARGIN_MEAN = _m("rm/train/margin_mean", "batch", "mean r_chosen - r_rejected of the step's pairs", "rm")
+RM_TRAIN_REWARD_MEAN = _m("rm/train/reward_mean", "batch", "mean score of the step's sequences (both sides)", "rm")
+RM_TRAIN_REWARD_STD = _m("rm/train/reward_std", "batch", "standard deviation of the same scores", "rm")
+RM_TRAIN_GRAD_NORM = _m("rm/train/grad_norm", "step", "gradient norm before clipping", "rm")
+RM_TRAIN_LR = _m("rm/train/lr", "step", "learning rate of the step's update", "rm")
+RM_TRAIN_SKIPPED_STEPS = _m(
+    "rm/train/skipped_steps", "step", "1 when the update was skipped for a non-finite loss or gradient", "rm"
+)
+RM_PERF_STEP_S = _m("rm/perf/step_s", "step", "seconds of the step (forward, backward, optimizer)", "rm")
+RM_PERF_TOKENS_PER_S = _m("rm/perf/tokens_per_s", "step", "tokens of the step's sequences (all ranks) per second", "rm")
+RM_PERF_PEAK_MEMORY_MIB = _m(
+    "rm/perf/peak_memory_mib",
+    "gauge",
+    "the largest rank's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
+    "rm",
+)
+RM_EVAL_LOSS = _m("rm/eval/loss", "round", "Bradley-Terry loss over the held-out pairs", "rm")
+RM_EVAL_ACCURACY = _m("rm/eval/accuracy", "round", "held-out pairwise accuracy (chosen scored higher; ties half)", "rm")
+RM_EVAL_MARGIN_MEAN = _m("rm/eval/margin_mean", "round", "mean r_chosen - r_rejected over the held-out pairs", "rm")
+RM_EVAL_REWARD_MEAN = _m("rm/eval/reward_mean", "round", "mean score of the held-out sequences (both sides)", "rm")
+RM_EVAL_REWARD_STD = _m("rm/eval/reward_std", "round", "standard deviation of the same scores", "rm")
+RM_EVAL_WALL_S = _m("rm/eval/wall_s", "round", "seconds the evaluation took", "rm")
 # ---- an actor's totals at exit (actor/loop.py, actor/emulated.py, rewards/worker.py)
 ACTOR_GROUPS_SENT = _m("actor/groups_sent", "cumulative", "training groups delivered", "actor")
 ACTOR_GROUPS_ABORTED = _m(
@@ -714,8 +746,11 @@ def unknown_keys(keys: Iterable[str], record: str | None = None) -> list[str]:
 
 
 def record_kind(record: Mapping[str, object]) -> str:
-    """``val`` for a validation round's metrics.jsonl line, ``step`` for a training step's."""
-    return "val" if VAL_VERSION in record else "step"
+    """``val`` for a validation round's metrics.jsonl line, ``rm`` for a reward-model training step's, ``step`` for
+    an RL training step's."""
+    if VAL_VERSION in record:
+        return "val"
+    return "rm" if any(k.startswith("rm/") for k in record) else "step"
 
 
 # ---------------------------------------------------------------------------------------------------- staleness

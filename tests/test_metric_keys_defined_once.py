@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("async_rl", "tools")
 CATALOG = "async_rl/metric_catalog.py"
-NAMESPACES = ("learner/", "transport/", "sync/", "actor/", "rollout/", "val/", "val-core/", "time/", "reward/")
+NAMESPACES = ("learner/", "transport/", "sync/", "actor/", "rollout/", "val/", "val-core/", "time/", "reward/", "rm/")
 # (file, the literal's text up to its first placeholder) -> why it is not a key of this system
 ALLOWED = {
     ("tools/verl_crosscheck.py", "actor/"): "verl's own metric names (verl's actor/pg_clipfrac), read from verl",

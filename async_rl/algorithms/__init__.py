@@ -1,4 +1,5 @@
-"""Pure algorithm core of async_rl: advantages, KL penalties/controllers, policy/value losses, rollout correction.
+"""Pure algorithm core of async_rl: advantages, KL penalties/controllers, policy/value losses, rollout correction,
+the reward model's pairwise loss.
 
 Everything here is a pure function (or a tiny controller object) on ``[B, T]`` torch tensors -- no model, no
 ``torch.distributed``, no config -- so the learner, the tests and users porting a verl configuration all share one
@@ -32,6 +33,7 @@ from async_rl.algorithms.kl import (
 )
 from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, value_loss
 from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, masked_whiten
+from async_rl.algorithms.pairwise import bradley_terry_loss, pair_stats
 from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss, reinforce_loss
 from async_rl.algorithms.rollout_correction import (
     ROLLOUT_IS_LEVELS,
@@ -65,6 +67,7 @@ __all__ = [
     "PolicyLossInputs",
     "agg_loss",
     "apply_kl_in_reward",
+    "bradley_terry_loss",
     "compute_advantages",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
@@ -82,6 +85,7 @@ __all__ = [
     "masked_whiten",
     "needs_critic",
     "normalize_is_weights",
+    "pair_stats",
     "policy_loss",
     "reinforce_loss",
     "rejection_mask",

@@ -11,18 +11,21 @@ import logging
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import yaml
 
 from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NOOP_PREFIX
-from async_rl.config.introspect import iter_schema
-from async_rl.config.loader import load_config_with_warnings
+from async_rl.config.introspect import Root, iter_schema
+from async_rl.config.loader import Validate, load_tree_with_warnings
 from async_rl.config.schema import Config
+from async_rl.config.validate import validate_config
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 class CliFlags(msgspec.Struct, kw_only=True):
@@ -43,14 +46,14 @@ def _lists(value: Any) -> Any:
     return value
 
 
-def config_to_dict(cfg: Config) -> dict[str, Any]:
+def config_to_dict(cfg: msgspec.Struct) -> dict[str, Any]:
     """The config as plain nested dicts/lists/scalars (tuples become lists), in schema order."""
     out = _lists(msgspec.to_builtins(cfg))
     assert isinstance(out, dict)
     return out
 
 
-def format_config(cfg: Config) -> str:
+def format_config(cfg: msgspec.Struct) -> str:
     """The (resolved) config as YAML text; loading it back gives an equal config."""
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False, width=120)
 
@@ -59,8 +62,8 @@ def _fmt_default(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
-def help_text() -> str:
-    """Every dotted key with its type, default and description (sections as headers)."""
+def help_text(root: Root = Config) -> str:
+    """Every dotted key of ``root``'s tree with its type, default and description (sections as headers)."""
     lines = [
         "usage: <entry point> [--config FILE ...] [--print-config] [--dry-run] [dotted.key=value ...]",
         "",
@@ -68,7 +71,7 @@ def help_text() -> str:
         "lists like trainer.logger=['console','wandb'], null, 1e-6). Keys and meanings follow verl; keys marked",
         f"'{NOOP_PREFIX}' are accepted and produce a warning when set.",
     ]
-    for entry in iter_schema():
+    for entry in iter_schema(root=root):
         if entry.is_section:
             lines += ["", f"[{entry.key}]  {entry.description}"]
             continue
@@ -108,7 +111,14 @@ def _split_argv(argv: Sequence[str]) -> CliFlags:
 
 
 def parse_cli(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) -> tuple[Config, CliFlags]:
-    """Parse an entry point's argv into a validated config and flags.
+    """Parse an RL entry point's argv into a validated :class:`Config` and flags (:func:`parse_tree_cli`)."""
+    return parse_tree_cli(Config, validate_config, argv, exit_on_error=exit_on_error)
+
+
+def parse_tree_cli(
+    root: type[T], validate: Validate[T], argv: Sequence[str] | None, *, exit_on_error: bool
+) -> tuple[T, CliFlags]:
+    """Parse an entry point's argv into a validated config tree of type ``root`` and flags.
 
     ``--help``/``-h`` prints :func:`help_text` and exits 0; ``--print-config`` prints the resolved config to stdout
     (the caller should then stop if ``flags.dry_run``). Warnings are logged and returned in ``flags.warnings``. On a
@@ -116,11 +126,11 @@ def parse_cli(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) 
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if "-h" in args or "--help" in args:
-        sys.stdout.write(help_text())
+        sys.stdout.write(help_text(root))
         raise SystemExit(0)
     try:
         flags = _split_argv(args)
-        cfg, warnings = load_config_with_warnings(flags.config_paths, flags.overrides)
+        cfg, warnings = load_tree_with_warnings(root, validate, flags.config_paths, flags.overrides)
     except ConfigError as exc:
         if not exit_on_error:
             raise
@@ -134,4 +144,4 @@ def parse_cli(argv: Sequence[str] | None = None, *, exit_on_error: bool = True) 
     return cfg, flags
 
 
-__all__ = ["CliFlags", "config_to_dict", "format_config", "help_text", "parse_cli"]
+__all__ = ["CliFlags", "config_to_dict", "format_config", "help_text", "parse_cli", "parse_tree_cli"]

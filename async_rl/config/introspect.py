@@ -29,10 +29,14 @@ class KeyDoc(msgspec.Struct, frozen=True, kw_only=True):
     is_section: bool
 
 
-@functools.lru_cache(maxsize=1)
-def root_type() -> mi.StructType:
-    """The inspected type of :class:`Config` (cached)."""
-    info = mi.type_info(Config)
+Root = type[msgspec.Struct]
+"""The root struct of a config tree: :class:`Config` (RL training) or another entry point's (reward-model training)."""
+
+
+@functools.lru_cache(maxsize=8)
+def root_type(root: Root = Config) -> mi.StructType:
+    """The inspected type of a config tree's root struct (cached)."""
+    info = mi.type_info(root)
     assert isinstance(info, mi.StructType)
     return info
 
@@ -96,9 +100,9 @@ def _fields(tp: mi.StructType) -> dict[str, mi.Field]:
     return {f.encode_name: f for f in tp.fields}
 
 
-def type_at(parts: list[str | int]) -> mi.Type | None:
+def type_at(parts: list[str | int], root: Root = Config) -> mi.Type | None:
     """Schema node at a path of field names / list indices (None when the path leaves the schema)."""
-    node: mi.Type = root_type()
+    node: mi.Type = root_type(root)
     for part in parts:
         node, _, _ = unwrap(node)
         if isinstance(node, mi.UnionType):  # pick the member that can be indexed the way the path goes
@@ -114,11 +118,15 @@ def type_at(parts: list[str | int]) -> mi.Type | None:
 
 
 def iter_schema(
-    tp: mi.StructType | None = None, default: Any = None, prefix: str = "", inherited_noop: bool = False
+    tp: mi.StructType | None = None,
+    default: Any = None,
+    prefix: str = "",
+    inherited_noop: bool = False,
+    root: Root = Config,
 ) -> Iterator[KeyDoc]:
-    """Depth-first walk of the schema yielding sections and leaf keys with their defaults."""
+    """Depth-first walk of the schema (of ``root``'s tree) yielding sections and leaf keys with their defaults."""
     if tp is None:
-        tp, default = root_type(), Config()
+        tp, default = root_type(root), root()
     for field in tp.fields:
         inner, description, is_noop = unwrap(field.type)
         is_noop = is_noop or inherited_noop
@@ -134,45 +142,47 @@ def iter_schema(
             )
 
 
-@functools.lru_cache(maxsize=1)
-def leaf_keys() -> tuple[str, ...]:
+@functools.lru_cache(maxsize=8)
+def leaf_keys(root: Root = Config) -> tuple[str, ...]:
     """Every dotted leaf key of the schema."""
-    return tuple(d.key for d in iter_schema() if not d.is_section)
+    return tuple(d.key for d in iter_schema(root=root) if not d.is_section)
 
 
-def suggest(key: str, siblings: list[str]) -> list[str]:
+def suggest(key: str, siblings: list[str], root: Root = Config) -> list[str]:
     """Suggestions for an unknown dotted ``key``: keys elsewhere with that exact leaf name, else a close sibling name,
     else keys elsewhere with a close leaf name."""
     head, _, leaf = key.rpartition(".")
-    same_leaf = [k for k in leaf_keys() if k.rsplit(".", 1)[-1] == leaf]
+    same_leaf = [k for k in leaf_keys(root) if k.rsplit(".", 1)[-1] == leaf]
     if same_leaf:
         return same_leaf[:3]
     close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
     if close:
         return [f"{head}.{close[0]}" if head else close[0]]
     by_leaf: dict[str, list[str]] = {}
-    for k in leaf_keys():
+    for k in leaf_keys(root):
         by_leaf.setdefault(k.rsplit(".", 1)[-1], []).append(k)
     close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
     return by_leaf[close[0]][:3] if close else []
 
 
-def unknown_keys(raw: dict[str, Any], tp: mi.StructType | None = None, prefix: str = "") -> list[str]:
+def unknown_keys(
+    raw: dict[str, Any], tp: mi.StructType | None = None, prefix: str = "", root: Root = Config
+) -> list[str]:
     """Messages for every key of ``raw`` that the schema does not have (with "did you mean" suggestions)."""
-    tp = tp or root_type()
+    tp = tp or root_type(root)
     fields = _fields(tp)
     problems: list[str] = []
     for name, value in raw.items():
         key = f"{prefix}{name}"
         if not isinstance(name, str) or name not in fields:
-            hint = suggest(str(key), list(fields))
+            hint = suggest(str(key), list(fields), root)
             where = f"section `{prefix[:-1]}`" if prefix else "the top level"
             msg = f"unknown config key `{key}` (not in {where})"
             problems.append(msg + (f"; did you mean {' or '.join(f'`{h}`' for h in hint)}?" if hint else ""))
             continue
         inner, _, _ = unwrap(fields[name].type)
         if isinstance(inner, mi.StructType) and isinstance(value, dict):
-            problems.extend(unknown_keys(value, inner, key + "."))
+            problems.extend(unknown_keys(value, inner, key + ".", root))
     return problems
 
 
@@ -182,11 +192,11 @@ def _accepts_only_str(tp: mi.Type) -> bool:
     return mi.StrType in kinds and not kinds & {mi.IntType, mi.FloatType, mi.LiteralType}
 
 
-def coerce(value: Any, tp: mi.Type | None = None) -> Any:
+def coerce(value: Any, tp: mi.Type | None = None, root: Root = Config) -> Any:
     """Type-guided leniency before conversion: numbers given for string keys become strings (``experiment_name=7``),
     a bare string given for a list key becomes a one-element list (``trainer.logger=console``) and an empty (null)
     section becomes an empty mapping."""
-    tp = unwrap(tp or root_type())[0]
+    tp = unwrap(tp or root_type(root))[0]
     if isinstance(tp, mi.StructType) and value is None:
         value = {}  # an empty YAML section (all of its lines commented out) parses as null
     if isinstance(tp, mi.StructType) and isinstance(value, dict):
@@ -200,6 +210,38 @@ def coerce(value: Any, tp: mi.Type | None = None) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool) and _accepts_only_str(tp):
         return str(value)
     return value
+
+
+def _class_default(field: mi.Field) -> Any:
+    if field.default_factory is not mi.NODEFAULT:
+        return field.default_factory()
+    return field.default
+
+
+def with_section_defaults(raw: dict[str, Any], default: msgspec.Struct) -> dict[str, Any]:
+    """``raw`` with every section it gives only in part completed from ``default`` (the tree's default instance).
+
+    msgspec fills a missing key from its struct class's default; a section whose place in the tree has other defaults
+    (``critic.optim``: lr 1e-5 where ``OptimConfig`` says 1e-6) would lose them as soon as one of its keys is given.
+    This puts those keys in first: only the leaves whose default at that place differs from the class default."""
+    tp = mi.type_info(type(default))
+    assert isinstance(tp, mi.StructType)
+    out = dict(raw)
+    for field in tp.fields:
+        inner = unwrap(field.type)[0]
+        given = raw.get(field.encode_name)
+        here = getattr(default, field.name)
+        if not isinstance(inner, mi.StructType) or not isinstance(given, dict) or not isinstance(here, msgspec.Struct):
+            continue
+        filled: dict[str, Any] = {}
+        for sub in inner.fields:
+            mine = getattr(here, sub.name)
+            if isinstance(unwrap(sub.type)[0], mi.StructType) or sub.encode_name in given:
+                continue
+            if msgspec.to_builtins(mine) != msgspec.to_builtins(_class_default(sub)):
+                filled[sub.encode_name] = msgspec.to_builtins(mine)
+        out[field.encode_name] = {**filled, **with_section_defaults(given, here)}
+    return out
 
 
 def changed_keys(value: msgspec.Struct, default: msgspec.Struct, prefix: str, only_noop: bool = False) -> list[str]:
@@ -236,4 +278,5 @@ __all__ = [
     "type_name",
     "unknown_keys",
     "unwrap",
+    "with_section_defaults",
 ]

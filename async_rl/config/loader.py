@@ -11,19 +11,31 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import yaml
 
 from async_rl.config.errors import ConfigError
-from async_rl.config.introspect import allowed_values, coerce, type_at, type_name, unknown_keys
+from async_rl.config.introspect import (
+    Root,
+    allowed_values,
+    coerce,
+    type_at,
+    type_name,
+    unknown_keys,
+    with_section_defaults,
+)
 from async_rl.config.schema import Config
 from async_rl.config.validate import validate_config
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=msgspec.Struct)
+Validate = Callable[[T], list[str]]
+"""Cross-field validation of a converted tree: raises ConfigError, returns the start-up warnings."""
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -145,7 +157,7 @@ def _lookup(tree: Any, parts: list[str | int]) -> Any:
     return tree
 
 
-def _translate(exc: msgspec.ValidationError, raw: dict[str, Any]) -> ConfigError:
+def _translate(exc: msgspec.ValidationError, raw: dict[str, Any], root: Root) -> ConfigError:
     """Rewrite a msgspec error ("... - at `$.a.b`") into one naming the dotted key, its type and allowed values."""
     match = _MSGSPEC_ERR.match(str(exc))
     assert match is not None
@@ -153,7 +165,7 @@ def _translate(exc: msgspec.ValidationError, raw: dict[str, Any]) -> ConfigError
     parts: list[str | int] = [name if name else int(idx) for name, idx in _PATH_PART.findall(path)]
     key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "<root>"
     got = _lookup(raw, parts)
-    node = type_at(parts)
+    node = type_at(parts, root)
     msg = match.group("msg")
     if node is None:
         return ConfigError(f"config key `{key}`: {msg}")
@@ -176,24 +188,38 @@ def build_raw(paths: Sequence[str] | str | None, overrides: Sequence[str] = ()) 
     return tree
 
 
-def convert(raw: dict[str, Any]) -> Config:
-    """Typed :class:`Config` from a plain dict: unknown keys, wrong types and bad enum values raise ConfigError."""
-    problems = unknown_keys(raw)
+def convert_to(raw: dict[str, Any], root: type[T]) -> T:
+    """The typed tree of ``root`` from a plain dict: unknown keys, wrong types and bad enum values raise ConfigError.
+    A section given in part keeps the defaults of its place in the tree for the keys it leaves out."""
+    problems = unknown_keys(raw, root=root)
     if problems:
         raise ConfigError("\n".join(problems))
     try:
-        return msgspec.convert(coerce(raw), Config, strict=False)
+        return msgspec.convert(with_section_defaults(coerce(raw, root=root), root()), root, strict=False)
     except msgspec.ValidationError as exc:
-        raise _translate(exc, raw) from None
+        raise _translate(exc, raw, root) from None
+
+
+def convert(raw: dict[str, Any]) -> Config:
+    """Typed :class:`Config` from a plain dict (:func:`convert_to` with the RL training tree)."""
+    return convert_to(raw, Config)
+
+
+def load_tree_with_warnings(
+    root: type[T], validate: Validate[T], paths: Sequence[str] | str | None, overrides: Sequence[str]
+) -> tuple[T, list[str]]:
+    """Load YAML files and overrides into ``root``'s tree and run ``validate`` on it; also return the start-up
+    warnings (not logged). The one loader of every entry point's config tree."""
+    cfg = convert_to(build_raw(paths, overrides), root)
+    warnings = validate(cfg)
+    return cfg, warnings
 
 
 def load_config_with_warnings(
     paths: Sequence[str] | str | None = None, overrides: Sequence[str] = ()
 ) -> tuple[Config, list[str]]:
     """Load, convert, validate and resolve a config; also return the start-up warnings (not logged)."""
-    cfg = convert(build_raw(paths, overrides))
-    warnings = validate_config(cfg)
-    return cfg, warnings
+    return load_tree_with_warnings(Config, validate_config, paths, overrides)
 
 
 def default_config() -> Config:
@@ -215,12 +241,15 @@ def load_config(paths: Sequence[str] | str | None = None, overrides: Sequence[st
 
 __all__ = [
     "apply_override",
+    "Validate",
     "build_raw",
     "convert",
+    "convert_to",
     "deep_merge",
     "default_config",
     "load_config",
     "load_config_with_warnings",
+    "load_tree_with_warnings",
     "load_yaml_file",
     "parse_override",
     "parse_yaml",

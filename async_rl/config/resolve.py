@@ -39,7 +39,7 @@ def _per_rank(per_gpu: int | None, global_micro: int | None, world: int) -> int 
     return per_gpu
 
 
-def _resolve_optim(optim: OptimConfig, total_steps: int | None) -> None:
+def resolve_optim(optim: OptimConfig, total_steps: int | None) -> None:
     if optim.warmup_style is not None:
         optim.lr_scheduler_type = optim.warmup_style
         optim.warmup_style = None
@@ -119,7 +119,7 @@ def resolve_config(cfg: Config) -> None:
         if sec.log_prob_use_dynamic_bsz is None:
             sec.log_prob_use_dynamic_bsz = actor.use_dynamic_bsz
 
-    _resolve_optim(actor.optim, tr.total_training_steps)
+    resolve_optim(actor.optim, tr.total_training_steps)
     if needs_critic(cfg.algorithm.adv_estimator):
         crit = cfg.critic
         if crit.ppo_mini_batch_size is None:
@@ -141,7 +141,7 @@ def resolve_config(cfg: Config) -> None:
         crit.ppo_micro_batch_size = None
         if crit.ppo_micro_batch_size_per_gpu is None and not crit.use_dynamic_bsz:
             crit.ppo_micro_batch_size_per_gpu = crit.ppo_mini_batch_size * n // world
-        _resolve_optim(crit.optim, tr.total_training_steps)
+        resolve_optim(crit.optim, tr.total_training_steps)
 
     resolve_rollout_correction(cfg.algorithm.rollout_correction)
 

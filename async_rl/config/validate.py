@@ -15,6 +15,7 @@ import ipaddress
 import re
 
 from async_rl.config.algorithm import RolloutCorrectionConfig
+from async_rl.config.common import OptimConfig
 from async_rl.config.correction import check_rollout_correction
 from async_rl.config.critic import CriticConfig
 from async_rl.config.data_reward import RewardKwargsConfig
@@ -214,6 +215,20 @@ def _validation_warnings(cfg: Config) -> list[str]:
     return warnings
 
 
+def optim_errors(optim: OptimConfig, prefix: str) -> list[str]:
+    """What is wrong with an ``optim`` section at ``prefix`` (any config tree's)."""
+    errors = []
+    if optim.warmup_style is not None and optim.warmup_style != optim.lr_scheduler_type:
+        if optim.lr_scheduler_type != "constant":
+            errors.append(
+                f"{prefix}.warmup_style ({optim.warmup_style!r}) conflicts with {prefix}.lr_scheduler_type"
+                f" ({optim.lr_scheduler_type!r}); set only lr_scheduler_type"
+            )
+    if any(b >= 1 for b in optim.betas):
+        errors.append(f"{prefix}.betas must each be in [0, 1), got {list(optim.betas)}")
+    return errors
+
+
 def _check_actor(cfg: Config, errors: list[str]) -> None:
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_c <= 1:
@@ -223,14 +238,7 @@ def _check_actor(cfg: Config, errors: list[str]) -> None:
         key = "clip_ratio_low" if actor.clip_ratio_low is not None else "clip_ratio"
         errors.append(f"{ARR}.actor.{key} must be < 1 (the ratio lower bound is 1 - it), got {low}")
     for prefix, optim in ((f"{ARR}.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
-        if optim.warmup_style is not None and optim.warmup_style != optim.lr_scheduler_type:
-            if optim.lr_scheduler_type != "constant":
-                errors.append(
-                    f"{prefix}.warmup_style ({optim.warmup_style!r}) conflicts with {prefix}.lr_scheduler_type"
-                    f" ({optim.lr_scheduler_type!r}); set only lr_scheduler_type"
-                )
-        if any(b >= 1 for b in optim.betas):
-            errors.append(f"{prefix}.betas must each be in [0, 1), got {list(optim.betas)}")
+        errors.extend(optim_errors(optim, prefix))
     for key, dynamic in (
         (f"{ARR}.actor.use_dynamic_bsz", actor.use_dynamic_bsz),
         (f"{ARR}.rollout.log_prob_use_dynamic_bsz", cfg.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz),
@@ -322,16 +330,24 @@ def _filter_groups_warnings(cfg: Config) -> list[str]:
     return []
 
 
-def _check_model_paths(cfg: Config, errors: list[str]) -> None:
+def model_path_error(key: str, path: str | None) -> str | None:
+    """The error for a ``builtin:`` model name at config ``key`` that names no builtin model, else None."""
     from async_rl.models.catalog import PRETRAINED
 
     known = ["builtin:tiny-arith", *(f"builtin:{name}" for name in sorted(PRETRAINED))]
+    if path and path.startswith("builtin:") and path not in known:
+        return f"{key}={path!r} names no builtin model; builtin models: {', '.join(known)}"
+    return None
+
+
+def _check_model_paths(cfg: Config, errors: list[str]) -> None:
     for key, path in (
         (f"{ARR}.model.path", cfg.actor_rollout_ref.model.path),
         ("critic.model.path", cfg.critic.model.path),
     ):
-        if path and path.startswith("builtin:") and path not in known:
-            errors.append(f"{key}={path!r} names no builtin model; builtin models: {', '.join(known)}")
+        error = model_path_error(key, path)
+        if error is not None:
+            errors.append(error)
 
 
 def _check_reward_and_trainer(cfg: Config, errors: list[str]) -> None:
@@ -537,4 +553,11 @@ def validate_config(cfg: Config) -> list[str]:
     return warnings
 
 
-__all__ = ["collect_warnings", "is_loopback", "learner_world_size", "validate_config"]
+__all__ = [
+    "collect_warnings",
+    "is_loopback",
+    "learner_world_size",
+    "model_path_error",
+    "optim_errors",
+    "validate_config",
+]

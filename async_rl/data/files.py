@@ -45,12 +45,20 @@ def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{path} row {i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
 
 
-def load_prompt_records(path: str | Path, prompt_key: str) -> list[dict[str, Any]]:
-    """Read a jsonl or parquet prompt file; errors name the file, line (or row) and missing key."""
+def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The records of a jsonl or parquet file, each with where it is (``file:line`` or ``file row i``) for errors."""
     path = Path(path).expanduser()
     if path.suffix not in (".jsonl", ".json", ".parquet"):
         raise ValueError(f"data file {str(path)!r}: expected .jsonl or .parquet (see tools/prepare_data.py)")
     if not path.is_file():
         raise ValueError(f"data file not found: {str(path)!r}")
     rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
-    return [_record(raw, prompt_key, where) for where, raw in rows]
+    for where, raw in rows:
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: a record must be a JSON object, got {type(raw).__name__}")
+    return rows
+
+
+def load_prompt_records(path: str | Path, prompt_key: str) -> list[dict[str, Any]]:
+    """Read a jsonl or parquet prompt file; errors name the file, line (or row) and missing key."""
+    return [_record(raw, prompt_key, where) for where, raw in read_rows(path)]

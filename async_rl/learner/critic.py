@@ -57,7 +57,7 @@ class Critic:
             seed=seed,
             compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
-            value_head=True,
+            head="token_value",
             shared_prompt=layout == "shared",
         )
         if layout == "shared" and not shared_prompt_enabled(model):

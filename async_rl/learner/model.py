@@ -1,7 +1,9 @@
 """Build Hugging Face models for the learner and shard them with FSDP2 (``fully_shard``).
 
-One function per model role: the trained policy, the frozen reference policy (only for KL terms) and the critic
-(causal-LM backbone + one-output linear head via ``AutoModelForTokenClassification``, only for GAE). Each rank builds
+One builder for every model role, chosen by its head (:data:`ModelHead`): the trained policy and the frozen reference
+policy (``causal_lm``), the critic (``token_value``: the causal-LM backbone + a one-output linear head read at every
+token, ``AutoModelForTokenClassification``, only for GAE) and a reward model (``sequence_score``: the same backbone +
+a one-output head read at each sequence's last non-pad token, ``AutoModelForSequenceClassification``). Each rank builds
 the full model on CPU (``from_pretrained`` memory-maps safetensors; tests pass a factory that builds a tiny model from
 a fixed seed), then every decoder layer (the classes in the model's ``_no_split_modules``) and finally the root
 become FSDP2 units over the 1-D mesh, which moves the shards to the rank's device. Tied input/output embeddings stay
@@ -24,7 +26,7 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -35,12 +37,24 @@ from async_rl.learner.lora import apply_lora
 from async_rl.learner.shared_prompt import use_shared_prompt_attention
 from async_rl.peft_format import LoRASpec
 
-__all__ = ["COMPUTE_DTYPES", "ModelSource", "build_model", "disable_dropout", "load_causal_lm", "load_value_model"]
+__all__ = [
+    "COMPUTE_DTYPES",
+    "ModelHead",
+    "ModelSource",
+    "build_model",
+    "disable_dropout",
+    "load_causal_lm",
+    "load_head_model",
+]
 
 logger = logging.getLogger(__name__)
 
 ModelSource = str | Path | Callable[[], nn.Module]
 """A Hugging Face model directory, or a zero-argument factory returning a freshly built model."""
+
+ModelHead = Literal["causal_lm", "token_value", "sequence_score"]
+"""What a model outputs: next-token logits (policy, reference), one value per token (critic), one score per sequence
+(reward model). The last two put a fresh one-output linear head on a causal-LM checkpoint's trunk."""
 
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 """The dtypes a learner model can compute in (master weights are fp32 either way)."""
@@ -48,18 +62,27 @@ COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 
 def load_causal_lm(path: str | Path) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained(path)`` in fp32 with sdpa attention."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
+    return load_head_model(path, "causal_lm", pad_token_id=None)
 
 
-def load_value_model(path: str | Path) -> nn.Module:
-    """A critic from a causal-LM checkpoint: its backbone plus a fresh one-output head (``num_labels=1``)."""
-    from transformers import AutoModelForTokenClassification
+def load_head_model(path: str | Path, head: ModelHead, *, pad_token_id: int | None) -> nn.Module:
+    """A model with ``head`` from a checkpoint directory, fp32, sdpa attention. The scalar heads (``num_labels=1``) are
+    freshly initialised from the global RNG (seed it the same on every rank); ``sequence_score`` needs the
+    ``pad_token_id`` it finds each sequence's last token by (it is written into the model's config)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    return AutoModelForTokenClassification.from_pretrained(
-        str(path), num_labels=1, dtype=torch.float32, attn_implementation="sdpa"
-    )
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "attn_implementation": "sdpa"}
+    if head == "causal_lm":
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    if head == "token_value":
+        return AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, **kwargs)
+    if head == "sequence_score":
+        if pad_token_id is None:
+            raise ValueError("a sequence_score model needs the tokenizer's pad_token_id")
+        return AutoModelForSequenceClassification.from_pretrained(
+            str(path), num_labels=1, pad_token_id=pad_token_id, **kwargs
+        )
+    raise ValueError(f"unknown model head {head!r}; expected one of causal_lm, token_value, sequence_score")
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -101,7 +124,8 @@ def build_model(
     trainable: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     gradient_checkpointing: bool = False,
-    value_head: bool = False,
+    head: ModelHead = "causal_lm",
+    pad_token_id: int | None = None,
     lora: LoRASpec | None = None,
     shared_prompt: bool = False,
 ) -> nn.Module:
@@ -109,7 +133,8 @@ def build_model(
 
     ``role`` is only used in log lines. ``trainable=False`` freezes the parameters (reference model).
     ``compute_dtype`` (fp32 or bf16) is the forward/backward dtype, see the module docstring.
-    ``value_head`` loads a directory as a critic (``load_value_model``); a factory is called as is.
+    ``head`` says what a directory is loaded as (:func:`load_head_model`, with ``pad_token_id`` for
+    ``sequence_score``); a factory is called as is.
     ``lora`` adds trainable adapters and freezes the rest (:func:`~async_rl.learner.lora.apply_lora`, initialised
     from ``seed``, the same on every rank) before sharding. ``shared_prompt`` switches the model's attention to
     :data:`~async_rl.learner.shared_prompt.SHARED_PROMPT_ATTENTION` (sdpa unless a call passes a shared layout);
@@ -118,12 +143,7 @@ def build_model(
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{role}: compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype}")
     bf16 = compute_dtype == torch.bfloat16
-    if callable(source):
-        model = source()
-    elif value_head:
-        model = load_value_model(source)
-    else:
-        model = load_causal_lm(source)
+    model = source() if callable(source) else load_head_model(source, head, pad_token_id=pad_token_id)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model source for {role!r} did not produce an nn.Module (got {type(model).__name__})")
     model = model.float()

@@ -124,3 +124,14 @@ def test_any_float_override_round_trips(x: float) -> None:
     assert isinstance(value, float)
     assert value == x
     assert math.copysign(1.0, value) == math.copysign(1.0, x)  # even -0.0 keeps its sign
+
+
+def test_a_partly_given_section_keeps_the_defaults_of_its_place() -> None:
+    """critic.optim's default lr is 1e-5 (OptimConfig's class default is 1e-6): setting another critic.optim key
+    must not reset it to the class default, and an explicit lr still wins."""
+    _load = load_config
+    assert _load(None, []).critic.optim.lr == 1e-5
+    cfg = _load(None, ["critic.optim.weight_decay=0.1"])
+    assert (cfg.critic.optim.lr, cfg.critic.optim.weight_decay) == (1e-5, 0.1)
+    assert _load(None, ["critic.optim.lr=3e-4"]).critic.optim.lr == 3e-4
+    assert _load(None, ["actor_rollout_ref.actor.optim.weight_decay=0.1"]).actor_rollout_ref.actor.optim.lr == 1e-6

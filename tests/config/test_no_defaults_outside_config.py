@@ -39,7 +39,11 @@ GENERIC: dict[tuple[str, str, str], str] = {
 
 
 def config_leaf_names() -> set[str]:
-    return {path[-1] for path in schema().leaves}
+    """The leaf names of every config tree: RL training's and reward-model training's."""
+    from async_rl.config.introspect import leaf_keys
+    from async_rl.config.reward_model_train import RewardModelTrainConfig
+
+    return {path[-1] for path in schema().leaves} | {k.rsplit(".", 1)[-1] for k in leaf_keys(RewardModelTrainConfig)}
 
 
 def defaults_on_config_names(package: Path = PACKAGE) -> set[tuple[str, str, str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _e2e_helpers import ROOT, read_jsonl
 
-STEPS = 60
+STEPS = 40
 K = 2  # configs/demo_grpo.yaml
 
 
@@ -31,6 +31,7 @@ def test_short_demo_run_raises_the_reward(tmp_path, assert_nothing_lost):
         "--eval-problems",
         "100",
         f"trainer.total_training_steps={STEPS}",
+        "data.val_max_samples=100",  # 400 samples per validation round
         "trainer.logger=['jsonl']",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -45,8 +46,8 @@ def test_short_demo_run_raises_the_reward(tmp_path, assert_nothing_lost):
     assert Path(summary["plot"]).stat().st_size > 10_000
     # validation rounds before training, every 25 versions and on the last (configs/demo_grpo.yaml: test_freq 25)
     curve = dict(summary["heldout_validation"])
-    assert sorted(curve) == [0, 25, 50, STEPS], curve
-    # held-out mean@4 went 0.22 -> 0.49 by step 50 in runs here; demand a clear rise on problems never trained on
+    assert sorted(curve) == [0, 25, STEPS], curve
+    # held-out mean@4 went 0.22 -> 0.39 by step 25 in runs here; demand a clear rise on problems never trained on
     assert curve[STEPS] >= curve[0] + 0.1, curve
     assert "held-out reward validated on the actor (mean of 4 samples at temperature 1)" in proc.stdout
 

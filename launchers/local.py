@@ -391,6 +391,18 @@ def _signal_group(r: _Running, sig: int) -> None:
             pass
 
 
+MIN_GRACE_S = 15.0
+GRACE_MARGIN_S = 5.0
+
+
+def default_grace_s(learner_stop_s: float | None) -> float:
+    """The launcher's SIGTERM-to-SIGKILL grace when ``--grace-s`` is not given: long enough for a learner stopped by a
+    signal to use its whole ``async_training.timeouts.stop_s`` (finish the step, write its checkpoint) and exit."""
+    if learner_stop_s is None:
+        return MIN_GRACE_S
+    return max(MIN_GRACE_S, learner_stop_s + GRACE_MARGIN_S)
+
+
 def _stop_all(running: list[_Running], sig: int, grace_s: float, signals: _Signals) -> None:
     """Send ``sig`` to every part's process group, wait up to ``grace_s``, then SIGKILL whatever is left."""
     already = len(signals.received)
@@ -585,7 +597,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--actors", type=int, default=None, help="actor processes [async_training.num_actors]")
     p.add_argument("--run-dir", default=f"runs/local-{stamp}", help="run directory for logs [runs/local-<time>]")
     p.add_argument("--log-dir", default=None, help="log directory [<run dir>/logs]")
-    p.add_argument("--grace-s", type=float, default=15.0, help="seconds between SIGTERM and SIGKILL [15]")
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=None,
+        help=f"seconds between SIGTERM and SIGKILL [the larger of {MIN_GRACE_S:g} and the learner's"
+        f" async_training.timeouts.stop_s + {GRACE_MARGIN_S:g}]",
+    )
     p.add_argument("--actor-exit-s", type=float, default=10.0, help="seconds actors get after the learner is done")
     p.add_argument("--dry-run", action="store_true", help="print the commands it would run and exit")
     p.add_argument(
@@ -609,7 +627,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.emulate_response_len is not None and (args.emulate_tokens_per_s is None or args.emulate_response_len < 1):
         p.error("--emulate-response-len needs --emulate-tokens-per-s and must be >= 1")
     for name in ("grace_s", "actor_exit_s"):
-        if getattr(args, name) < 0:
+        if getattr(args, name) is not None and getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
@@ -625,7 +643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         logger.error("%s", exc)
         return 2
-    if settings.learner_stop_s is not None and args.grace_s <= settings.learner_stop_s:
+    if args.grace_s is None:
+        args.grace_s = default_grace_s(settings.learner_stop_s)
+    elif settings.learner_stop_s is not None and args.grace_s <= settings.learner_stop_s:
         logger.warning(
             "--grace-s %.1f is not above async_training.timeouts.stop_s %.1f: a learner stopped by a signal may be "
             "killed before it has written its stop checkpoint",

@@ -149,8 +149,8 @@ class TimeoutsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         PosFloat,
         doc(
             "Seconds a learner rank has after SIGTERM to reach a step boundary, write a checkpoint (if checkpointing"
-            " is configured) and exit; past it the rank exits at once without one. Keep it below the launcher's"
-            " --grace-s (15 s by default), after which the launcher kills the learner."
+            " is configured) and exit; past it the rank exits at once without one. launchers/local.py's --grace-s"
+            " (after which it kills the learner) defaults to this + 5 s, at least 15 s; keep Slurm's grace above it."
         ),
     ] = 10.0
     collective_s: Annotated[

@@ -300,6 +300,10 @@ def test_the_actor_policy_and_stop_deadline_come_from_the_config(caplog: pytest.
     assert [settings.actor_policy.restart_delay(n) for n in range(3)] == [5.0, 10.0, 20.0]
     assert local.main(["--dry-run", "--grace-s", "5"]) == 0
     assert "--grace-s 5.0 is not above async_training.timeouts.stop_s 10.0" in caplog.text
+    assert [local.default_grace_s(s) for s in (None, 2.0, 10.0, 90.0)] == [15.0, 15.0, 15.0, 95.0]
+    caplog.clear()
+    assert local.main(["--dry-run", "--config", "configs/smollm2_arith_grpo.yaml"]) == 0
+    assert "is not above" not in caplog.text  # the default grace follows the recipe's stop_s 90
     assert local.main(["--dry-run", "async_training.launcher.actor_failure=maybe"]) == 2
     assert "async_training.launcher.actor_failure" in caplog.text
 

@@ -113,7 +113,8 @@ class WeightSyncConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         doc(
             "LoRA runs: after each update every actor computes log-probs of a fixed probe sequence with the adapter it"
             " now serves and compares them with the learner's for that version; a mean |difference| above this stops"
-            " it generating (loudly) until an update passes. null = 1e-3 for a float32 rollout, 3e-2 otherwise."
+            " it generating (loudly) until an update passes. null = 1e-3 when the rollout and the learner both compute"
+            " in fp32 (rollout.dtype and actor.fsdp_config.mixed_precision.param_dtype as resolved), 3e-2 otherwise."
         ),
     ] = None
 

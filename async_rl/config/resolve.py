@@ -27,7 +27,7 @@ from async_rl.config.common import OptimConfig
 from async_rl.config.correction import resolve_rollout_correction
 from async_rl.config.data_reward import OverlongBufferAlias, RewardKwargsAlias
 from async_rl.config.names import needs_critic
-from async_rl.config.precision import rollout_precision
+from async_rl.config.precision import learner_precision, rollout_precision
 from async_rl.config.schema import Config
 
 T = TypeVar("T")
@@ -205,14 +205,19 @@ def max_loras(max_staleness: int) -> int:
     return max_staleness + 2
 
 
-def served_check_tolerance(configured: float | None, *, rollout_dtype: str, device_type: str) -> float:
-    """``async_training.weight_sync.served_check_tolerance`` as used: ``configured``, or when that is null 1e-3 for a
-    float32 rollout and 3e-2 otherwise (a bf16/fp16 engine computes the probe less exactly than the fp32 learner);
-    ``rollout_dtype`` is ``rollout.dtype``, its ``auto`` resolved for ``device_type``."""
+def served_check_tolerance(
+    configured: float | None, *, rollout_dtype: str, device_type: str, param_dtype: str, learner_device_type: str
+) -> float:
+    """``async_training.weight_sync.served_check_tolerance`` as used: ``configured``, or when that is null 1e-3 when
+    both the rollout and the learner compute in fp32, and 3e-2 otherwise (a bf16 side computes the probe less exactly).
+    ``rollout_dtype`` is ``rollout.dtype``, its ``auto`` resolved for the actors' ``device_type``; ``param_dtype`` is
+    the learner's ``actor.fsdp_config.mixed_precision.param_dtype``, its ``auto`` resolved for ``learner_device_type``
+    (on a CPU with native bf16 both ``auto`` are bf16, so a float32 rollout still meets a bf16 learner)."""
     if configured is not None:
         return configured
-    dtype, _ = rollout_precision(rollout_dtype, device_type)
-    return 1e-3 if dtype == "float32" else 3e-2
+    rollout, _ = rollout_precision(rollout_dtype, device_type)
+    learner, _ = learner_precision(param_dtype, learner_device_type)
+    return 1e-3 if (rollout, learner) == ("float32", "fp32") else 3e-2
 
 
 def resolved(value: T | None, key: str) -> T:

@@ -114,6 +114,8 @@ class Trainer:
                 ws.served_check_tolerance,
                 rollout_dtype=cfg.actor_rollout_ref.rollout.dtype,
                 device_type="cuda" if torch.cuda.is_available() else "cpu",  # the actors' as this host would resolve it
+                param_dtype=cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype,
+                learner_device_type=ctx.device.type,
             ),
         )
         self.ckpt_dir = self.out_dir / "checkpoints"

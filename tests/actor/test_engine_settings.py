@@ -36,10 +36,19 @@ def test_engine_start_resolves_what_the_config_leaves_to_the_host() -> None:
     assert fp32.dtype == "float32"
 
 
-def test_the_served_check_tolerance_follows_the_rollout_dtype_when_null() -> None:
-    assert served_check_tolerance(0.5, rollout_dtype="auto", device_type="cuda") == 0.5
-    assert served_check_tolerance(None, rollout_dtype="float32", device_type="cuda") == 1e-3
-    assert served_check_tolerance(None, rollout_dtype="auto", device_type="cuda") == 3e-2
+def test_the_served_check_tolerance_follows_both_sides_precision_when_null() -> None:
+    def tol(configured: float | None, rollout: str, learner: str) -> float:
+        return served_check_tolerance(
+            configured, rollout_dtype=rollout, device_type="cuda", param_dtype=learner, learner_device_type="cuda"
+        )
+
+    assert tol(0.5, "auto", "auto") == 0.5
+    assert tol(None, "float32", "fp32") == 1e-3
+    assert tol(None, "auto", "fp32") == 3e-2  # auto is bf16 on CUDA
+    # a float32 engine next to a bf16 learner (what `auto` picks on a CPU with native bf16): the probe differs by bf16
+    # rounding, 1.04e-3 in a LoRA run on such a host, where 1e-3 stopped the actor for good
+    assert tol(None, "float32", "bf16") == 3e-2
+    assert tol(None, "float32", "auto") == 3e-2
     assert default_config().async_training.weight_sync.served_check_tolerance is None
 
 

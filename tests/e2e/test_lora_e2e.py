@@ -32,6 +32,9 @@ def test_lora_run_syncs_adapters_only_serves_them_and_exports(tmp_path: Path, as
         "async_training.max_staleness=0",
         f"custom_reward_function.path={Path(__file__).with_name('_digit_reward.py')}",  # gradients from step 1
         "async_training.weight_sync.timeout_s=120",
+        # fp32 learner whatever the CPU (auto is bf16 where the CPU has it; the smoke config's rollout is float32):
+        # behaviour and proximal log-probs then agree to fp32 noise, as asserted below, on every kind of host
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
     ]
     cmd = launcher_command("smoke_grpo.yaml", run_dir, steps=STEPS, overrides=overrides)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -42,6 +42,10 @@ def test_real_model_dapo_steps_with_validation(tmp_path, assert_nothing_lost):
         "actor_rollout_ref.actor.mask_truncated_responses=true",
         "algorithm.rollout_correction.rollout_rs=token_k1",
         "algorithm.rollout_correction.rollout_rs_threshold=5.0",
+        # fp32 on both sides whatever the CPU (the recipe's `auto` is bf16 where the CPU has it): the first step's
+        # learner and actor log-probs must then agree to 1e-3, on every kind of host
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.rollout.dtype=float32",
     ]
     cmd = launcher_command("smollm2_arith_dapo.yaml", run_dir, steps=STEPS, overrides=overrides)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -60,7 +60,8 @@ def test_a_stopped_run_resumes_exactly_and_skips_incomplete_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pairs = tmp_path / "pairs.jsonl"
-    rows = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a in range(5) for b in range(4)]
+    sums = [(a, b) for a in range(5) for b in range(4)]
+    rows = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a, b in sums]
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     whole = _trainer(tmp_path / "whole", pairs)

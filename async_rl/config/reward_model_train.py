@@ -3,7 +3,9 @@
 A Bradley-Terry reward model is trained on preference pairs (TRL's layout: ``prompt``, ``chosen``, ``rejected``,
 optional ``margin``) by the same FSDP2 learner code as RL. Key names follow verl's SFT/RM trainers where they have one
 (``data.train_files``, ``data.micro_batch_size_per_gpu``, ``data.max_length``, ``model.path``, ``optim.lr``,
-``trainer.total_epochs``, ``trainer.default_local_dir``) and TRL's for the loss (``loss.center_rewards_coefficient``).
+``trainer.total_epochs``, ``trainer.default_local_dir``, the checkpoint keys ``trainer.save_freq``,
+``trainer.max_ckpt_to_keep``, ``trainer.resume_mode``, ``trainer.resume_from_path``) and TRL's for the loss
+(``loss.center_rewards_coefficient``).
 The tree loads through the same YAML loader, ``defaults:`` includes and ``key=value`` overrides as the RL config
 (:func:`load_reward_model_config`); defaults live here only.
 """
@@ -19,9 +21,9 @@ from async_rl.config.common import MixedPrecisionConfig, OptimConfig
 from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, doc
 from async_rl.config.loader import load_tree_with_warnings
-from async_rl.config.names import LoggerBackend
+from async_rl.config.names import LoggerBackend, ResumeMode
 from async_rl.config.resolve import resolve_optim
-from async_rl.config.validate import model_path_error, optim_errors
+from async_rl.config.validate import model_path_error, optim_errors, resume_error
 
 BUILTIN_PREFERENCES = "builtin:arith-prefs"
 """The generated toy preference pairs (a correct sum chosen over a wrong one): train split for ``data.train_files``,
@@ -138,8 +140,37 @@ class RewardTrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     ] = 10
     default_local_dir: Annotated[
         str | None,
-        doc("Output directory (metrics.jsonl, the exported model in hf/); null = outputs/<project>/<experiment>."),
+        doc(
+            "Output directory (metrics.jsonl, checkpoints/, the exported model in hf/); null ="
+            " outputs/<project>/<experiment>."
+        ),
     ] = None
+    save_freq: Annotated[
+        int,
+        doc(
+            "Checkpoint every this many steps (and at the last step) into <default_local_dir>/checkpoints; -1 or 0 ="
+            " never (as verl).",
+            ge=-1,
+        ),
+    ] = -1
+    max_ckpt_to_keep: Annotated[PosInt | None, doc("Keep the newest this many checkpoints (null = keep all).")] = None
+    resume_mode: Annotated[
+        ResumeMode,
+        doc(
+            "'auto' = resume from the newest committed checkpoint in <default_local_dir>/checkpoints if any;"
+            " 'disable' = start fresh; 'resume_path' = from trainer.resume_from_path."
+        ),
+    ] = "auto"
+    resume_from_path: Annotated[
+        str | None, doc("Checkpoint directory (a step_<N>) to resume from (required by resume_mode=resume_path).")
+    ] = None
+    stop_s: Annotated[
+        PosFloat,
+        doc(
+            "Seconds a rank has after SIGTERM to finish its step, write a checkpoint (when save_freq > 0) and exit"
+            " 143; past it the rank exits at once without one."
+        ),
+    ] = 60.0
     logger: Annotated[
         list[LoggerBackend],
         doc("Metric sinks: 'console' (one line per step), 'jsonl', 'tensorboard', 'wandb'."),
@@ -186,6 +217,9 @@ def validate_reward_model_config(cfg: RewardModelTrainConfig) -> list[str]:
         errors.append(f"data.prompt_key, data.chosen_key and data.rejected_key must differ, got {keys}")
     if d.margin_key in keys.values():
         errors.append(f"data.margin_key={d.margin_key!r} is also the field of the prompt or a response")
+    resume = resume_error(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
+    if resume is not None:
+        errors.append(resume)
     if errors:
         raise ConfigError("\n".join(errors))
     resolve_optim(cfg.optim, cfg.trainer.total_training_steps)

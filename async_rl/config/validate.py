@@ -330,6 +330,13 @@ def _filter_groups_warnings(cfg: Config) -> list[str]:
     return []
 
 
+def resume_error(mode: str, from_path: str | None) -> str | None:
+    """The error of ``trainer.resume_mode`` / ``trainer.resume_from_path`` (both trees), or None."""
+    if mode == "resume_path" and not from_path:
+        return "trainer.resume_mode='resume_path' needs trainer.resume_from_path"
+    return None
+
+
 def model_path_error(key: str, path: str | None) -> str | None:
     """The error for a ``builtin:`` model name at config ``key`` that names no builtin model, else None."""
     from async_rl.models.catalog import PRETRAINED
@@ -359,8 +366,9 @@ def _check_reward_and_trainer(cfg: Config, errors: list[str]) -> None:
     tr = cfg.trainer
     if tr.total_epochs is None and tr.total_training_steps is None:
         errors.append("trainer.total_epochs and trainer.total_training_steps are both null; set one to bound the run")
-    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
-        errors.append("trainer.resume_mode='resume_path' needs trainer.resume_from_path")
+    resume = resume_error(tr.resume_mode, tr.resume_from_path)
+    if resume is not None:
+        errors.append(resume)
     if tr.device == "cpu" and cfg.async_training.weight_sync.backend == "nccl":
         errors.append("async_training.weight_sync.backend='nccl' needs CUDA, but trainer.device='cpu'")
 
@@ -559,5 +567,6 @@ __all__ = [
     "learner_world_size",
     "model_path_error",
     "optim_errors",
+    "resume_error",
     "validate_config",
 ]

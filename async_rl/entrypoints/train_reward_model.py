@@ -8,6 +8,10 @@ Two ranks on one machine (or one plain process without torchrun)::
 
 ``--dry-run`` validates the config, loads and tokenizes the pairs (every bad row is an error naming its file, row and
 field) and prints the run's plan, without building the model. ``--help`` lists every key. See docs/reward_models.md.
+
+With ``trainer.save_freq=N`` a checkpoint is written every N steps; rerunning the same command resumes from the newest
+one (``trainer.resume_mode=auto``). On SIGTERM every rank stops after its current step, checkpoints (when save_freq
+> 0) and exits 143 (128 + SIGTERM).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 
 from async_rl.config.cli import parse_tree_cli
@@ -59,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     from async_rl.runtime.reward_model_trainer import run_reward_model_training
 
     summary = run_reward_model_training(cfg)
+    if summary.get("stopped"):
+        return 128 + signal.SIGTERM
     if summary:
         print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=str))
     return 0

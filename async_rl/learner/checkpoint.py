@@ -1,11 +1,16 @@
 """Crash-safe learner checkpoints: DCP for sharded model/optimizer state, msgpack for everything else.
 
-Layout of ``<root>/step_<N>/`` (``N`` = policy version):
+:func:`save_trained` / :func:`load_trained` checkpoint any set of named :class:`~async_rl.learner.update.TrainedModel`
+(model, optimizer, schedule, non-finite guard) at a step, with the caller's own msgpack-able fields; the RL
+:class:`~async_rl.learner.step.Learner` (:func:`save_learner`: actor, critic, KL coefficient) and the reward model
+(:mod:`async_rl.learner.reward_model`) both go through them. Layout of ``<root>/step_<N>/`` (``N`` = the step; the
+policy version for the RL learner):
 
 * ``dcp/``: ``torch.distributed.checkpoint`` of every trained model and its optimizer (sharded; each rank writes
   its own shards; loads into any world size);
-* ``meta.msgpack``: policy version, LR-scheduler states, non-finite counters, KL-controller coefficient, and the
-  caller's ``extra`` state (bytes or a msgpack-able dict: the coordinator ledger, the data cursor);
+* ``meta.msgpack``: the step, LR-scheduler states, non-finite counters, and the caller's fields (the RL learner's:
+  the KL-controller coefficient and its ``extra`` state, bytes or a msgpack-able dict: the coordinator ledger, the
+  data cursor);
 * ``rng/rank_<r>.msgpack``: python, numpy, torch (and CUDA) RNG states of rank ``r``;
 * ``COMMITTED``: written last.
 
@@ -24,7 +29,7 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,8 +44,18 @@ from async_rl.learner.dist import DistContext
 
 if TYPE_CHECKING:
     from async_rl.learner.step import Learner
+    from async_rl.learner.update import TrainedModel
 
-__all__ = ["COMMITTED", "latest", "list_checkpoints", "load_learner", "save_learner"]
+__all__ = [
+    "COMMITTED",
+    "latest",
+    "list_checkpoints",
+    "load_learner",
+    "load_trained",
+    "resume_path",
+    "save_learner",
+    "save_trained",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +81,16 @@ def latest(root: str | Path) -> Path | None:
     """The newest committed checkpoint under ``root`` (incomplete ``.tmp`` ones are ignored), or ``None``."""
     found = list_checkpoints(root)
     return found[-1][1] if found else None
+
+
+def resume_path(mode: str, from_path: str | None, root: str | Path) -> Path | None:
+    """The checkpoint ``trainer.resume_mode`` asks for (verl's modes): ``'disable'`` = none; ``'resume_path'`` =
+    ``from_path`` (``trainer.resume_from_path``); ``'auto'`` = the newest committed one under ``root``, if any."""
+    if mode == "disable":
+        return None
+    if mode == "resume_path" and from_path:
+        return Path(from_path)
+    return latest(root)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -117,32 +142,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _trained(learner: Learner) -> dict[str, Any]:
-    out = {"actor": learner.actor}
-    if learner.critic is not None:
-        out["critic"] = learner.critic.trained
-    return out
-
-
-def _dcp_state(learner: Learner) -> dict[str, Any]:
+def _dcp_state(trained: Mapping[str, TrainedModel]) -> dict[str, Any]:
     state: dict[str, Any] = {}
-    for key, trained in _trained(learner).items():
-        model_sd, optim_sd = get_state_dict(trained.model, trained.optimizer)
+    for key, t in trained.items():
+        model_sd, optim_sd = get_state_dict(t.model, t.optimizer)
         state[f"{key}.model"] = model_sd
         state[f"{key}.optim"] = optim_sd
     return state
 
 
-def save_learner(
-    learner: Learner, root: str | Path, *, extra: bytes | dict[str, Any] | None, keep_last: int | None
+def save_trained(
+    ctx: DistContext,
+    trained: Mapping[str, TrainedModel],
+    root: str | Path,
+    *,
+    step: int,
+    fields: dict[str, Any],
+    keep_last: int | None,
 ) -> Path:
-    """Checkpoint ``learner`` as ``<root>/step_<version>``; call on every rank. Returns the committed path.
-    ``keep_last`` (``async_training.checkpoint.keep_last``): keep the newest N checkpoints; None keeps all."""
+    """Checkpoint the ``trained`` models (by name) as ``<root>/step_<step>``, with the caller's msgpack-able
+    ``fields`` in ``meta.msgpack``; call on every rank. Returns the committed path. ``keep_last``: keep the newest N
+    checkpoints; None keeps all."""
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    ctx: DistContext = learner.ctx
     base = Path(root)
-    step = learner.version
     tmp, final = base / f"step_{step}.tmp", base / f"step_{step}"
     if ctx.is_rank0:
         base.mkdir(parents=True, exist_ok=True)
@@ -150,17 +173,16 @@ def save_learner(
         (tmp / "rng").mkdir(parents=True)
     ctx.barrier()
     with _quiet_single_process(ctx):
-        dcp.save(_dcp_state(learner), checkpoint_id=str(tmp / "dcp"), no_dist=not ctx.is_distributed)
+        dcp.save(_dcp_state(trained), checkpoint_id=str(tmp / "dcp"), no_dist=not ctx.is_distributed)
     _fsync_write(tmp / "rng" / f"rank_{ctx.rank}.msgpack", msgspec.msgpack.encode(_rng_state()))
     ctx.barrier()
     if ctx.is_rank0:
         meta = {
             "version": step,
             "world_size": ctx.world_size,
-            "schedulers": {k: t.scheduler.state_dict() for k, t in _trained(learner).items()},
-            "guards": {k: [t.guard.skipped_total, t.guard.consecutive] for k, t in _trained(learner).items()},
-            "kl_coef": None if learner.kl_ctrl is None else float(learner.kl_ctrl.value),
-            "extra": extra,
+            "schedulers": {k: t.scheduler.state_dict() for k, t in trained.items()},
+            "guards": {k: [t.guard.skipped_total, t.guard.consecutive] for k, t in trained.items()},
+            **fields,
         }
         _fsync_write(tmp / "meta.msgpack", msgspec.msgpack.encode(meta))
         _fsync_write(tmp / COMMITTED, b"ok\n")
@@ -172,6 +194,52 @@ def save_learner(
         logger.info("checkpoint committed: %s", final)
     ctx.barrier()
     return final
+
+
+def load_trained(ctx: DistContext, trained: Mapping[str, TrainedModel], path: str | Path) -> dict[str, Any]:
+    """Restore the ``trained`` models (by name) and this rank's RNG states from a committed checkpoint; call on every
+    rank. Returns ``meta.msgpack``: ``"version"`` (the step) and the caller's fields.
+
+    Raises ``ValueError`` when ``path`` is not a committed checkpoint.
+    """
+    ckpt = Path(path)
+    if not (ckpt / COMMITTED).is_file():
+        raise ValueError(f"path {str(ckpt)!r} is not a committed checkpoint (no {COMMITTED} marker)")
+    state = _dcp_state(trained)
+    with _quiet_single_process(ctx):
+        dcp.load(state, checkpoint_id=str(ckpt / "dcp"), no_dist=not ctx.is_distributed)
+    for key, t in trained.items():
+        set_state_dict(
+            t.model, t.optimizer, model_state_dict=state[f"{key}.model"], optim_state_dict=state[f"{key}.optim"]
+        )
+    meta: dict[str, Any] = msgspec.msgpack.decode((ckpt / "meta.msgpack").read_bytes())
+    for key, t in trained.items():
+        t.scheduler.load_state_dict(meta["schedulers"][key])
+        t.guard.skipped_total, t.guard.consecutive = meta["guards"][key]
+    rng_file = ckpt / "rng" / f"rank_{ctx.rank}.msgpack"
+    if rng_file.is_file():
+        _set_rng_state(msgspec.msgpack.decode(rng_file.read_bytes()))
+    else:
+        logger.warning("no RNG state for rank %d in %s (world size changed?): RNG not restored", ctx.rank, ckpt)
+    ctx.barrier()
+    return meta
+
+
+def _trained(learner: Learner) -> dict[str, TrainedModel]:
+    out = {"actor": learner.actor}
+    if learner.critic is not None:
+        out["critic"] = learner.critic.trained
+    return out
+
+
+def save_learner(
+    learner: Learner, root: str | Path, *, extra: bytes | dict[str, Any] | None, keep_last: int | None
+) -> Path:
+    """Checkpoint ``learner`` as ``<root>/step_<version>``; call on every rank. Returns the committed path.
+    ``keep_last`` (``async_training.checkpoint.keep_last``): keep the newest N checkpoints; None keeps all."""
+    kl_coef = None if learner.kl_ctrl is None else float(learner.kl_ctrl.value)
+    fields = {"kl_coef": kl_coef, "extra": extra}
+    return save_trained(learner.ctx, _trained(learner), root, step=learner.version, fields=fields, keep_last=keep_last)
 
 
 def _prune(base: Path, keep_last: int | None, current: int) -> None:
@@ -189,31 +257,9 @@ def load_learner(learner: Learner, path: str | Path) -> bytes | dict[str, Any] |
 
     Raises ``ValueError`` when ``path`` is not a committed checkpoint.
     """
-    ckpt = Path(path)
-    if not (ckpt / COMMITTED).is_file():
-        raise ValueError(f"path {str(ckpt)!r} is not a committed checkpoint (no {COMMITTED} marker)")
-    ctx: DistContext = learner.ctx
-    state = _dcp_state(learner)
-    with _quiet_single_process(ctx):
-        dcp.load(state, checkpoint_id=str(ckpt / "dcp"), no_dist=not ctx.is_distributed)
-    for key, trained in _trained(learner).items():
-        set_state_dict(
-            trained.model,
-            trained.optimizer,
-            model_state_dict=state[f"{key}.model"],
-            optim_state_dict=state[f"{key}.optim"],
-        )
-    meta = msgspec.msgpack.decode((ckpt / "meta.msgpack").read_bytes())
-    for key, trained in _trained(learner).items():
-        trained.scheduler.load_state_dict(meta["schedulers"][key])
-        trained.guard.skipped_total, trained.guard.consecutive = meta["guards"][key]
+    meta = load_trained(learner.ctx, _trained(learner), path)
     if learner.kl_ctrl is not None and meta["kl_coef"] is not None:
         learner.kl_ctrl.value = float(meta["kl_coef"])
     learner.version = int(meta["version"])
-    rng_file = ckpt / "rng" / f"rank_{ctx.rank}.msgpack"
-    if rng_file.is_file():
-        _set_rng_state(msgspec.msgpack.decode(rng_file.read_bytes()))
-    else:
-        logger.warning("no RNG state for rank %d in %s (world size changed?): RNG not restored", ctx.rank, ckpt)
-    ctx.barrier()
-    return meta["extra"]
+    extra: bytes | dict[str, Any] | None = meta["extra"]
+    return extra

@@ -10,6 +10,9 @@ Gradient scaling follows the RL update (:mod:`async_rl.learner.update`): each ra
 step's batch, each micro-batch's loss is a sum over its pairs divided by the step's global pair count, and the loss is
 multiplied by the world size before backward because FSDP2 averages gradients over ranks. The step's gradient is
 then the gradient of the mean loss over all its pairs, whatever the world size and the micro-batch size.
+
+Checkpoints are the learner's (:func:`~async_rl.learner.checkpoint.save_trained`): the one trained model under the
+name ``reward_model``, with the trainer's data cursor as ``extra``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from async_rl import metric_catalog as mc
 from async_rl.algorithms import bradley_terry_loss, pair_stats
 from async_rl.config.reward_model_train import RewardModelTrainConfig
+from async_rl.learner.checkpoint import load_trained, save_trained
 from async_rl.learner.dist import DistContext
 from async_rl.learner.export import export_hf
 from async_rl.learner.model import ModelSource, build_model
@@ -186,6 +191,18 @@ class RewardModel:
         gathered = ctx.all_gather(local).cpu()  # [W * per_rank, 2]: rank-major
         order = gathered.reshape(ctx.world_size, per_rank, 2).transpose(0, 1).reshape(-1, 2)[:n]  # pair i = k*W + r
         return PairScores(order[:, 0].contiguous(), order[:, 1].contiguous())
+
+    def save_checkpoint(self, root: str | Path, *, step: int, extra: dict[str, Any], keep_last: int | None) -> Path:
+        """Model, optimizer, schedule, guard and RNG states after ``step`` steps, with the caller's ``extra`` (the data
+        cursor), as ``<root>/step_<step>`` (:func:`~async_rl.learner.checkpoint.save_trained`); every rank calls it."""
+        return save_trained(
+            self.ctx, {"reward_model": self.trained}, root, step=step, fields={"extra": extra}, keep_last=keep_last
+        )
+
+    def load_checkpoint(self, path: str | Path) -> tuple[int, dict[str, Any]]:
+        """Restore from a committed checkpoint (every rank); returns its step and the saved ``extra``."""
+        meta = load_trained(self.ctx, {"reward_model": self.trained}, path)
+        return int(meta["version"]), dict(meta["extra"])
 
     def export(self, out_dir: str | Path) -> Path:
         """The full model as a Hugging Face sequence-classification directory (fp32); call on every rank."""

@@ -7,6 +7,13 @@ converts a builtin one first), loads and tokenizes the pairs (every rank the sam
 end the model is exported as a Hugging Face sequence-classification directory (``<run dir>/hf``, with the tokenizer)
 and ``<run dir>/hf/reward_stats.json`` holds the mean and standard deviation of its scores on the held-out pairs
 (the training pairs without ``data.val_files``), for normalising rewards.
+
+Checkpoints (``trainer.save_freq``) go to ``<run dir>/checkpoints/step_<N>`` through the learner's checkpoint code
+(:mod:`async_rl.learner.checkpoint`): model, optimizer, schedule, RNG states and the data cursor (the epoch and the
+index in that epoch's shuffled order of the next pair), so a resumed run (``trainer.resume_mode``) trains exactly
+the pairs, in the order, an uninterrupted run would. SIGTERM (:mod:`async_rl.runtime.graceful_stop`) is checked
+before each step, on every rank together: the run writes a checkpoint of the steps it trained since the last one
+(when ``trainer.save_freq`` > 0) and stops without exporting.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from async_rl import metric_catalog as mc
 from async_rl.config.cli import config_to_dict
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.runtime import resources
+from async_rl.runtime.graceful_stop import GracefulStop
 
 if TYPE_CHECKING:
     from async_rl.learner.reward_model import PairScores
@@ -35,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 REWARD_STATS_FILE = "reward_stats.json"
 EXPORT_DIR = "hf"
+CHECKPOINT_DIR = "checkpoints"
 
 # (label, key, format) of the console line of a step
 _CONSOLE: tuple[tuple[str, str, str], ...] = (
@@ -62,13 +71,14 @@ def run_dir(cfg: RewardModelTrainConfig) -> Path:
 
 
 class RewardModelTrainer:
-    """One rank's reward-model run (see the module docstring); :meth:`train` runs it and returns the summary."""
+    """One rank's reward-model run (see the module docstring); :meth:`train` runs it and returns the summary.
+    ``stop``: the SIGTERM flag to check before each step (None: not checked)."""
 
-    def __init__(self, cfg: RewardModelTrainConfig, ctx: Any) -> None:
+    def __init__(self, cfg: RewardModelTrainConfig, ctx: Any, stop: GracefulStop | None = None) -> None:
         from async_rl.data.preferences import load_pairs, tokenize_pairs
         from async_rl.learner.reward_model import RewardModel
 
-        self.cfg, self.ctx = cfg, ctx
+        self.cfg, self.ctx, self.stop = cfg, ctx, stop
         self.out_dir = run_dir(cfg)
         if ctx.rank == 0:  # rank 0 builds or converts a builtin model once; the others then find it on disk
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +117,9 @@ class RewardModelTrainer:
         t = cfg.trainer
         self.total_steps = t.total_training_steps or t.total_epochs * self.steps_per_epoch
         self.model = RewardModel(cfg, ctx, model_path, run_steps=self.total_steps, pad_token_id=pad)
+        self.ckpt_dir = self.out_dir / CHECKPOINT_DIR
+        self.start_step = self._resume()
+        self.saved_step = self.start_step  # the newest step a checkpoint holds (or the run started from)
         self.sink = self._open_sink() if ctx.rank == 0 else None
         self.last_eval: PairScores | None = None  # the newest evaluation's scores
         if ctx.rank == 0:
@@ -133,6 +146,67 @@ class RewardModelTrainer:
             config=config_to_dict(self.cfg),
         )
 
+    # ------------------------------------------------------------------ checkpoints
+    def _cursor(self, step: int) -> dict[str, Any]:
+        """Where the data stands after ``step`` steps: the epoch and the index (in that epoch's order) of the next
+        pair, and what that order depends on (checked on resume)."""
+        d = self.cfg.data
+        return {
+            "step": step,
+            "epoch": step // self.steps_per_epoch,
+            "index": (step % self.steps_per_epoch) * d.train_batch_size,
+            "pairs": len(self.train_pairs),
+            "train_batch_size": d.train_batch_size,
+            "shuffle": d.shuffle,
+            "seed": d.seed,
+        }
+
+    def _resume(self) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` asks for (every rank); the step to continue from."""
+        from async_rl.learner.checkpoint import resume_path
+
+        t = self.cfg.trainer
+        path = resume_path(t.resume_mode, t.resume_from_path, self.ckpt_dir)
+        if path is None:
+            return 0
+        step, cursor = self.model.load_checkpoint(path)
+        now = self._cursor(step)
+        changed = [
+            f"{'training pairs' if key == 'pairs' else 'data.' + key}: {cursor.get(key)!r} then, {now[key]!r} now"
+            for key in ("pairs", "train_batch_size", "shuffle", "seed")
+            if cursor.get(key) != now[key]
+        ]
+        if changed:
+            raise ValueError(
+                f"checkpoint {path} was written over other training data ({'; '.join(changed)}): resuming would"
+                " repeat or skip pairs; set trainer.resume_mode=disable to start fresh"
+            )
+        assert (cursor["epoch"], cursor["index"]) == (now["epoch"], now["index"]), (cursor, now)
+        if self.ctx.rank == 0:
+            logger.info(
+                "resumed from %s after step %d (epoch %d, pair %d of its order)", path, step, now["epoch"], now["index"]
+            )
+        return step
+
+    def _save(self, step: int) -> Path:
+        t = self.cfg.trainer
+        path = self.model.save_checkpoint(
+            self.ckpt_dir, step=step, extra=self._cursor(step), keep_last=t.max_ckpt_to_keep
+        )
+        self.saved_step = step
+        return path
+
+    def _stopped(self, step: int) -> dict[str, Any]:
+        """A signal stopped the run before step ``step``: checkpoint what is new (when checkpointing is on), close."""
+        due = self.cfg.trainer.save_freq > 0 and step > self.saved_step
+        checkpoint = self._save(step) if due else None
+        if self.ctx.rank == 0:
+            logger.warning("stopped by signal after step %d; checkpoint: %s", step, checkpoint or "none written")
+        if self.sink is not None:
+            self.sink.close()
+        return {"stopped": True, "steps": step, "checkpoint": str(checkpoint) if checkpoint else None}
+
+    # ------------------------------------------------------------------ the run
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.train_pairs)))
         if self.cfg.data.shuffle:
@@ -171,13 +245,17 @@ class RewardModelTrainer:
         return metrics
 
     def train(self) -> dict[str, Any]:
-        """Run every step, export, and return the summary (the last step's metrics, paths, reward statistics)."""
+        """Run every step from the start (or the resumed) step, checkpointing when due, export, and return the summary
+        (the last step's metrics, paths, reward statistics); ``{"stopped": True, ...}`` after a signal."""
         started = time.monotonic()
         metrics: dict[str, float] = {}
         order: list[int] = []
-        console = "console" in self.cfg.trainer.logger and self.ctx.rank == 0
-        for step in range(self.total_steps):
-            if step % self.steps_per_epoch == 0:
+        t = self.cfg.trainer
+        console = "console" in t.logger and self.ctx.rank == 0
+        for step in range(self.start_step, self.total_steps):
+            if self.stop is not None and self.stop.agreed(self.ctx):  # collective
+                return self._stopped(step)
+            if step == self.start_step or step % self.steps_per_epoch == 0:
                 order = self._order(step // self.steps_per_epoch)
             metrics = self.train_step(step, order)
             metrics[mc.TIME_WALL_S] = time.monotonic() - started
@@ -185,6 +263,8 @@ class RewardModelTrainer:
                 self.sink.log(step + 1, metrics)
             if console:
                 logger.info("%s", format_rm_line(step + 1, self.total_steps, metrics))
+            if t.save_freq > 0 and ((step + 1) % t.save_freq == 0 or step + 1 == self.total_steps):
+                self._save(step + 1)
         stats = self.reward_stats()
         export = self.export(stats)
         if self.sink is not None:
@@ -229,15 +309,20 @@ def load_tokenizer(path: str, chat_template: str | None) -> Any:
 
 
 def run_reward_model_training(cfg: RewardModelTrainConfig) -> dict[str, Any]:
-    """Join the torchrun group (or run as one process), train, export; rank 0's summary (an empty dict elsewhere)."""
+    """Join the torchrun group (or run as one process), train, export; rank 0's summary (an empty dict elsewhere;
+    ``{"stopped": True, ...}`` on every rank after SIGTERM)."""
     from async_rl.learner.dist import init_distributed, teardown
 
-    ctx = init_distributed(backend="auto", timeout_s=cfg.trainer.collective_timeout_s)
+    stop = GracefulStop(cfg.trainer.stop_s).install()  # SIGTERM: see runtime/graceful_stop.py
     try:
-        summary = RewardModelTrainer(cfg, ctx).train()
-    except BaseException:
-        logger.exception("reward-model rank %d failed", ctx.rank)
-        teardown(ctx, failed=True)
-        raise
-    teardown(ctx)
-    return summary if ctx.rank == 0 else {}
+        ctx = init_distributed(backend="auto", timeout_s=cfg.trainer.collective_timeout_s)
+        try:
+            summary = RewardModelTrainer(cfg, ctx, stop).train()
+        except BaseException:
+            logger.exception("reward-model rank %d failed", ctx.rank)
+            teardown(ctx, failed=True)
+            raise
+        teardown(ctx)
+    finally:
+        stop.close()
+    return summary if ctx.rank == 0 or summary.get("stopped") else {}

@@ -29,14 +29,9 @@ def save_checkpoint(learner: Any, coordinator: Any, ckpt_dir: Path, step: int, k
 
 def maybe_resume(cfg: Config, learner: Any, coordinator: Any, ckpt_dir: Path) -> int:
     """Load the checkpoint that ``trainer.resume_mode`` asks for; returns the step to continue from."""
-    from async_rl.learner.checkpoint import latest
+    from async_rl.learner.checkpoint import resume_path
 
-    mode = cfg.trainer.resume_mode
-    if mode == "disable":
-        return 0
-    path = Path(cfg.trainer.resume_from_path) if mode == "resume_path" and cfg.trainer.resume_from_path else None
-    if path is None:
-        path = latest(ckpt_dir)
+    path = resume_path(cfg.trainer.resume_mode, cfg.trainer.resume_from_path, ckpt_dir)
     if path is None:
         return 0
     extra = learner.load_checkpoint(path)

@@ -2,7 +2,9 @@
 
 Used by ``test_no_lying_keys.py``. A key ``a.b.leaf`` counts as read when some expression in a runtime module (the
 import closure of the entry points, outside ``async_rl/config/``) evaluates to exactly that config path: an attribute
-chain starting from a name whose config path is known. Names get a config path from
+chain starting from a name whose config path is known. Each config tree is scanned over its own entry points
+(:data:`TREES`: the RL ``Config`` over train/actor/demo/launcher, the reward-model tree over its trainer). Names get a
+config path from
 
 - a type annotation naming a config struct (``cfg: Config``, ``optim: OptimConfig``, ``x: FsdpConfig | None``);
 - an assignment from an expression with a known path (``r = cfg.actor_rollout_ref.rollout``, tuple unpacking too),
@@ -34,9 +36,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import msgspec.inspect as mi
 
-from async_rl.config.introspect import root_type, unwrap
+from async_rl.config import Config
+from async_rl.config.introspect import Root, root_type, unwrap
+from async_rl.config.reward_model_train import RewardModelTrainConfig
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULES = (
@@ -47,6 +52,12 @@ ENTRY_MODULES = (
 )
 CONFIG_PACKAGE = "async_rl.config"
 RESOLVERS = ("async_rl.config.resolve", "async_rl.config.correction")
+RM_ENTRY_MODULES = ("async_rl.entrypoints.train_reward_model",)
+# each config tree: (the entry points that run it, the config modules that fold its keys into others)
+TREES: dict[Root, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    Config: (ENTRY_MODULES, RESOLVERS),
+    RewardModelTrainConfig: (RM_ENTRY_MODULES, ("async_rl.config.resolve",)),
+}
 
 KeyPath = tuple[str, ...]
 
@@ -78,13 +89,17 @@ class Schema:
         return {Ref(p, p) for p in paths}
 
 
-@functools.lru_cache(maxsize=1)
-def schema() -> Schema:
+@functools.lru_cache(maxsize=4)
+def schema(root: Root = Config) -> Schema:
+    """The key paths of ``root``'s tree; a section is found by its struct's class name and its bases' (the reward-model
+    tree's ``RewardModelOptimConfig`` is read through functions annotated ``OptimConfig``)."""
     out = Schema()
 
     def walk(tp: mi.StructType, path: KeyPath) -> None:
         out.sections.add(path)
-        out.by_type.setdefault(tp.cls.__name__, []).append(path)
+        for cls in tp.cls.__mro__:
+            if issubclass(cls, msgspec.Struct) and cls is not msgspec.Struct:
+                out.by_type.setdefault(cls.__name__, []).append(path)
         for f in tp.fields:
             inner = unwrap(f.type)[0]
             if isinstance(inner, mi.StructType):
@@ -92,7 +107,7 @@ def schema() -> Schema:
             else:
                 out.leaves.add((*path, f.encode_name))
 
-    walk(root_type(), ())
+    walk(root_type(root), ())
     return out
 
 
@@ -142,9 +157,9 @@ def import_closure(roots: Iterable[str] = ENTRY_MODULES) -> dict[str, Path]:
     return found
 
 
-def runtime_modules() -> dict[str, Path]:
+def runtime_modules(entries: Iterable[str] = ENTRY_MODULES) -> dict[str, Path]:
     """The import closure of the entry points, without the config package itself."""
-    mods = import_closure()
+    mods = import_closure(entries)
     return {n: p for n, p in mods.items() if n != CONFIG_PACKAGE and not n.startswith(CONFIG_PACKAGE + ".")}
 
 
@@ -172,14 +187,14 @@ def _annotation_names(node: ast.expr | None) -> list[str]:
     return []
 
 
-def _annotation_refs(node: ast.expr | None) -> set[Ref]:
+def _annotation_refs(node: ast.expr | None, root: Root) -> set[Ref]:
     refs: set[Ref] = set()
     for name in _annotation_names(node):
-        refs |= schema().refs_of_type(name)
+        refs |= schema(root).refs_of_type(name)
     return refs
 
 
-def _return_refs(node: ast.expr | None) -> list[set[Ref]] | set[Ref]:
+def _return_refs(node: ast.expr | None, root: Root) -> list[set[Ref]] | set[Ref]:
     """What a call returns per its annotation: a set of refs, or one set per element of a ``tuple[...]``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         try:
@@ -188,12 +203,12 @@ def _return_refs(node: ast.expr | None) -> list[set[Ref]] | set[Ref]:
             return set()
     if isinstance(node, ast.Subscript) and _annotation_names(node.value) == ["tuple"]:
         elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        return [_annotation_refs(e) for e in elts]
-    return _annotation_refs(node)
+        return [_annotation_refs(e, root) for e in elts]
+    return _annotation_refs(node, root)
 
 
-@functools.lru_cache(maxsize=1)
-def config_returning_functions() -> dict[str, list[set[Ref]] | set[Ref]]:
+@functools.lru_cache(maxsize=4)
+def config_returning_functions(root: Root = Config) -> dict[str, list[set[Ref]] | set[Ref]]:
     """Functions of the config package annotated to return config structs (``load_config`` -> Config, ...)."""
     out: dict[str, list[set[Ref]] | set[Ref]] = {}
     for name, path in import_closure([CONFIG_PACKAGE]).items():
@@ -201,7 +216,7 @@ def config_returning_functions() -> dict[str, list[set[Ref]] | set[Ref]]:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef):
-                ret = _return_refs(node.returns)
+                ret = _return_refs(node.returns, root)
                 if ret:
                     out[node.name] = ret
     return out
@@ -226,14 +241,15 @@ Env = dict[str, set[Ref]]
 
 
 class _Scanner:
-    def __init__(self, tree: ast.Module, usage: Usage, *, track_flows: bool) -> None:
+    def __init__(self, tree: ast.Module, usage: Usage, *, track_flows: bool, root: Root) -> None:
         self.usage = usage
         self.track_flows = track_flows
-        self.returns = dict(config_returning_functions())
+        self.root, self.schema = root, schema(root)
+        self.returns = dict(config_returning_functions(root))
         self.functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         self._summaries: dict[str, set[KeyPath]] = {}
         for fn in self.functions.values():
-            ret = _return_refs(fn.returns)
+            ret = _return_refs(fn.returns, root)
             if ret:
                 self.returns[fn.name] = ret
         self.tree = tree
@@ -247,13 +263,13 @@ class _Scanner:
         if isinstance(node, ast.Attribute):
             if isinstance(node.value, ast.Name) and node.value.id == "self" and f"self.{node.attr}" in env:
                 return env[f"self.{node.attr}"]
-            return {c for r in self.denote(node.value, env) if schema().has((c := r.child(node.attr)).path)}
+            return {c for r in self.denote(node.value, env) if self.schema.has((c := r.child(node.attr)).path)}
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
                 name = node.args[1]
                 if isinstance(name, ast.Constant) and isinstance(name.value, str):
                     base = self.denote(node.args[0], env)
-                    return {c for r in base if schema().has((c := r.child(name.value)).path)}
+                    return {c for r in base if self.schema.has((c := r.child(name.value)).path)}
             ret = self.returns.get(_callee(node))
             return ret if isinstance(ret, set) else set()
         if isinstance(node, ast.IfExp):
@@ -273,7 +289,7 @@ class _Scanner:
             elif isinstance(sub, ast.Attribute | ast.Call):
                 if isinstance(sub, ast.Call) and _callee(sub) in self.functions:
                     out |= self.summary(_callee(sub))
-                out |= {r.path for r in self.denote(sub, env) if r.path in schema().leaves}
+                out |= {r.path for r in self.denote(sub, env) if r.path in self.schema.leaves}
         return out
 
     def summary(self, name: str) -> set[KeyPath]:
@@ -327,7 +343,7 @@ class _Scanner:
         args = fn.args
         for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
             env.pop(a.arg, None)
-            refs = _annotation_refs(a.annotation)
+            refs = _annotation_refs(a.annotation, self.root)
             if refs:
                 env[a.arg] = refs
         return env
@@ -403,7 +419,7 @@ class _Scanner:
             targets = list(stmt.targets)
         elif isinstance(stmt, ast.AnnAssign):
             targets = [stmt.target]
-            refs = _annotation_refs(stmt.annotation)
+            refs = _annotation_refs(stmt.annotation, self.root)
             if refs:
                 self.bind(stmt.target, None, refs, env)
                 return
@@ -419,7 +435,7 @@ class _Scanner:
                 for name in _target_names(t):
                     local_reads[name] = local_reads.get(name, set()) | sources
                 for ref in self.denote(t, env) if isinstance(t, ast.Attribute) else set():
-                    if ref.path in schema().leaves:
+                    if ref.path in self.schema.leaves:
                         for s in sources - {ref.path}:
                             self.usage.flows.setdefault(s, set()).add(ref.path)
         if isinstance(stmt, ast.Assign | ast.AnnAssign):
@@ -440,18 +456,20 @@ def _target_names(target: ast.expr) -> list[str]:
     return []
 
 
-def scan_sources(sources: Iterable[str], *, track_flows: bool = False) -> Usage:
+def scan_sources(sources: Iterable[str], *, track_flows: bool = False, root: Root = Config) -> Usage:
+    """What ``sources`` read of ``root``'s tree."""
     usage = Usage()
     for text in sources:
-        _Scanner(ast.parse(text), usage, track_flows=track_flows).scan_module()
+        _Scanner(ast.parse(text), usage, track_flows=track_flows, root=root).scan_module()
     return usage
 
 
-def consumed_keys(runtime: Usage, resolvers: Usage | None = None) -> set[str]:
-    """Dotted leaf keys read by ``runtime`` (shared-type reads need their section reached exactly), plus keys that
-    ``resolvers`` fold into keys so consumed."""
+def consumed_keys(runtime: Usage, resolvers: Usage | None = None, *, root: Root = Config) -> set[str]:
+    """Dotted leaf keys of ``root``'s tree read by ``runtime`` (shared-type reads need their section reached exactly),
+    plus keys that ``resolvers`` fold into keys so consumed."""
     exact = runtime.exact_sections()
-    done = {r.path for r in runtime.reads if r.path in schema().leaves and (r.via is None or r.via in exact)}
+    leaves = schema(root).leaves
+    done = {r.path for r in runtime.reads if r.path in leaves and (r.via is None or r.via in exact)}
     if resolvers is not None:
         changed = True
         while changed:
@@ -463,12 +481,13 @@ def consumed_keys(runtime: Usage, resolvers: Usage | None = None) -> set[str]:
     return {".".join(p) for p in done}
 
 
-def scan_repository() -> set[str]:
-    """The dotted keys a training run reads (see the module docstring)."""
-    runtime = scan_sources(p.read_text() for p in runtime_modules().values())
-    resolver_files = [module_file(name) for name in RESOLVERS]
-    resolvers = scan_sources((p.read_text() for p in resolver_files if p is not None), track_flows=True)
-    return consumed_keys(runtime, resolvers)
+def scan_repository(root: Root = Config) -> set[str]:
+    """The dotted keys of ``root``'s tree that a run of its entry points reads (see the module docstring)."""
+    entries, resolver_names = TREES[root]
+    runtime = scan_sources((p.read_text() for p in runtime_modules(entries).values()), root=root)
+    resolver_files = [module_file(name) for name in resolver_names]
+    resolvers = scan_sources((p.read_text() for p in resolver_files if p is not None), track_flows=True, root=root)
+    return consumed_keys(runtime, resolvers, root=root)
 
 
 __all__ = ["consumed_keys", "import_closure", "runtime_modules", "scan_repository", "scan_sources", "schema"]

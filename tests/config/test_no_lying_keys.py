@@ -5,6 +5,7 @@
 ``r = cfg.actor_rollout_ref.rollout``; keys that validation folds into another key (aliases, deprecated spellings) are
 read when that key is. The few keys no scan can see are listed below, each with what makes it honest, and that is
 checked too. A no-op key (``noop(...)`` in the schema) must produce a start-up warning that names it when set.
+The reward-model tree (``async_rl.entrypoints.train_reward_model``'s) is scanned the same way, over its own run.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import msgspec.inspect as mi
 import pytest
 from _config_key_usage import consumed_keys, module_file, scan_repository, scan_sources
 
-from async_rl.config import ConfigError, iter_schema, load_config, load_config_with_warnings
-from async_rl.config.introspect import type_at, unwrap
+from async_rl.config import Config, ConfigError, iter_schema, load_config, load_config_with_warnings
+from async_rl.config.introspect import Root, type_at, unwrap
+from async_rl.config.reward_model_train import RewardModelTrainConfig
 
 ARR = "actor_rollout_ref"
 _OVERLONG = "reward.reward_kwargs.overlong_buffer_cfg"
@@ -53,12 +55,12 @@ SAME_MEANING = {
 }
 
 
-def _leaf_types() -> dict[str, tuple[mi.Type, Any]]:
+def _leaf_types(root: Root = Config) -> dict[str, tuple[mi.Type, Any]]:
     """Every leaf key's schema type (metadata stripped) and default."""
     out: dict[str, tuple[mi.Type, Any]] = {}
-    for d in iter_schema():
+    for d in iter_schema(root=root):
         if not d.is_section:
-            tp = type_at(list(d.key.split(".")))
+            tp = type_at(list(d.key.split(".")), root)
             assert tp is not None, d.key
             out[d.key] = (unwrap(tp)[0], d.default)
     return out
@@ -89,6 +91,16 @@ def test_every_key_is_read_or_declared_a_no_op(consumed: set[str]) -> None:
     )
     stale = sorted(k for k in explained if k in consumed or k in noop)
     assert not stale, f"listed as explained but now read or declared no-op (remove them from the lists): {stale}"
+
+
+def test_every_reward_model_key_is_read() -> None:
+    """The reward-model tree declares no no-op keys: each one is read by the code its entry point runs."""
+    consumed = scan_repository(RewardModelTrainConfig)
+    assert not [d.key for d in iter_schema(root=RewardModelTrainConfig) if d.noop]
+    types = _leaf_types(RewardModelTrainConfig)
+    assert "trainer.save_freq" in types and "optim.lr" in consumed  # read through learner/optim.py's OptimConfig
+    lying = [key for key, (tp, _) in types.items() if key not in consumed and not _single_valued(tp)]
+    assert not lying, f"reward-model keys documented as doing something that its run never reads: {lying}"
 
 
 def test_aliases_land_on_the_key_they_spell(consumed: set[str]) -> None:

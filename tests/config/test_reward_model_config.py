@@ -66,6 +66,8 @@ def test_yaml_defaults_include_and_cli_overrides(tmp_path: Path) -> None:
         ),
         ("data.chosen_key=prompt", "data.prompt_key, data.chosen_key and data.rejected_key must differ"),
         ("optim.betas=[0.9,1.0]", "optim.betas must each be in [0, 1)"),
+        ("trainer.resume_mode=resume_path", "trainer.resume_mode='resume_path' needs trainer.resume_from_path"),
+        ("trainer.save_freq=-2", "config key `trainer.save_freq`: expected int >= -1"),
     ],
 )
 def test_a_bad_key_or_value_names_it(override: str, message: str) -> None:

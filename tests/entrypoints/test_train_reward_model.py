@@ -91,3 +91,14 @@ def test_dry_run_checks_the_data_and_a_bad_key_exits_2(
         main(["data.max_lenght=5"])
     assert info.value.code == 2
     assert "did you mean `data.max_length`?" in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_sigterm_exits_143(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from async_rl.entrypoints.train_reward_model import main
+    from async_rl.runtime import reward_model_trainer
+
+    def stopped(cfg: object) -> dict[str, object]:
+        return {"stopped": True, "steps": 3, "checkpoint": None}
+
+    monkeypatch.setattr(reward_model_trainer, "run_reward_model_training", stopped)
+    assert main([f"trainer.default_local_dir={tmp_path}"]) == 128 + signal.SIGTERM

@@ -8,21 +8,13 @@ See docs/reward_models.md.
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from async_rl.entrypoints._exit import exit_without_finalization  # noqa: E402
 from async_rl.entrypoints.train_reward_model import main  # noqa: E402
 
 if __name__ == "__main__":
-    code = main()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except OSError:
-            pass
-    os._exit(code)  # as the entry point: skip the finalization where gloo's threads can abort a finished rank
+    exit_without_finalization(main())

@@ -21,9 +21,9 @@ import json
 import logging
 import os
 import signal
-import sys
 
 from async_rl.config import parse_cli
+from async_rl.entrypoints._exit import exit_without_finalization
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,13 +55,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything is written and the process group is destroyed: skip interpreter finalization, where gloo's worker
-    # threads can abort a finished rank ("terminate called without an active exception", a torch/gloo teardown race).
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except OSError:
-            pass  # the reader is gone (torchrun and the launcher were killed): exit all the same
-    os._exit(code)
+    exit_without_finalization(main())

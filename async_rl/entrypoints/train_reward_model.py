@@ -20,10 +20,10 @@ import json
 import logging
 import os
 import signal
-import sys
 
 from async_rl.config.cli import parse_tree_cli
 from async_rl.config.reward_model_train import RewardModelTrainConfig, validate_reward_model_config
+from async_rl.entrypoints._exit import exit_without_finalization
 
 
 def dry_run(cfg: RewardModelTrainConfig) -> int:
@@ -72,12 +72,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # As the RL learner does: skip interpreter finalization, where gloo's threads can abort a finished rank.
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except OSError:
-            pass
-    os._exit(code)
+    exit_without_finalization(main())

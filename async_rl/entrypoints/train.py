@@ -17,13 +17,11 @@ step boundary, checkpoints if checkpointing is configured, and exits 143 (128 + 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 
 from async_rl.config import parse_cli
-from async_rl.entrypoints._exit import exit_without_finalization
+from async_rl.entrypoints._exit import exit_without_finalization, report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     watch_parent(grace_s=cfg.async_training.timeouts.stop_s + 5.0)
     from async_rl.runtime.learner_main import run_learner
 
-    summary = run_learner(cfg)
-    if summary.get("stopped"):
-        return 128 + signal.SIGTERM
-    if summary:
-        print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=str))
-    return 0
+    return report(run_learner(cfg))
 
 
 if __name__ == "__main__":

@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 
 from async_rl.config.cli import parse_tree_cli
 from async_rl.config.reward_model_train import RewardModelTrainConfig, validate_reward_model_config
-from async_rl.entrypoints._exit import exit_without_finalization
+from async_rl.entrypoints._exit import exit_without_finalization, report
 
 
 def dry_run(cfg: RewardModelTrainConfig) -> int:
@@ -63,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)  # one rank's log lines are enough
     from async_rl.runtime.reward_model_trainer import run_reward_model_training
 
-    summary = run_reward_model_training(cfg)
-    if summary.get("stopped"):
-        return 128 + signal.SIGTERM
-    if summary:
-        print(json.dumps({k: v for k, v in summary.items() if k != "last"}, default=str))
-    return 0
+    return report(run_reward_model_training(cfg))
 
 
 if __name__ == "__main__":

@@ -24,32 +24,23 @@ there within ``async_training.timeouts.stop_s`` exits without one (:mod:`async_r
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from async_rl.config import Config
-from async_rl.runtime.graceful_stop import GracefulStop
-
-logger = logging.getLogger(__name__)
+from async_rl.runtime.rank_run import run_rank
 
 
 def run_learner(cfg: Config) -> dict[str, Any]:
     """Train for the run length (``trainer.total_training_steps``, else derived from ``trainer.total_epochs``, see
     :mod:`async_rl.runtime.run_length`) or until the data runs out; returns a summary on rank 0 (empty dict elsewhere).
     """
-    from async_rl.learner.dist import init_distributed, teardown
     from async_rl.runtime.trainer import Trainer
 
-    stop = GracefulStop(cfg.async_training.timeouts.stop_s).install()  # SIGTERM: see runtime/graceful_stop.py
-    try:
-        ctx = init_distributed(backend="auto", timeout_s=cfg.async_training.timeouts.collective_s)
-        try:
-            result = Trainer(cfg, ctx, stop).train()
-        except BaseException:
-            logger.exception("learner rank %d failed", ctx.rank)
-            teardown(ctx, failed=True)
-            raise
-        teardown(ctx)
-        return result
-    finally:
-        stop.close()
+    timeouts = cfg.async_training.timeouts
+    _, result = run_rank(
+        "learner",
+        stop_s=timeouts.stop_s,
+        collective_s=timeouts.collective_s,
+        body=lambda ctx, stop: Trainer(cfg, ctx, stop).train(),
+    )
+    return result

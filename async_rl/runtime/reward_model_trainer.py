@@ -33,6 +33,7 @@ from async_rl.config.cli import config_to_dict
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop
+from async_rl.runtime.rank_run import run_rank
 
 if TYPE_CHECKING:
     from async_rl.learner.reward_model import PairScores
@@ -311,18 +312,10 @@ def load_tokenizer(path: str, chat_template: str | None) -> Any:
 def run_reward_model_training(cfg: RewardModelTrainConfig) -> dict[str, Any]:
     """Join the torchrun group (or run as one process), train, export; rank 0's summary (an empty dict elsewhere;
     ``{"stopped": True, ...}`` on every rank after SIGTERM)."""
-    from async_rl.learner.dist import init_distributed, teardown
-
-    stop = GracefulStop(cfg.trainer.stop_s).install()  # SIGTERM: see runtime/graceful_stop.py
-    try:
-        ctx = init_distributed(backend="auto", timeout_s=cfg.trainer.collective_timeout_s)
-        try:
-            summary = RewardModelTrainer(cfg, ctx, stop).train()
-        except BaseException:
-            logger.exception("reward-model rank %d failed", ctx.rank)
-            teardown(ctx, failed=True)
-            raise
-        teardown(ctx)
-    finally:
-        stop.close()
+    ctx, summary = run_rank(
+        "reward-model",
+        stop_s=cfg.trainer.stop_s,
+        collective_s=cfg.trainer.collective_timeout_s,
+        body=lambda ctx, stop: RewardModelTrainer(cfg, ctx, stop).train(),
+    )
     return summary if ctx.rank == 0 or summary.get("stopped") else {}

@@ -37,6 +37,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+# torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single; older builds (the CUDA torch a
+# vLLM wheel pins, say) have only the old name
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def pick_device(local_rank: int = 0) -> torch.device:
     """``cuda:<local_rank>`` when CUDA is available, else CPU."""
     if torch.cuda.is_available():
@@ -84,7 +89,7 @@ class DistContext:
             return tensor
         work = tensor.to(self.device).contiguous()
         out = torch.empty((self.world_size * work.shape[0], *work.shape[1:]), dtype=work.dtype, device=self.device)
-        dist.all_gather_single(out, work)
+        _all_gather_single(out, work)
         return out.to(tensor.device)
 
     def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:

@@ -107,10 +107,6 @@ def build_shared_layout(prompt_lengths: Sequence[int], completion_lengths: Seque
     return SharedLayout(prompt_index, comp_index, comp_group, mask[:, None], inverse)
 
 
-def _expand_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
-
-
 def shared_prompt_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -133,8 +129,9 @@ def shared_prompt_attention(
     if query.shape[0] != 1:
         raise ValueError(f"a shared-prompt row is one sequence of pieces, got a batch of {query.shape[0]}")
     lay = shared_layout
-    n_rep = query.shape[1] // key.shape[1]
-    q, k, v = query[0], _expand_kv(key, n_rep)[0], _expand_kv(value, n_rep)[0]  # [H, L, D]
+    # grouped-query heads stay grouped (enable_gqa): no copy of the keys and values per query head
+    gqa = query.shape[1] != key.shape[1]
+    q, k, v = query[0], key[0], value[0]  # [H, L, D], [Hkv, L, D]
     g_count, p_max = lay.prompt_index.shape
     n_count, t_max = lay.comp_index.shape
 
@@ -142,11 +139,13 @@ def shared_prompt_attention(
         return x.index_select(1, index.reshape(-1)).unflatten(1, index.shape).transpose(0, 1)
 
     qp, kp, vp = (gather(x, lay.prompt_index) for x in (q, k, v))
-    out_p = nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling)
+    out_p = nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=gqa)
     qc = gather(q, lay.comp_index)
     kc = torch.cat([kp.index_select(0, lay.comp_group), gather(k, lay.comp_index)], dim=2)
     vc = torch.cat([vp.index_select(0, lay.comp_group), gather(v, lay.comp_index)], dim=2)
-    out_c = nn.functional.scaled_dot_product_attention(qc, kc, vc, attn_mask=lay.comp_mask, scale=scaling)
+    out_c = nn.functional.scaled_dot_product_attention(
+        qc, kc, vc, attn_mask=lay.comp_mask, scale=scaling, enable_gqa=gqa
+    )
     heads, dim = q.shape[0], q.shape[2]
     flat = torch.cat(
         [

@@ -508,6 +508,28 @@ TRANSPORT_ACTORS_SERVED_CHECK_FAILURES_TOTAL = _m(
     "cumulative",
     "... of which the served adapter did not compute what the learner's does (that actor stops generating)",
 )
+TRANSPORT_ACTORS_REWARD_MODEL_REQUESTS_TOTAL = _m(
+    "transport/actors/reward_model_requests_total", "cumulative", "groups scored by the learned reward model"
+)
+TRANSPORT_ACTORS_REWARD_MODEL_TIMEOUTS_TOTAL = _m(
+    "transport/actors/reward_model_timeouts_total", "cumulative", "reward-server requests past their deadline"
+)
+TRANSPORT_ACTORS_REWARD_MODEL_DEFERRED_TOTAL = _m(
+    "transport/actors/reward_model_deferred_total",
+    "cumulative",
+    "group scorings that found no reward server answering and waited to try again",
+)
+TRANSPORT_ACTORS_REWARD_MODEL_GIVEN_UP_TOTAL = _m(
+    "transport/actors/reward_model_given_up_total",
+    "cumulative",
+    "groups given up for want of a reward-model answer (granted again after their lease)",
+)
+TRANSPORT_ACTORS_REWARD_MODEL_REFUSED_TOTAL = _m(
+    "transport/actors/reward_model_refused_total", "cumulative", "groups refused for an untrusted reward-model answer"
+)
+TRANSPORT_ACTORS_REWARD_MODEL_SECONDS_TOTAL = _m(
+    "transport/actors/reward_model_seconds_total", "cumulative", "seconds the actors waited on reward-model answers"
+)
 TRANSPORT_ACTORS_LOADED_VERSION_MIN = _m(
     "transport/actors/loaded_version_min",
     "gauge",
@@ -630,6 +652,33 @@ ACTOR_SERVED_CHECK_DIFF = _m(
     "actor/served_check_diff", "last", "the last check's mean |log-prob difference| on the probe", "actor"
 )
 ACTOR_IDLE_SECONDS = _m("actor/idle_seconds", "cumulative", "seconds with nothing to generate", "actor")
+ACTOR_REWARD_MODEL_REQUESTS = _m(
+    "actor/reward_model/requests", "cumulative", "groups the reward model scored (usable answers)", "actor"
+)
+ACTOR_REWARD_MODEL_TIMEOUTS = _m(
+    "actor/reward_model/timeouts", "cumulative", "reward-server requests that missed their deadline", "actor"
+)
+ACTOR_REWARD_MODEL_DEFERRED = _m(
+    "actor/reward_model/deferred",
+    "cumulative",
+    "times a group's scoring found no reward server answering and was tried again after a back-off",
+    "actor",
+)
+ACTOR_REWARD_MODEL_GIVEN_UP = _m(
+    "actor/reward_model/given_up",
+    "cumulative",
+    "groups given up for want of a reward-model answer (their prompts are granted again)",
+    "actor",
+)
+ACTOR_REWARD_MODEL_REFUSED = _m(
+    "actor/reward_model/refused",
+    "cumulative",
+    "groups refused for an untrusted reward-model answer (error, non-finite score, another request's answer)",
+    "actor",
+)
+ACTOR_REWARD_MODEL_SECONDS = _m(
+    "actor/reward_model/seconds", "cumulative", "wall-clock seconds of answered reward-model requests", "actor"
+)
 ACTOR_GENERATED_TOKENS = _m("actor/generated_tokens", "cumulative", "tokens generated", "actor")
 ACTOR_POLICY_VERSION = _m("actor/policy_version", "last", "policy version loaded at exit", "actor")
 ACTOR_EPISODES = _m("actor/episodes", "cumulative", "multi-turn episodes played", "actor")

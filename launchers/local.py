@@ -51,6 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PORT_KEY = "async_training.transport.port"
 WS_PORT_KEY = "async_training.weight_sync.master_port"
 NUM_ACTORS_KEY = "async_training.num_actors"
+REWARD_PORT_KEY = "reward.reward_model.port"
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]", "")
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class ActorPolicy:
     actor_failure: str  # "continue" | "stop"
     max_restarts: int  # restarts per actor (0 = none)
     backoff_s: float  # delay before an actor's first restart, doubled for each further one
+    essential_restarts: int = 0  # restarts of a part the job needs (the reward server); then the job stops
 
     def restart_delay(self, restarts_so_far: int) -> float:
         return self.backoff_s * 2**restarts_so_far
@@ -85,6 +87,7 @@ class Part:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     echo: bool = False  # also copy its output to the terminal
+    essential: bool = False  # the job cannot go on without it (the reward server): restarted, never tolerated
 
     def describe(self) -> str:
         """The command as a shell line (environment assignments first)."""
@@ -105,6 +108,8 @@ class JobSettings:
     ws_port: int
     actor_policy: ActorPolicy
     learner_stop_s: float | None  # async_training.timeouts.stop_s: the learner's SIGTERM-to-exit deadline
+    reward_server: bool = False  # reward.reward_model is on with placement 'server'
+    reward_port: int = 0  # reward.reward_model.port (0 = pick one)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -154,6 +159,7 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
         raise ValueError(f"config error: {exc}") from None
     at = cfg.async_training
     lc = at.launcher
+    rm = cfg.reward.reward_model
     return JobSettings(
         num_actors=at.num_actors,
         nproc_per_node=cfg.trainer.n_gpus_per_node,
@@ -166,8 +172,11 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
             actor_failure=lc.actor_failure,
             max_restarts=lc.max_actor_restarts if lc.restart_actors else 0,
             backoff_s=lc.restart_backoff_s,
+            essential_restarts=lc.max_reward_server_restarts,
         ),
         learner_stop_s=at.timeouts.stop_s,
+        reward_server=rm.enable and rm.placement == "server",
+        reward_port=rm.port,
     )
 
 
@@ -235,9 +244,10 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
     """The learner part and one part per actor, with ports picked and every override passed through."""
     nproc = args.nproc_per_node or settings.nproc_per_node
     actors = args.actors or settings.num_actors
-    fresh = iter(pick_free_ports(2))
+    fresh = iter(pick_free_ports(3))
     port = settings.port or next(fresh)
     ws_port = settings.ws_port or next(fresh)
+    reward_port = settings.reward_port or next(fresh)
     connect = "127.0.0.1" if settings.host in _WILDCARD_HOSTS else settings.host
     configs = [a for path in args.config for a in ("--config", path)]
     wiring = [
@@ -247,6 +257,8 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         "trainer.nnodes=1",
         f"trainer.n_gpus_per_node={nproc}",
     ]
+    if settings.reward_server:
+        wiring.append(f"{REWARD_PORT_KEY}={reward_port}")
     log_dir = Path(args.log_dir) if args.log_dir else Path(args.run_dir) / "logs"
     envs = _gpu_envs(settings, nproc, actors, gpus)
     if args.learner_cmd:
@@ -255,6 +267,9 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         learner = [*torchrun_command(), "--standalone", "--nproc_per_node", str(nproc)]
         learner += ["-m", "async_rl.entrypoints.train", *configs, *args.overrides, *wiring]
     parts = [Part("learner", tuple(learner), log_dir / "learner.log", envs[0], echo=True)]
+    if settings.reward_server:  # beside the actors; it needs no GPU of its own at this scale (the CPU scores)
+        argv = [sys.executable, "-m", "async_rl.entrypoints.reward_server", *configs, *args.overrides, *wiring]
+        parts.append(Part("reward-server", tuple(argv), log_dir / "reward-server.log", essential=True))
     emulate: list[str] = []
     if args.emulate_tokens_per_s is not None:
         emulate = ["--emulate-tokens-per-s", str(args.emulate_tokens_per_s)]
@@ -483,17 +498,19 @@ class _Supervisor:
         if r is self.primary:
             logger.error("%s; stopping every other part", failed)
             return False
+        limit = self._limit(r.part)
         _signal_group(
             r, signal.SIGKILL
         )  # what is left of its tree (vLLM's engine process) holds memory a restart needs
-        if done < self.policy.max_restarts:
+        if done < limit:
             delay = self.policy.restart_delay(done)
             self.restarts[name] = done + 1
             self.due[name] = time.monotonic() + delay
-            logger.warning(
-                "%s; restarting it in %.1f s (restart %d of %d)", failed, delay, done + 1, self.policy.max_restarts
-            )
+            logger.warning("%s; restarting it in %.1f s (restart %d of %d)", failed, delay, done + 1, limit)
             return True
+        if r.part.essential:
+            logger.error("%s; the job cannot go on without it: stopping every other part", failed)
+            return False
         left = [
             o.part.name for o in self._actors() if o is not r and (o.proc.poll() is None or o.part.name in self.due)
         ]
@@ -504,8 +521,11 @@ class _Supervisor:
         logger.error("%s; %s: stopping every other part", failed, reason)
         return False
 
+    def _limit(self, part: Part) -> int:
+        return self.policy.essential_restarts if part.essential else self.policy.max_restarts
+
     def _actors(self) -> list[_Running]:
-        return [r for r in self.running if r is not self.primary]
+        return [r for r in self.running if r is not self.primary and not r.part.essential]
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -515,7 +535,7 @@ class _Supervisor:
                 del self.due[name]
                 r.log.close()
                 self.running[i] = _start(r.part, self.sink, restart=self.restarts[name])
-                logger.warning("restarted %s (restart %d of %d)", name, self.restarts[name], self.policy.max_restarts)
+                logger.warning("restarted %s (restart %d of %d)", name, self.restarts[name], self._limit(r.part))
 
     def _finish(self) -> int:
         """The primary exited 0: the others get ``actor_exit_s`` to leave by themselves, then are stopped."""

@@ -8,9 +8,16 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
         pause -> receive + verify -> resume   (engine.update_weights, the one pause/resume path)
         keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
         multi-turn (``episodes``): each grant's episodes talk with the environment (actor.episodes), which scores them
-        each finished group: score its completions in the reward worker (then the optional length shaping,
-        ``reward_shaping``: DAPO's overlong penalty, so the reward on the wire is the shaped one), send it
-        (tracked until acked; the send never blocks the loop)
+        each finished group: score its completions in the reward worker and, with a learned reward model
+        (``reward_model``), by the reward server or in-process (the two combined by ``reward_weights``), then the
+        optional length shaping (``reward_shaping``: DAPO's overlong penalty, so the reward on the wire is the shaped
+        one), send it (tracked until acked; the send never blocks the loop)
+
+A reward model that does not answer in time (``RewardModelUnavailable``: a stopped, dead or restarting server) costs
+the group a wait: it is scored again after a back-off (1 s, doubling to 30 s) until ``give_up_s`` after its start,
+then given up (its lease expires and the coordinator grants the prompt again). An answer that cannot be trusted
+(``UntrustedScore``: an error, a non-finite score, the answer to another request) refuses the group at once; nothing
+is ever sent with a guessed score.
 
 A grant is started only on weights at least as new as its ``min_version`` (the staleness bound); otherwise it waits
 for the next update. An eval grant (a validation round, ``grant.is_eval``) starts only on EXACTLY its ``min_version``:
@@ -46,6 +53,8 @@ from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateM
 from async_rl.actor.episodes import EpisodeRunner
 from async_rl.peft_format import LoRASpec, adapter_config
 from async_rl.rewards import OverlongShaping, RewardResult
+from async_rl.rewards.model_client import GroupScorer, RewardModelUnavailable, RewardWeights, combine
+from async_rl.rewards.model_score import UntrustedScore
 from async_rl.transport.protocol import (
     Completion,
     GroupSampling,
@@ -151,6 +160,9 @@ class ActorLoopStats:
     served_check_diff: float = 0.0  # the last check's mean |difference| of log-probs
     joins_left_out: int = 0  # invited to a weight-sync epoch but not in its roster (too late, or the join failed)
     idle_seconds: float = 0.0
+    reward_model_deferred: int = 0  # groups whose reward-model scoring waited for the server (then tried again)
+    reward_model_given_up: int = 0  # ... given up after give_up_s (the prompt is granted again)
+    reward_model_refused: int = 0  # groups refused for an untrusted reward-model answer
 
 
 class ActorLoop:
@@ -165,6 +177,9 @@ class ActorLoop:
         scorer: Scorer,
         weight_sync: WeightSync | None,
         reward_shaping: OverlongShaping | None = None,
+        reward_model: GroupScorer | None = None,
+        reward_weights: RewardWeights | None = None,
+        give_up_s: float | None = None,
         episodes: EpisodeRunner | None = None,
         max_concurrent_groups: int,
         update_mode: UpdateMode,
@@ -173,11 +188,16 @@ class ActorLoop:
     ) -> None:
         if max_concurrent_groups < 1:
             raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
+        if reward_model is not None and (reward_weights is None or give_up_s is None):
+            raise ValueError("a reward model needs reward_weights and give_up_s")
         self.actor_id = actor_id
         self.client = client
         self.engine = engine
         self.scorer = scorer
         self.reward_shaping = reward_shaping
+        self.reward_model = reward_model
+        self.reward_weights = reward_weights
+        self.give_up_s = give_up_s
         self.episodes = episodes
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
@@ -197,6 +217,7 @@ class ActorLoop:
         self._stop = False
         self._fatal: ActorFailed | None = None
         self._score_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+        self._model_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-model")
 
     # ------------------------------------------------------------------ weights
     async def _maybe_update_weights(self) -> None:
@@ -356,11 +377,19 @@ class ActorLoop:
         prompt_text = str(extras.get("prompt", ""))
         ground_truth = str(extras.get("ground_truth", ""))
         texts = [c.text for c in completions]
+        model_scores: list[float] | None = None
+        if self.reward_model is not None:
+            model_scores = await self._model_scores(grant, prompt_ids.tolist(), completions, started)
+            if model_scores is None:
+                return
 
-        shaping = self.reward_shaping
+        shaping, weights = self.reward_shaping, self.reward_weights
 
         def score_group() -> list[RewardResult]:
             results = [self.scorer.score(prompt_text, t, ground_truth, extras.get("extra")) for t in texts]
+            if model_scores is not None:
+                assert weights is not None
+                results = [combine(r, m, weights) for r, m in zip(results, model_scores, strict=True)]
             if shaping is None:
                 return results
             return [shaping.apply(r, len(c.token_ids)) for r, c in zip(results, completions, strict=True)]
@@ -376,6 +405,36 @@ class ActorLoop:
             eval_round=grant.eval_round,
         )
         await self._finished.put(group)
+
+    async def _model_scores(
+        self, grant: PromptGrant, prompt_ids: list[int], completions: list[EngineOutput], started: float
+    ) -> list[float] | None:
+        """The reward model's scores of the group's completions, or None when the group is refused or given up."""
+        assert self.reward_model is not None and self.give_up_s is not None
+        model = self.reward_model
+        responses = [list(c.token_ids) for c in completions]
+        loop = asyncio.get_running_loop()
+        delay = 1.0
+        while True:
+            try:
+                return await loop.run_in_executor(self._model_pool, model.score, prompt_ids, responses)
+            except UntrustedScore as exc:
+                self.stats.reward_model_refused += 1
+                logger.error("actor %s: group of prompt %d refused: %s", self.actor_id, grant.prompt_id, exc)
+                return None
+            except RewardModelUnavailable as exc:
+                if self._stop or time.time() - started + delay > self.give_up_s:
+                    self.stats.reward_model_given_up += 1
+                    logger.error(
+                        "actor %s: gave up scoring prompt %d (%s); it is granted again when its lease expires",
+                        self.actor_id,
+                        grant.prompt_id,
+                        exc,
+                    )
+                    return None
+                self.stats.reward_model_deferred += 1
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 30.0)
 
     async def _run_episodes(self, grant: PromptGrant, episodes: EpisodeRunner) -> None:
         """Multi-turn: the environment scores the episodes (the reward worker is not used)."""
@@ -460,12 +519,14 @@ class ActorLoop:
                 "uptime_s": now - started,
                 "served_checks": float(self.stats.served_checks),  # LoRA: adapters checked against the learner's probe
                 "served_check_failures": float(self.stats.served_check_failures),
+                **self._reward_model_report(),
             }
             await asyncio.sleep(self.poll_interval_s)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._score_pool.shutdown(wait=True)
+        self._model_pool.shutdown(wait=True)
         self.client.wait_acked(timeout_s=5.0)
         return self.stats
 
@@ -477,8 +538,23 @@ class ActorLoop:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._score_pool.shutdown(wait=False)
+        self._model_pool.shutdown(wait=False)
         self.client.wait_acked(timeout_s=2.0)  # finished groups still count
         raise fatal
+
+    def _reward_model_report(self) -> dict[str, float]:
+        """The reward model's cumulative counters for the heartbeat (none without a reward model)."""
+        if self.reward_model is None:
+            return {}
+        rm, s = self.reward_model.stats, self.stats
+        return {
+            "reward_model_requests": float(rm.requests),
+            "reward_model_timeouts": float(rm.timeouts),
+            "reward_model_deferred": float(s.reward_model_deferred),
+            "reward_model_given_up": float(s.reward_model_given_up),
+            "reward_model_refused": float(s.reward_model_refused),
+            "reward_model_seconds": rm.seconds,
+        }
 
     def metrics(self) -> dict[str, float]:
         s = self.stats
@@ -497,6 +573,18 @@ class ActorLoop:
         }
         if self.episodes is not None:
             out.update(self.episodes.metrics())
+        if self.reward_model is not None:
+            rm = self.reward_model.stats
+            out.update(
+                {
+                    mc.ACTOR_REWARD_MODEL_REQUESTS: float(rm.requests),
+                    mc.ACTOR_REWARD_MODEL_TIMEOUTS: float(rm.timeouts),
+                    mc.ACTOR_REWARD_MODEL_DEFERRED: float(s.reward_model_deferred),
+                    mc.ACTOR_REWARD_MODEL_GIVEN_UP: float(s.reward_model_given_up),
+                    mc.ACTOR_REWARD_MODEL_REFUSED: float(s.reward_model_refused),
+                    mc.ACTOR_REWARD_MODEL_SECONDS: rm.seconds,
+                }
+            )
         scorer_metrics = getattr(self.scorer, "metrics", None)
         if callable(scorer_metrics):
             out.update(scorer_metrics())

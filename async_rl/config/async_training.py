@@ -181,6 +181,13 @@ class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     restart_backoff_s: Annotated[
         NonNegFloat, doc("Seconds before an actor's first restart; doubled before each further restart of it.")
     ] = 5.0
+    max_reward_server_restarts: Annotated[
+        NonNegInt,
+        doc(
+            "Restarts allowed for the reward server (reward.reward_model.placement: server) over the whole run, after"
+            " restart_backoff_s (doubled each time); then the job stops, as it cannot be scored without it."
+        ),
+    ] = 3
 
 
 class ActorSettingsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

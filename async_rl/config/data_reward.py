@@ -3,18 +3,22 @@
 ``reward`` is this system's own reward-function spec ("module:function", run in a sandboxed worker with a timeout)
 plus ``reward.reward_kwargs``, verl 0.9.1's reward-manager options (DAPO's overlong reward shaping, applied by the
 actors: :mod:`async_rl.rewards.shaping`). ``custom_reward_function`` is verl's file-path form and, when its ``path`` is
-set, is used instead. ``reward_model`` is verl's learned-reward-model section, accepted for compatibility only (a
-warning is raised if one of its keys is set), except two older spellings of ``reward.reward_kwargs`` that verl still
-migrates: ``reward_model.reward_kwargs.*`` and the DAPO recipe's ``reward_model.overlong_buffer.*``. Validation maps
-them onto ``reward.reward_kwargs`` (two spellings set to different values is an error naming both keys).
+set, is used instead. ``reward.reward_model`` (verl 0.9's keys) adds a learned reward model's score to every
+completion's reward, served beside the actors (:mod:`async_rl.rewards.server`) or scored inside each actor.
+
+``reward_model`` is verl's older learned-reward-model section. ``reward_model.enable`` and ``reward_model.model.path``
+are aliases of ``reward.reward_model.enable`` and ``model_path``; ``reward_model.reward_kwargs.*`` and the DAPO recipe's
+``reward_model.overlong_buffer.*`` are older spellings of ``reward.reward_kwargs`` that verl still migrates. Validation
+maps them all onto the ``reward`` section (two spellings set to different values is an error naming both keys); its
+other keys are accepted with a warning that they do nothing.
 """
 
 from typing import Annotated, Any
 
 import msgspec
 
-from async_rl.config.fields import NonNegFloat, NonNegInt, PosFloat, PosInt, doc, noop
-from async_rl.config.names import Truncation
+from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc, noop
+from async_rl.config.names import RewardModelPlacement, Truncation
 
 BUILTIN_DATA = "builtin:arith"
 DEFAULT_REWARD_FUNCTION = "async_rl.rewards.arith:compute_score"
@@ -120,6 +124,61 @@ class RewardKwargsAlias(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     max_resp_len: Annotated[PosInt | None, doc("Alias of reward.reward_kwargs.max_resp_len.")] = None
 
 
+class RewardModelServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A learned reward model (a Bradley-Terry export of ``tools/train_reward_model.py``) scoring every completion."""
+
+    enable: Annotated[
+        bool,
+        doc(
+            "Score every completion with the reward model at model_path too: the reward becomes"
+            " rule_weight x the rule score (reward.function) + weight x the model's score, both kept as components."
+        ),
+    ] = False
+    model_path: Annotated[
+        str | None,
+        doc(
+            "Directory the reward-model trainer exported (<run dir>/hf): a transformers sequence-classification"
+            " model (num_labels=1) over the policy's tokenizer, with reward_stats.json beside it."
+        ),
+    ] = None
+    weight: Annotated[float, doc("Weight of the model's score in the reward (component 'reward_model').")] = 1.0
+    rule_weight: Annotated[
+        float,
+        doc("Weight of the rule score in the reward (component 'rule'; 0 = the model alone, the rule still logged)."),
+    ] = 1.0
+    normalize: Annotated[
+        bool, doc("Standardise the model's score with the mean and std of reward_stats.json in model_path.")
+    ] = True
+    placement: Annotated[
+        RewardModelPlacement,
+        doc(
+            "'server': one reward-server process beside the actors batches every actor's requests (the launcher"
+            " starts and restarts it); 'inline': each actor process loads the model and scores its own groups."
+        ),
+    ] = "server"
+    port: Annotated[
+        Port,
+        doc(
+            "The reward server's port on async_training.transport.host (its CURVE keys too); actors connect to the"
+            " coordinator's host at this port. 0 = the launcher picks a free one."
+        ),
+    ] = 0
+    max_batch_sequences: Annotated[
+        PosInt, doc("Most sequences scored in one forward pass (the server batches requests of all actors up to it).")
+    ] = 64
+    max_length: Annotated[
+        PosInt | None,
+        doc("A longer sequence keeps its last max_length tokens (null = max_prompt_length + max_response_length)."),
+    ] = None
+    retries: Annotated[
+        NonNegInt,
+        doc(
+            "Requests repeated after a missed deadline (reward.timeout_s each) before the actor gives the group up;"
+            " its prompt is then granted again (after transport.lease_timeout_s)."
+        ),
+    ] = 2
+
+
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """This system's reward function (scored in a separate worker process) and reward shaping."""
 
@@ -130,9 +189,18 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             " ignored when custom_reward_function.path is set."
         ),
     ] = DEFAULT_REWARD_FUNCTION
-    timeout_s: Annotated[PosFloat, doc("Seconds one reward call may take before it scores 0 and is logged.")] = 10.0
+    timeout_s: Annotated[
+        PosFloat,
+        doc(
+            "Seconds one reward-function call may take before it scores 0 and is logged; also the deadline of one"
+            " reward-model request."
+        ),
+    ] = 10.0
     reward_kwargs: Annotated[RewardKwargsConfig, doc("verl reward-manager options (DAPO overlong shaping).")] = (
         msgspec.field(default_factory=RewardKwargsConfig)
+    )
+    reward_model: Annotated[RewardModelServeConfig, doc("A learned reward model's score added to the reward.")] = (
+        msgspec.field(default_factory=RewardModelServeConfig)
     )
 
 
@@ -145,20 +213,41 @@ class CustomRewardFunctionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fi
     name: Annotated[str, doc("Function name inside `path`.")] = "compute_score"
 
 
-class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """verl's learned reward model (not supported: rewards come from functions), and two older spellings of
-    ``reward.reward_kwargs``."""
+class RewardModelModelAlias(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's older ``reward_model.model`` (only ``path`` is used: an alias of ``reward.reward_model.model_path``)."""
 
-    enable: Annotated[bool, noop("Use a learned reward model.")] = False
+    path: Annotated[str | None, doc("Alias of reward.reward_model.model_path.")] = None
+    input_tokenizer: Annotated[
+        str | None, noop("Re-tokenise for the reward model (it must share the policy's tokenizer here).")
+    ] = None
+    external_lib: Annotated[str | None, noop("External model code.")] = None
+    trust_remote_code: Annotated[bool, noop("Reward-model remote code.")] = False
+    override_config: Annotated[dict[str, Any], noop("Reward-model config overrides.")] = msgspec.field(
+        default_factory=dict
+    )
+    fsdp_config: Annotated[dict[str, Any], noop("Reward-model FSDP settings.")] = msgspec.field(default_factory=dict)
+    use_remove_padding: Annotated[bool, noop("Reward-model packing.")] = False
+    use_fused_kernels: Annotated[bool, noop("Reward-model fused kernels.")] = False
+
+
+class RewardModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's older learned-reward-model section: ``enable`` and ``model.path`` are aliases of
+    ``reward.reward_model``'s keys; two older spellings of ``reward.reward_kwargs``; the rest does nothing."""
+
+    enable: Annotated[bool | None, doc("Alias of reward.reward_model.enable.")] = None
     reward_manager: Annotated[str, noop("verl reward manager (overlong shaping needs no 'dapo' manager here).")] = (
         "naive"
     )
     launch_reward_fn_async: Annotated[bool, noop("Score asynchronously (always the case here).")] = False
     strategy: Annotated[str, noop("Reward-model strategy.")] = "fsdp"
-    model: Annotated[dict[str, Any], noop("Reward-model settings.")] = msgspec.field(default_factory=dict)
-    micro_batch_size: Annotated[int | None, noop("Reward-model micro-batch.")] = None
-    micro_batch_size_per_gpu: Annotated[int | None, noop("Reward-model micro-batch per GPU.")] = None
-    max_length: Annotated[int | None, noop("Reward-model max length.")] = None
+    model: Annotated[RewardModelModelAlias, doc("verl's reward-model settings (path: the model's directory).")] = (
+        msgspec.field(default_factory=RewardModelModelAlias)
+    )
+    micro_batch_size: Annotated[int | None, noop("Reward-model micro-batch (see reward.reward_model).")] = None
+    micro_batch_size_per_gpu: Annotated[
+        int | None, noop("Reward-model micro-batch per GPU (see reward.reward_model.max_batch_sequences).")
+    ] = None
+    max_length: Annotated[int | None, noop("Reward-model max length (see reward.reward_model.max_length).")] = None
     use_dynamic_bsz: Annotated[bool, noop("Reward-model dynamic batch.")] = False
     forward_max_token_len_per_gpu: Annotated[int | None, noop("Reward-model token budget.")] = None
     sandbox_fusion: Annotated[dict[str, Any], noop("Sandbox settings.")] = msgspec.field(default_factory=dict)
@@ -182,4 +271,6 @@ __all__ = [
     "RewardKwargsAlias",
     "RewardKwargsConfig",
     "RewardModelConfig",
+    "RewardModelModelAlias",
+    "RewardModelServeConfig",
 ]

@@ -40,6 +40,7 @@ TruncateSide = Literal["left", "middle", "right"]
 ToolFormat = Literal["hermes"]
 SanityCheckMode = Literal["disable", "strict", "ignore_strippable"]
 CpuAllocator = Literal["auto", "tcmalloc", "system"]
+RewardModelPlacement = Literal["server", "inline"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 KL_KINDS: tuple[str, ...] = get_args(KLKind)
@@ -86,6 +87,7 @@ __all__ = [
     "ParamDtype",
     "PolicyLossMode",
     "ResumeMode",
+    "RewardModelPlacement",
     "RolloutDtype",
     "RolloutEngine",
     "SanityCheckMode",

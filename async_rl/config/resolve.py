@@ -8,7 +8,9 @@ critic keys inheriting the actor's (only when the estimator uses a critic; the c
 are always the policy's); ``warmup_style`` into ``lr_scheduler_type``; the optimizer horizon from
 ``trainer.total_training_steps``; the rollout-correction aliases into verl's keys; checkpoint dir/period/retention
 from their verl aliases; ``reward.reward_kwargs`` from its older verl spellings (``reward_model.reward_kwargs.*``,
-``reward_model.overlong_buffer.*``, which are then cleared) and ``max_resp_len`` from ``data.max_response_length``.
+``reward_model.overlong_buffer.*``, which are then cleared) and ``max_resp_len`` from ``data.max_response_length``;
+``reward.reward_model.{enable, model_path}`` from verl's older ``reward_model.{enable, model.path}`` (then cleared) and
+its ``max_length`` from the data lengths.
 ``transport.max_inflight_groups`` stays null here: the coordinator derives it.
 
 What the config alone cannot give the learner (the tokenizer's pad id, a run length counted from the data) is derived
@@ -82,6 +84,28 @@ def _resolve_reward_kwargs(cfg: Config) -> None:
         kwargs.max_resp_len = cfg.data.max_response_length
 
 
+def reward_model_aliases(cfg: Config) -> list[tuple[str, str, Any]]:
+    """``(key, alias key, alias value)`` for verl's older ``reward_model.enable`` / ``reward_model.model.path`` when
+    set."""
+    rm = cfg.reward_model
+    out: list[tuple[str, str, Any]] = []
+    if rm.enable is not None:
+        out.append(("reward.reward_model.enable", "reward_model.enable", rm.enable))
+    if rm.model.path is not None:
+        out.append(("reward.reward_model.model_path", "reward_model.model.path", rm.model.path))
+    return out
+
+
+def _resolve_reward_model(cfg: Config) -> None:
+    served = cfg.reward.reward_model
+    for key, _, value in reward_model_aliases(cfg):  # validation checked that they agree
+        setattr(served, key.rsplit(".", 1)[-1], value)
+    cfg.reward_model.enable = None
+    cfg.reward_model.model.path = None
+    if served.max_length is None:
+        served.max_length = cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
 def resolve_config(cfg: Config) -> None:
     """Replace derived placeholders in ``cfg`` (assumes :func:`validate_config`'s checks passed)."""
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
@@ -146,6 +170,7 @@ def resolve_config(cfg: Config) -> None:
     resolve_rollout_correction(cfg.algorithm.rollout_correction)
 
     _resolve_reward_kwargs(cfg)
+    _resolve_reward_model(cfg)
 
     ck = cfg.async_training.checkpoint
     ck.dir = ck.dir or tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}"

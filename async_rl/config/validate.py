@@ -12,7 +12,9 @@ are an ERROR, not a warning: the baseline is then the sample itself (advantage 0
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
+from pathlib import Path
 
 from async_rl.config.algorithm import RolloutCorrectionConfig
 from async_rl.config.common import OptimConfig
@@ -22,7 +24,7 @@ from async_rl.config.data_reward import RewardKwargsConfig
 from async_rl.config.errors import ConfigError
 from async_rl.config.introspect import changed_keys
 from async_rl.config.names import GROUP_ESTIMATORS, MAX_NAME_LENGTH, VLLM_MAX_LORA_RANK, needs_critic
-from async_rl.config.resolve import resolve_config, reward_kwargs_aliases
+from async_rl.config.resolve import resolve_config, reward_kwargs_aliases, reward_model_aliases
 from async_rl.config.schema import Config
 
 ARR = "actor_rollout_ref"
@@ -391,6 +393,30 @@ def _check_multi_turn(cfg: Config, errors: list[str]) -> None:
         )
 
 
+def _check_reward_model(cfg: Config, errors: list[str]) -> None:
+    """verl's older spellings agree with ``reward.reward_model``; an enabled model has a usable directory."""
+    served, default = cfg.reward.reward_model, type(cfg.reward.reward_model)()
+    effective = {"enable": served.enable, "model_path": served.model_path}
+    for key, alias, value in reward_model_aliases(cfg):
+        name = key.rsplit(".", 1)[-1]
+        own = getattr(served, name)
+        if own != getattr(default, name) and own != value:
+            errors.append(f"{key}={own!r} and its older spelling {alias}={value!r} differ; set only {key}")
+        effective[name] = value
+    if not effective["enable"]:
+        return
+    key = "reward.reward_model"
+    path = effective["model_path"]
+    if not path:
+        errors.append(f"{key}.enable=true needs {key}.model_path (the directory tools/train_reward_model.py exported)")
+    elif not (Path(str(path)).expanduser() / "config.json").is_file():
+        errors.append(f"{key}.model_path={path!r} is not a model directory (no config.json in it)")
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        errors.append(f"{key}.enable=true: multi-turn episodes are scored by their environment; turn one of them off")
+    if not (math.isfinite(served.weight) and math.isfinite(served.rule_weight)):
+        errors.append(f"{key}.weight and rule_weight must be finite, got {served.weight} and {served.rule_weight}")
+
+
 def _check_reward_kwargs(cfg: Config, errors: list[str]) -> None:
     """Older spellings of reward.reward_kwargs must agree with it and each other; overlong shaping needs a valid zone.
 
@@ -548,6 +574,7 @@ def validate_config(cfg: Config) -> list[str]:
     _check_model_paths(cfg, errors)
     _check_reward_and_trainer(cfg, errors)
     _check_reward_kwargs(cfg, errors)
+    _check_reward_model(cfg, errors)
     _check_multi_turn(cfg, errors)
     _check_async(cfg, errors)
     if len(errors) == 1:

@@ -1,9 +1,9 @@
 """An actor process: one vLLM engine (one GPU, a tensor-parallel group, or the CPU) serving the rollout plane.
 
-Builds, in order: the reward worker (fails fast on a bad ``module:function``) and the reward shaping
-(``reward.reward_kwargs``), the rollout client, the vLLM engine
-with the weight-sync worker extension, then runs :class:`async_rl.actor.loop.ActorLoop` until the coordinator says
-shutdown. The model path must name the same initial weights the learner starts from (version 0).
+Builds, in order: the reward worker (fails fast on a bad ``module:function``), the learned reward model's client or
+in-process scorer (``reward.reward_model``) and the reward shaping (``reward.reward_kwargs``), the rollout client, the
+vLLM engine with the weight-sync worker extension, then runs :class:`async_rl.actor.loop.ActorLoop` until the
+coordinator says shutdown. The model path must name the same initial weights the learner starts from (version 0).
 """
 
 from __future__ import annotations
@@ -27,6 +27,47 @@ def reward_worker(cfg: Config) -> Any:
     if custom.path:
         return RewardWorker(f"{custom.path}:{custom.name}", timeout_s=cfg.reward.timeout_s, verl_style=True)
     return RewardWorker(cfg.reward.function, timeout_s=cfg.reward.timeout_s)
+
+
+def reward_model(cfg: Config, coordinator: str) -> Any:
+    """The learned reward model's scorer (None when off): the reward server's client (it listens on the
+    coordinator's host at ``reward.reward_model.port``), or the model in this process (``placement: inline``)."""
+    rm = cfg.reward.reward_model
+    if not rm.enable:
+        return None
+    from async_rl.rewards.model_client import InlineRewardModel, RewardModelClient
+
+    assert rm.model_path is not None and rm.max_length is not None  # validated, resolved
+    if rm.placement == "inline":
+        from async_rl.rewards.model_score import RewardModelScorer
+
+        scorer = RewardModelScorer(
+            rm.model_path, max_batch=rm.max_batch_sequences, max_length=rm.max_length, normalize=rm.normalize
+        )
+        return InlineRewardModel(scorer)
+    from async_rl.transport.sockets import client_keys
+
+    if rm.port == 0:
+        raise ValueError(
+            "reward.reward_model.port=0: actors cannot dial the reward server; set the port it listens on"
+            " (launchers/local.py picks one and passes it to both)"
+        )
+    host = coordinator.removeprefix("tcp://").rsplit(":", 1)[0]
+    transport = cfg.async_training.transport
+    return RewardModelClient(
+        f"tcp://{host}:{rm.port}",
+        transport,
+        timeout_s=cfg.reward.timeout_s,
+        retries=rm.retries,
+        keys=client_keys(transport),
+    )
+
+
+def reward_weights(cfg: Config) -> Any:
+    from async_rl.rewards.model_client import RewardWeights
+
+    rm = cfg.reward.reward_model
+    return RewardWeights(model=rm.weight, rule=rm.rule_weight)
 
 
 def reward_shaping(cfg: Config) -> Any:
@@ -101,6 +142,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
 
     model_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, workdir)
     scorer = reward_worker(cfg)
+    model_scorer = reward_model(cfg, coordinator)
     client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
     engine = build_engine(cfg, model_path)
     episodes = None
@@ -113,6 +155,9 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             engine=engine,
             scorer=scorer,
             reward_shaping=reward_shaping(cfg),
+            reward_model=model_scorer,
+            reward_weights=reward_weights(cfg),
+            give_up_s=cfg.async_training.transport.lease_timeout_s,
             episodes=episodes,
             weight_sync=AsyncEngineWeightSync(
                 engine.vllm, verify_rotation=cfg.async_training.weight_sync.verify_rotation
@@ -125,6 +170,8 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
     finally:
         client.close()
         scorer.close()
+        if model_scorer is not None:
+            model_scorer.close()
         if episodes is not None:
             episodes.close()
         await engine.shutdown()

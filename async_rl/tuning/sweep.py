@@ -124,12 +124,12 @@ def plan_sweep(
     out: Path,
     seeds: tuple[int, int],
     base_overrides: Sequence[str] = (),
-    model_path: Path | None = None,
+    warm_model: Path | None = None,
     critic: bool = False,
 ) -> list[SweepRun]:
     """The sweep's runs, K-major (each K with correction on then off, in the order given).
 
-    ``seeds`` = (``trainer.seed``, ``data.seed``) pinned in every run. ``model_path`` (the warm model, when the sweep
+    ``seeds`` = (``trainer.seed``, ``data.seed``) pinned in every run. ``warm_model`` (the warm model, when the sweep
     built one) replaces the actor's model path and, when the estimator needs a critic, the critic's too.
     """
     if steps < 1:
@@ -157,10 +157,10 @@ def plan_sweep(
                 f"trainer.default_local_dir={run_dir}",
                 "trainer.resume_mode=disable",
             ]
-            if model_path is not None:
-                fixed.append(f"actor_rollout_ref.model.path={model_path}")
+            if warm_model is not None:
+                fixed.append(f"actor_rollout_ref.model.path={warm_model}")
                 if critic:
-                    fixed.append(f"critic.model.path={model_path}")
+                    fixed.append(f"critic.model.path={warm_model}")
             runs.append(SweepRun(k, correction, steps, run_dir, (*base_overrides, *fixed)))
     return runs
 
@@ -414,7 +414,7 @@ def _sweep(argv: Sequence[str] | None) -> int:
         outcomes = [read_outcome(run) for run in runs]
     else:
         model_path = _warm_model(out, args.warmstart_steps, lock) if builtin else None
-        runs = plan_sweep(**plan_kwargs, model_path=model_path, critic=needs_critic(cfg.algorithm.adv_estimator))
+        runs = plan_sweep(**plan_kwargs, warm_model=model_path, critic=needs_critic(cfg.algorithm.adv_estimator))
         _print(f"[sweep] {len(runs)} runs of {steps} steps: K in {staleness}, correction {args.correction}; out {out}")
 
         def execute(run: SweepRun) -> RunOutcome:

@@ -238,14 +238,14 @@ def test_warnings_noop_keys_and_double_kl() -> None:
         [
             "data.return_raw_chat=True",
             "critic.model.lora_rank=8",
-            "reward_model.enable=true",
+            "reward_model.launch_reward_fn_async=true",
             f"{ARR}.actor.use_kl_loss=true",
             "algorithm.use_kl_in_reward=true",
         ],
     )
     noop = [w for w in warnings if "no effect" in w]
     assert len(noop) == 1  # one start-up warning naming every such key
-    for key in ("data.return_raw_chat", "critic.model.lora_rank", "reward_model.enable"):
+    for key in ("data.return_raw_chat", "critic.model.lora_rank", "reward_model.launch_reward_fn_async"):
         assert key in noop[0]
     assert any("algorithm.use_kl_in_reward" in w and "use_kl_loss" in w for w in warnings)
 

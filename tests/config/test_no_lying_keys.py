@@ -11,6 +11,7 @@ The reward-model tree (``async_rl.entrypoints.train_reward_model``'s) is scanned
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ from async_rl.config.reward_model_train import RewardModelTrainConfig
 
 ARR = "actor_rollout_ref"
 _OVERLONG = "reward.reward_kwargs.overlong_buffer_cfg"
+_RM_DIR = str(Path(__file__).resolve().parent / "fixtures" / "reward_model")  # holds a config.json
 
 # verl's older spellings of reward.reward_kwargs: resolve.py folds them in through getattr over OVERLONG_KEYS, which no
 # static scan follows. Each must land on its key (checked below), and that key must be read.
@@ -34,6 +36,9 @@ ALIASES: dict[str, tuple[str, Any, list[str]]] = {  # alias: (the key it sets, a
         for name, value in (("enable", True), ("len", 4), ("penalty_factor", 0.5), ("log", True))
     },
     "reward_model.reward_kwargs.max_resp_len": ("reward.reward_kwargs.max_resp_len", 6, []),
+    # verl's older reward-model switch and path (resolve.py folds them in)
+    "reward_model.enable": ("reward.reward_model.enable", True, [f"reward.reward_model.model_path={_RM_DIR}"]),
+    "reward_model.model.path": ("reward.reward_model.model_path", _RM_DIR, []),
 }
 # verl's copies of the data.* lengths: validation refuses any value but the one the code reads (checked below).
 MUST_EQUAL = {  # key: (the key it must equal, a different value to try)

@@ -30,7 +30,7 @@ def test_defaults_and_documented_keys() -> None:
     ]
     for key in keys:
         assert docs[key].description and not docs[key].noop, key
-    assert docs["reward_model.enable"].noop and docs["reward_model.reward_manager"].noop
+    assert not docs["reward_model.enable"].noop and docs["reward_model.reward_manager"].noop
 
 
 def test_null_max_resp_len_is_the_max_response_length() -> None:

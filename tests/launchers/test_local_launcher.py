@@ -291,12 +291,16 @@ def test_the_learner_or_the_last_actor_failing_stops_the_job(
 
 def test_the_actor_policy_and_stop_deadline_come_from_the_config(caplog: pytest.LogCaptureFixture) -> None:
     settings = local.read_settings([], [])
-    assert settings.actor_policy == local.ActorPolicy(actor_failure="continue", max_restarts=0, backoff_s=5.0)
+    assert settings.actor_policy == local.ActorPolicy(
+        actor_failure="continue", max_restarts=0, backoff_s=5.0, essential_restarts=3
+    )
     assert settings.learner_stop_s == 10.0
     settings = local.read_settings(
         ["configs/smoke_grpo.yaml"], [RESTART, STOP, "async_training.launcher.max_actor_restarts=4"]
     )
-    assert settings.actor_policy == local.ActorPolicy(actor_failure="stop", max_restarts=4, backoff_s=5.0)
+    assert settings.actor_policy == local.ActorPolicy(
+        actor_failure="stop", max_restarts=4, backoff_s=5.0, essential_restarts=3
+    )
     assert [settings.actor_policy.restart_delay(n) for n in range(3)] == [5.0, 10.0, 20.0]
     assert local.main(["--dry-run", "--grace-s", "5"]) == 0
     assert "--grace-s 5.0 is not above async_training.timeouts.stop_s 10.0" in caplog.text

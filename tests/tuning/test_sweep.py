@@ -25,7 +25,7 @@ def _plan(tmp_path: Path, **kwargs) -> list[SweepRun]:
 
 
 def test_plan_lists_every_pair_with_its_overrides(tmp_path):
-    runs = _plan(tmp_path, base_overrides=["actor_rollout_ref.actor.optim.lr=1e-4"], model_path=tmp_path / "warm")
+    runs = _plan(tmp_path, base_overrides=["actor_rollout_ref.actor.optim.lr=1e-4"], warm_model=tmp_path / "warm")
     assert [(r.staleness, r.correction) for r in runs] == [(0, True), (0, False), (2, True), (2, False)]
     assert [r.name for r in runs] == ["k0-corr-on", "k0-corr-off", "k2-corr-on", "k2-corr-off"]
     run = runs[3]
@@ -45,7 +45,7 @@ def test_plan_lists_every_pair_with_its_overrides(tmp_path):
     # every run shares the seeds and the warm model; no critic path unless asked
     assert all("trainer.seed=7" in r.overrides and "data.seed=9" in r.overrides for r in runs)
     assert not any(o.startswith("critic.") for r in runs for o in r.overrides)
-    with_critic = _plan(tmp_path, model_path=tmp_path / "warm", critic=True)
+    with_critic = _plan(tmp_path, warm_model=tmp_path / "warm", critic=True)
     assert f"critic.model.path={tmp_path / 'warm'}" in with_critic[0].overrides
 
 

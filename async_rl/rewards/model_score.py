@@ -1,0 +1,149 @@
+"""A learned reward model's scores for token sequences (what the reward server and an inline actor both call).
+
+The model is the reward-model trainer's export (``<run dir>/hf``): a transformers sequence-classification model with
+one label whose score is read at each sequence's last non-pad token, and ``reward_stats.json`` (the mean and standard
+deviation of its scores on held-out pairs). A sequence is ``prompt ids + response ids`` exactly as the actor sampled
+them, in the policy's tokenizer, which the reward model shares (checked at load: same vocabulary size). Longer
+sequences keep their last ``max_length`` tokens (the score is read at the end). Sequences are scored in batches of at
+most ``max_batch`` (right-padded), in float32.
+
+A score that is not finite raises :class:`UntrustedScore`: it is never replaced by a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REWARD_STATS_FILE = "reward_stats.json"
+
+
+class UntrustedScore(ValueError):
+    """The reward model produced a score that cannot be used (NaN, inf) or was asked something it cannot score."""
+
+
+@dataclass(frozen=True)
+class ScoreNormalization:
+    """``(score - mean) / std`` with the export's held-out statistics; identity when off."""
+
+    mean: float = 0.0
+    std: float = 1.0
+
+    def apply(self, raw: float) -> float:
+        return (raw - self.mean) / self.std
+
+
+def read_normalization(model_dir: str | Path, enabled: bool) -> ScoreNormalization:
+    """The export's ``reward_stats.json`` as a normalisation (an error naming the file when it is missing or bad)."""
+    if not enabled:
+        return ScoreNormalization()
+    path = Path(model_dir).expanduser() / REWARD_STATS_FILE
+    try:
+        stats = json.loads(path.read_text())
+        mean, std = float(stats["mean"]), float(stats["std"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"reward.reward_model.normalize=true needs {path} with a finite 'mean' and 'std' ({exc});"
+            " set reward.reward_model.normalize=false to use raw scores"
+        ) from None
+    if not (math.isfinite(mean) and math.isfinite(std)):
+        raise ValueError(f"{path}: mean {mean} and std {std} must be finite")
+    return ScoreNormalization(mean=mean, std=max(std, 1e-6))
+
+
+class RewardModelScorer:
+    """Scores token sequences with the reward model in ``model_dir``, ``max_batch`` sequences per forward pass."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_batch: int,
+        max_length: int,
+        normalize: bool,
+        vocab_size: int | None = None,
+        threads: int | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.model_dir = str(Path(model_dir).expanduser())
+        self.max_batch = max_batch
+        self.max_length = max_length
+        self.normalization = read_normalization(self.model_dir, normalize)
+        model: Any = AutoModelForSequenceClassification.from_pretrained(self.model_dir, dtype=torch.float32)
+        labels = int(model.config.num_labels)
+        if labels != 1:
+            raise ValueError(f"{self.model_dir}: a reward model has one label (a scalar score), this one has {labels}")
+        pad = model.config.pad_token_id
+        if pad is None:
+            raise ValueError(f"{self.model_dir}: config.json has no pad_token_id (the trainer's export sets it)")
+        self.vocab_size = int(model.config.vocab_size)
+        if vocab_size is not None and vocab_size > self.vocab_size:
+            raise ValueError(
+                f"{self.model_dir}: the reward model's vocabulary ({self.vocab_size} tokens) is smaller than the"
+                f" policy's ({vocab_size}): it must share the policy's tokenizer"
+            )
+        self.pad_token_id = int(pad)
+        self.model = model.eval()
+        logger.info(
+            "reward model %s: %.1fM parameters, score normalised by mean %.4f std %.4f",
+            self.model_dir,
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            self.normalization.mean,
+            self.normalization.std,
+        )
+
+    def check(self, sequence: Sequence[int]) -> None:
+        """Raise :class:`UntrustedScore` for a sequence the model cannot score (empty, ids outside its vocabulary)."""
+        if not sequence:
+            raise UntrustedScore("an empty sequence has no last token to score")
+        low, high = min(sequence), max(sequence)
+        if low < 0 or high >= self.vocab_size:
+            raise UntrustedScore(f"token ids must be in [0, {self.vocab_size}), got {low}..{high}")
+
+    def raw_scores(self, sequences: Sequence[Sequence[int]]) -> list[float]:
+        """The model's scores of ``sequences`` before normalisation (a batch of any size)."""
+        import torch
+
+        out: list[float] = []
+        for start in range(0, len(sequences), self.max_batch):
+            chunk = [list(s)[-self.max_length :] for s in sequences[start : start + self.max_batch]]
+            for seq in chunk:
+                self.check(seq)
+            width = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, seq in enumerate(chunk):
+                ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+                mask[i, : len(seq)] = 1
+            with torch.inference_mode():
+                hidden = self.model(input_ids=ids, attention_mask=mask).logits[:, 0]
+            out.extend(float(v) for v in hidden)
+        return out
+
+    def scores(self, sequences: Sequence[Sequence[int]]) -> list[float]:
+        """Normalised scores of ``sequences``; :class:`UntrustedScore` when any is not finite."""
+        scores = [self.normalization.apply(v) for v in self.raw_scores(sequences)]
+        bad = [i for i, v in enumerate(scores) if not math.isfinite(v)]
+        if bad:
+            raise UntrustedScore(f"the reward model returned non-finite scores for sequences {bad[:8]}")
+        return scores
+
+
+__all__ = [
+    "REWARD_STATS_FILE",
+    "RewardModelScorer",
+    "ScoreNormalization",
+    "UntrustedScore",
+    "read_normalization",
+]

@@ -1,0 +1,108 @@
+"""The reward model's scorer (batches, padding, truncation, normalisation, refusals) and the reward combination."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _reward_model_fixture import PAD, STATS, VOCAB, export_reward_model
+
+from async_rl.rewards import RewardResult
+from async_rl.rewards.model_client import InlineRewardModel, RewardWeights, check_scores, combine
+from async_rl.rewards.model_score import RewardModelScorer, UntrustedScore
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_reward_model(tmp_path_factory.mktemp("rm"))
+
+
+def _alone(model_dir: Path, seq: list[int]) -> float:
+    """The transformers model's own score of one unpadded sequence."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        return float(model(input_ids=torch.tensor([seq])).logits[0, 0])
+
+
+SEQS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [3, 30], [40, 41, 42, 43]]
+
+
+def test_batched_scores_equal_each_sequence_scored_alone_and_are_normalised(rm_dir: Path) -> None:
+    raw = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=False)
+    scores = raw.raw_scores(SEQS)  # a batch of 3 (right-padded to 7 tokens) and a batch of 1
+    alone = [_alone(rm_dir, s) for s in SEQS]
+    assert scores == pytest.approx(alone, abs=1e-5)
+    assert max(alone) - min(alone) > 0.1  # the sequences really score differently
+    normalised = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True).scores(SEQS)
+    assert normalised == pytest.approx([(a - STATS["mean"]) / STATS["std"] for a in alone], abs=1e-5)
+
+
+def test_a_long_sequence_keeps_its_last_tokens(rm_dir: Path) -> None:
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=3, normalize=False)
+    long = [9, 10, 11, 12, 13, 14, 15]
+    assert scorer.raw_scores([long]) == pytest.approx([_alone(rm_dir, long[-3:])], abs=1e-5)
+
+
+def test_ids_outside_the_vocabulary_and_empty_sequences_are_refused(rm_dir: Path) -> None:
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False)
+    with pytest.raises(UntrustedScore, match=rf"\[0, {VOCAB}\), got 1\.\.{VOCAB}"):
+        scorer.scores([[1, VOCAB]])
+    with pytest.raises(UntrustedScore, match="empty"):
+        scorer.scores([[]])
+
+
+def test_a_non_finite_score_is_refused(rm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False)
+    monkeypatch.setattr(scorer, "raw_scores", lambda seqs: [1.0, float("nan")])
+    with pytest.raises(UntrustedScore, match=r"non-finite scores for sequences \[1\]"):
+        scorer.scores([[5], [6]])
+    inline = InlineRewardModel(scorer)
+    with pytest.raises(UntrustedScore):
+        inline.score([5], [[6], [7]])
+    assert inline.stats.untrusted == 1 and inline.stats.requests == 0
+
+
+def test_bad_exports_are_named(tmp_path: Path) -> None:
+    two = export_reward_model(tmp_path / "two", num_labels=2)
+    with pytest.raises(ValueError, match="one label"):
+        RewardModelScorer(two, max_batch=4, max_length=64, normalize=False)
+    one = export_reward_model(tmp_path / "one")
+    (one / "reward_stats.json").unlink()
+    with pytest.raises(ValueError, match="reward_stats.json"):
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True)
+    (one / "reward_stats.json").write_text(json.dumps({"mean": 0.0}))
+    with pytest.raises(ValueError, match="normalize=false"):
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True)
+    RewardModelScorer(one, max_batch=4, max_length=64, normalize=False)  # raw scores need no statistics
+    with pytest.raises(ValueError, match="smaller than the policy's"):
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, vocab_size=VOCAB + 1)
+
+
+def test_inline_scores_a_group_as_prompt_plus_each_response(rm_dir: Path) -> None:
+    scorer = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True)
+    inline = InlineRewardModel(scorer)
+    got = inline.score([5, 6], [[7, 8], [9]])
+    assert got == pytest.approx(scorer.scores([[5, 6, 7, 8], [5, 6, 9]]))
+    assert (inline.stats.requests, inline.stats.sequences) == (1, 2)
+    assert PAD == scorer.pad_token_id
+
+
+def test_combine_weights_rule_and_model_and_keeps_every_component() -> None:
+    rule = RewardResult(score=1.0, components={"format": 0.5})
+    out = combine(rule, -0.5, RewardWeights(model=2.0, rule=0.5))
+    assert out.score == pytest.approx(0.5 * 1.0 + 2.0 * -0.5)
+    assert out.components == {"format": 0.5, "rule": 1.0, "reward_model": -0.5}
+    model_only = combine(rule, 3.0, RewardWeights(model=1.0, rule=0.0))
+    assert model_only.score == 3.0 and model_only.components["rule"] == 1.0
+
+
+def test_check_scores_refuses_wrong_counts_and_non_finite_values() -> None:
+    assert check_scores([1, 2.5], 2) == [1.0, 2.5]
+    with pytest.raises(UntrustedScore, match="3 scores for 2"):
+        check_scores([1.0, 2.0, 3.0], 2)
+    with pytest.raises(UntrustedScore, match=r"completions \[0\]"):
+        check_scores([float("inf"), 0.0], 2)

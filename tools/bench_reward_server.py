@@ -1,8 +1,9 @@
 """Benchmark the reward server against the same reward model called in the actor's own process.
 
 Usage: ``python tools/bench_reward_server.py --model DIR [--groups 16] [--n 8] [--prompt-len 46] [--response-len 12]
-[--clients 1] [--rounds 4] [--threads 1]`` (``DIR``: a reward model the reward-model trainer exported, e.g.
-``<run dir>/hf`` of ``python tools/train_reward_model.py --config configs/reward_model/smollm2_toy.yaml``)
+[--clients 1] [--rounds 4] [--threads 1] [--dtype auto]`` (``DIR``: a reward model the reward-model trainer
+exported, e.g. ``<run dir>/hf`` of
+``python tools/train_reward_model.py --config configs/reward_model/smollm2_toy.yaml``)
 
 Each round scores the same ``--groups`` groups of ``--n`` completions (random token ids: a ``--prompt-len``-token
 prompt, ``--response-len``-token completions) two ways, in alternating order:
@@ -12,8 +13,9 @@ prompt, ``--response-len``-token completions) two ways, in alternating order:
   groups by ``--clients`` threads, each with its own client and its share of the groups, one request per group in
   flight per client, as that many actors would; the server batches what arrives together.
 
-Both sides use ``--threads`` torch threads. It prints scored groups/s of each side per round, the geometric mean of the
-per-round ratios server/inline with its 95% interval, and the largest score difference between the two
+Both sides use ``--threads`` torch threads and ``--dtype``. It prints scored groups/s of each side per round, the
+geometric mean of the per-round ratios server/inline with its 95% interval, and the largest score difference between
+the two
 (``reward_server_vs_inline``; above 1 the server is faster).
 """
 
@@ -60,6 +62,7 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
     cmd = [sys.executable, "-m", "async_rl.entrypoints.reward_server", "reward.reward_model.enable=true"]
     cmd += [f"reward.reward_model.model_path={args.model}", f"reward.reward_model.port={port}"]
     cmd += [f"reward.reward_model.max_batch_sequences={args.max_batch}", f"reward.reward_model.max_length={MAX_LENGTH}"]
+    cmd += [f"reward.reward_model.dtype={args.dtype}"]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -98,11 +101,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads on each side")
     p.add_argument("--max-batch", type=int, default=64, help="reward.reward_model.max_batch_sequences")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"), help="reward.reward_model.dtype")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
-    scorer = RewardModelScorer(args.model, max_batch=args.max_batch, max_length=MAX_LENGTH, normalize=True)
+    scorer = RewardModelScorer(
+        args.model, max_batch=args.max_batch, max_length=MAX_LENGTH, normalize=True, dtype="float32"
+    )
     groups = make_groups(args, scorer.vocab_size)
     port = free_port()
     server = start_server(args, port)

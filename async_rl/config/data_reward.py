@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import msgspec
 
 from async_rl.config.fields import NonNegFloat, NonNegInt, Port, PosFloat, PosInt, doc, noop
-from async_rl.config.names import RewardModelPlacement, Truncation
+from async_rl.config.names import RewardModelDtype, RewardModelPlacement, Truncation
 
 BUILTIN_DATA = "builtin:arith"
 DEFAULT_REWARD_FUNCTION = "async_rl.rewards.arith:compute_score"
@@ -163,6 +163,13 @@ class RewardModelServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
             " coordinator's host at this port. 0 = the launcher picks a free one."
         ),
     ] = 0
+    dtype: Annotated[
+        RewardModelDtype,
+        doc(
+            "Precision of the scoring forward pass: 'auto' = bfloat16 on CUDA and on CPUs with native bf16"
+            " (avx512_bf16/amx_bf16), else float32."
+        ),
+    ] = "auto"
     max_batch_sequences: Annotated[
         PosInt, doc("Most sequences scored in one forward pass (the server batches requests of all actors up to it).")
     ] = 64

@@ -41,6 +41,7 @@ ToolFormat = Literal["hermes"]
 SanityCheckMode = Literal["disable", "strict", "ignore_strippable"]
 CpuAllocator = Literal["auto", "tcmalloc", "system"]
 RewardModelPlacement = Literal["server", "inline"]
+RewardModelDtype = Literal["auto", "bfloat16", "float32"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 KL_KINDS: tuple[str, ...] = get_args(KLKind)
@@ -87,6 +88,7 @@ __all__ = [
     "ParamDtype",
     "PolicyLossMode",
     "ResumeMode",
+    "RewardModelDtype",
     "RewardModelPlacement",
     "RolloutDtype",
     "RolloutEngine",

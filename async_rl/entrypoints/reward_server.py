@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     from async_rl.transport.sockets import bind_router, server_keys, start_authenticator, tcp_endpoint
 
     scorer = RewardModelScorer(
-        rm.model_path, max_batch=rm.max_batch_sequences, max_length=rm.max_length, normalize=rm.normalize
+        rm.model_path,
+        max_batch=rm.max_batch_sequences,
+        max_length=rm.max_length,
+        normalize=rm.normalize,
+        dtype=rm.dtype,
     )
     transport = msgspec.structs.replace(cfg.async_training.transport, port=rm.port)
     ctx = zmq.Context()

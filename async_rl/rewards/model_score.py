@@ -5,7 +5,8 @@ one label whose score is read at each sequence's last non-pad token, and ``rewar
 deviation of its scores on held-out pairs). A sequence is ``prompt ids + response ids`` exactly as the actor sampled
 them, in the policy's tokenizer, which the reward model shares (checked at load: same vocabulary size). Longer
 sequences keep their last ``max_length`` tokens (the score is read at the end). Sequences are scored in batches of at
-most ``max_batch`` (right-padded), in float32.
+most ``max_batch`` (right-padded), on CUDA when there is a GPU, else on the CPU, in ``dtype`` (``auto``: bf16 where
+the device computes it natively, :func:`async_rl.config.precision.native_bf16`).
 
 A score that is not finite raises :class:`UntrustedScore`: it is never replaced by a guess.
 """
@@ -68,19 +69,22 @@ class RewardModelScorer:
         max_batch: int,
         max_length: int,
         normalize: bool,
+        dtype: str,
         vocab_size: int | None = None,
-        threads: int | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForSequenceClassification
 
-        if threads is not None:
-            torch.set_num_threads(threads)
+        from async_rl.config.precision import rollout_precision
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype, why = rollout_precision(dtype, self.device.type)
         self.model_dir = str(Path(model_dir).expanduser())
         self.max_batch = max_batch
         self.max_length = max_length
         self.normalization = read_normalization(self.model_dir, normalize)
-        model: Any = AutoModelForSequenceClassification.from_pretrained(self.model_dir, dtype=torch.float32)
+        torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        model: Any = AutoModelForSequenceClassification.from_pretrained(self.model_dir, dtype=torch_dtype)
         labels = int(model.config.num_labels)
         if labels != 1:
             raise ValueError(f"{self.model_dir}: a reward model has one label (a scalar score), this one has {labels}")
@@ -94,11 +98,14 @@ class RewardModelScorer:
                 f" policy's ({vocab_size}): it must share the policy's tokenizer"
             )
         self.pad_token_id = int(pad)
-        self.model = model.eval()
+        self.model = model.to(self.device).eval()
         logger.info(
-            "reward model %s: %.1fM parameters, score normalised by mean %.4f std %.4f",
+            "reward model %s: %.1fM parameters, %s on %s (%s), score normalised by mean %.4f std %.4f",
             self.model_dir,
             sum(p.numel() for p in model.parameters()) / 1e6,
+            self.dtype,
+            self.device.type,
+            why,
             self.normalization.mean,
             self.normalization.std,
         )
@@ -127,8 +134,8 @@ class RewardModelScorer:
                 ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
                 mask[i, : len(seq)] = 1
             with torch.inference_mode():
-                hidden = self.model(input_ids=ids, attention_mask=mask).logits[:, 0]
-            out.extend(float(v) for v in hidden)
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            out.extend(float(v) for v in logits[:, 0].float().cpu())
         return out
 
     def scores(self, sequences: Sequence[Sequence[int]]) -> list[float]:

@@ -42,7 +42,11 @@ def reward_model(cfg: Config, coordinator: str) -> Any:
         from async_rl.rewards.model_score import RewardModelScorer
 
         scorer = RewardModelScorer(
-            rm.model_path, max_batch=rm.max_batch_sequences, max_length=rm.max_length, normalize=rm.normalize
+            rm.model_path,
+            max_batch=rm.max_batch_sequences,
+            max_length=rm.max_length,
+            normalize=rm.normalize,
+            dtype=rm.dtype,
         )
         return InlineRewardModel(scorer)
     from async_rl.transport.sockets import client_keys

@@ -32,23 +32,23 @@ SEQS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [3, 30], [40, 41, 42, 43]]
 
 
 def test_batched_scores_equal_each_sequence_scored_alone_and_are_normalised(rm_dir: Path) -> None:
-    raw = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=False)
+    raw = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=False, dtype="float32")
     scores = raw.raw_scores(SEQS)  # a batch of 3 (right-padded to 7 tokens) and a batch of 1
     alone = [_alone(rm_dir, s) for s in SEQS]
     assert scores == pytest.approx(alone, abs=1e-5)
     assert max(alone) - min(alone) > 0.1  # the sequences really score differently
-    normalised = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True).scores(SEQS)
+    normalised = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True, dtype="float32").scores(SEQS)
     assert normalised == pytest.approx([(a - STATS["mean"]) / STATS["std"] for a in alone], abs=1e-5)
 
 
 def test_a_long_sequence_keeps_its_last_tokens(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=3, normalize=False)
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=3, normalize=False, dtype="float32")
     long = [9, 10, 11, 12, 13, 14, 15]
     assert scorer.raw_scores([long]) == pytest.approx([_alone(rm_dir, long[-3:])], abs=1e-5)
 
 
 def test_ids_outside_the_vocabulary_and_empty_sequences_are_refused(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False)
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False, dtype="float32")
     with pytest.raises(UntrustedScore, match=rf"\[0, {VOCAB}\), got 1\.\.{VOCAB}"):
         scorer.scores([[1, VOCAB]])
     with pytest.raises(UntrustedScore, match="empty"):
@@ -56,7 +56,7 @@ def test_ids_outside_the_vocabulary_and_empty_sequences_are_refused(rm_dir: Path
 
 
 def test_a_non_finite_score_is_refused(rm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False)
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False, dtype="float32")
     monkeypatch.setattr(scorer, "raw_scores", lambda seqs: [1.0, float("nan")])
     with pytest.raises(UntrustedScore, match=r"non-finite scores for sequences \[1\]"):
         scorer.scores([[5], [6]])
@@ -69,21 +69,22 @@ def test_a_non_finite_score_is_refused(rm_dir: Path, monkeypatch: pytest.MonkeyP
 def test_bad_exports_are_named(tmp_path: Path) -> None:
     two = export_reward_model(tmp_path / "two", num_labels=2)
     with pytest.raises(ValueError, match="one label"):
-        RewardModelScorer(two, max_batch=4, max_length=64, normalize=False)
+        RewardModelScorer(two, max_batch=4, max_length=64, normalize=False, dtype="float32")
     one = export_reward_model(tmp_path / "one")
     (one / "reward_stats.json").unlink()
     with pytest.raises(ValueError, match="reward_stats.json"):
-        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True)
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True, dtype="float32")
     (one / "reward_stats.json").write_text(json.dumps({"mean": 0.0}))
     with pytest.raises(ValueError, match="normalize=false"):
-        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True)
-    RewardModelScorer(one, max_batch=4, max_length=64, normalize=False)  # raw scores need no statistics
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True, dtype="float32")
+    # raw scores need no statistics
+    RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32")
     with pytest.raises(ValueError, match="smaller than the policy's"):
-        RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, vocab_size=VOCAB + 1)
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32", vocab_size=VOCAB + 1)
 
 
 def test_inline_scores_a_group_as_prompt_plus_each_response(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True)
+    scorer = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True, dtype="float32")
     inline = InlineRewardModel(scorer)
     got = inline.score([5, 6], [[7, 8], [9]])
     assert got == pytest.approx(scorer.scores([[5, 6, 7, 8], [5, 6, 9]]))

@@ -35,7 +35,7 @@ def rm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def scorer(rm_dir: Path) -> RewardModelScorer:
-    return RewardModelScorer(rm_dir, max_batch=64, max_length=64, normalize=True)
+    return RewardModelScorer(rm_dir, max_batch=64, max_length=64, normalize=True, dtype="float32")
 
 
 class _Counting:
@@ -223,6 +223,7 @@ def _free_port() -> int:
 def _start_server(rm_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "async_rl.entrypoints.reward_server", "reward.reward_model.enable=true"]
     cmd += [f"reward.reward_model.model_path={rm_dir}", f"reward.reward_model.port={port}"]
+    cmd += ["reward.reward_model.dtype=float32"]  # the scores are compared with the float32 scorer's
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 

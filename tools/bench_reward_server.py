@@ -107,7 +107,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     scorer = RewardModelScorer(
-        args.model, max_batch=args.max_batch, max_length=MAX_LENGTH, normalize=True, dtype="float32"
+        args.model, max_batch=args.max_batch, max_length=MAX_LENGTH, normalize=True, dtype=args.dtype
     )
     groups = make_groups(args, scorer.vocab_size)
     port = free_port()

@@ -36,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     if not rm.enable:
         print("reward.reward_model.enable is false: there is no reward model to serve", file=sys.stderr)
         return 2
-    assert rm.model_path is not None and rm.max_length is not None  # validated, resolved
     from async_rl.runtime.parent_watch import watch_parent
 
     watch_parent(forked_children=False)
@@ -51,17 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     import msgspec
     import zmq
 
-    from async_rl.rewards.model_score import RewardModelScorer
+    from async_rl.rewards.model_score import scorer_from_config
     from async_rl.rewards.server import RewardServer
     from async_rl.transport.sockets import bind_router, server_keys, start_authenticator, tcp_endpoint
 
-    scorer = RewardModelScorer(
-        rm.model_path,
-        max_batch=rm.max_batch_sequences,
-        max_length=rm.max_length,
-        normalize=rm.normalize,
-        dtype=rm.dtype,
-    )
+    scorer = scorer_from_config(rm)
     transport = msgspec.structs.replace(cfg.async_training.transport, port=rm.port)
     ctx = zmq.Context()
     keys = server_keys(transport)

@@ -19,7 +19,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from async_rl.config.data_reward import RewardModelServeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -147,10 +150,23 @@ class RewardModelScorer:
         return scores
 
 
+def scorer_from_config(rm: RewardModelServeConfig) -> RewardModelScorer:
+    """The scorer ``reward.reward_model`` (validated and resolved) describes."""
+    assert rm.model_path is not None and rm.max_length is not None
+    return RewardModelScorer(
+        rm.model_path,
+        max_batch=rm.max_batch_sequences,
+        max_length=rm.max_length,
+        normalize=rm.normalize,
+        dtype=rm.dtype,
+    )
+
+
 __all__ = [
     "REWARD_STATS_FILE",
     "RewardModelScorer",
     "ScoreNormalization",
     "UntrustedScore",
     "read_normalization",
+    "scorer_from_config",
 ]

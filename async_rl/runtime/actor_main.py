@@ -19,6 +19,13 @@ from async_rl.runtime import resources
 
 logger = logging.getLogger(__name__)
 
+RESTART_ENV = "ASYNC_RL_RESTART"
+"""Set by ``launchers/local.py`` to the restart count when it restarts an actor (same actor id)."""
+
+
+def restarted() -> bool:
+    return int(os.environ.get(RESTART_ENV, "0") or "0") > 0
+
 
 def reward_worker(cfg: Config) -> Any:
     from async_rl.rewards import RewardWorker
@@ -37,17 +44,10 @@ def reward_model(cfg: Config, coordinator: str) -> Any:
         return None
     from async_rl.rewards.model_client import InlineRewardModel, RewardModelClient
 
-    assert rm.model_path is not None and rm.max_length is not None  # validated, resolved
     if rm.placement == "inline":
-        from async_rl.rewards.model_score import RewardModelScorer
+        from async_rl.rewards.model_score import scorer_from_config
 
-        scorer = RewardModelScorer(
-            rm.model_path,
-            max_batch=rm.max_batch_sequences,
-            max_length=rm.max_length,
-            normalize=rm.normalize,
-            dtype=rm.dtype,
-        )
+        scorer = scorer_from_config(rm)
         return InlineRewardModel(scorer)
     from async_rl.transport.sockets import client_keys
 
@@ -168,6 +168,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             ),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
+            restarted=restarted(),
         )
         await loop.run()
         return loop.metrics()
@@ -214,6 +215,7 @@ async def _run_emulated(
             weight_sync=weight_sync,
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
+            restarted=restarted(),
         )
         await loop.run()
         return {**loop.metrics(), **engine.metrics()}

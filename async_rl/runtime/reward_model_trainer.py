@@ -31,6 +31,7 @@ import torch
 from async_rl import metric_catalog as mc
 from async_rl.config.cli import config_to_dict
 from async_rl.config.reward_model_train import RewardModelTrainConfig
+from async_rl.rewards.model_score import REWARD_STATS_FILE
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop
 from async_rl.runtime.rank_run import run_rank
@@ -42,7 +43,6 @@ __all__ = ["REWARD_STATS_FILE", "RewardModelTrainer", "format_rm_line", "run_rew
 
 logger = logging.getLogger(__name__)
 
-REWARD_STATS_FILE = "reward_stats.json"
 EXPORT_DIR = "hf"
 CHECKPOINT_DIR = "checkpoints"
 

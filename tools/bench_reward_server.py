@@ -8,7 +8,8 @@ exported, e.g. ``<run dir>/hf`` of
 Each round scores the same ``--groups`` groups of ``--n`` completions (random token ids: a ``--prompt-len``-token
 prompt, ``--response-len``-token completions) two ways, in alternating order:
 
-* **inline**: this process calls the scorer once per group, as an actor with ``placement: inline`` does;
+* **inline**: this process calls the scorer once per group (``group_scores``: the prompt computed once), as an actor
+  with ``placement: inline`` does;
 * **server**: a reward-server process (``python -m async_rl.entrypoints.reward_server``, started once) is sent the
   groups by ``--clients`` threads, each with its own client and its share of the groups, one request per group in
   flight per client, as that many actors would; the server batches what arrives together.
@@ -86,7 +87,7 @@ def run_server_round(clients: list[RewardModelClient], groups: list[Group]) -> t
 
 def run_inline_round(scorer: RewardModelScorer, groups: list[Group]) -> tuple[float, list[list[float]]]:
     t0 = time.perf_counter()
-    results = [scorer.scores([prompt + r for r in responses]) for prompt, responses in groups]
+    results = [scorer.group_scores(prompt, responses) for prompt, responses in groups]
     return time.perf_counter() - t0, results
 
 

@@ -191,7 +191,7 @@ class InlineRewardModel:
     def score(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
         started = time.monotonic()
         try:
-            scores = self.scorer.scores([list(prompt_ids) + list(r) for r in response_ids])
+            scores = self.scorer.group_scores(prompt_ids, response_ids)
         except UntrustedScore:
             self.stats.untrusted += 1
             raise

@@ -143,11 +143,63 @@ class RewardModelScorer:
 
     def scores(self, sequences: Sequence[Sequence[int]]) -> list[float]:
         """Normalised scores of ``sequences``; :class:`UntrustedScore` when any is not finite."""
-        scores = [self.normalization.apply(v) for v in self.raw_scores(sequences)]
+        return self._checked(self.raw_scores(sequences))
+
+    def _checked(self, raw: Sequence[float]) -> list[float]:
+        scores = [self.normalization.apply(v) for v in raw]
         bad = [i for i, v in enumerate(scores) if not math.isfinite(v)]
         if bad:
             raise UntrustedScore(f"the reward model returned non-finite scores for sequences {bad[:8]}")
         return scores
+
+    def group_scores(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
+        """Normalised scores of ``prompt + response`` for each response: the prompt computed once (its keys and
+        values cached, then shared by every response), the same scores as :meth:`scores` up to float rounding.
+        Falls back to :meth:`scores` of the whole sequences when a sequence would be truncated, a response is empty,
+        or the model has no separate trunk and ``score`` head."""
+        sequences = [list(prompt_ids) + list(r) for r in response_ids]
+        for seq in sequences:
+            self.check(seq)
+        trunk, head = getattr(self.model, "model", None), getattr(self.model, "score", None)
+        longest = max((len(r) for r in response_ids), default=0)
+        if (
+            trunk is None
+            or head is None
+            or not prompt_ids
+            or min((len(r) for r in response_ids), default=0) < 1
+            or len(prompt_ids) + longest > self.max_length
+        ):
+            return self.scores(sequences)
+        return self._checked(self._prefix_scores(trunk, head, list(prompt_ids), [list(r) for r in response_ids]))
+
+    def _prefix_scores(self, trunk: Any, head: Any, prompt: list[int], responses: list[list[int]]) -> list[float]:
+        import torch
+
+        out: list[float] = []
+        dev = self.device
+        for start in range(0, len(responses), self.max_batch):
+            chunk = responses[start : start + self.max_batch]
+            n, width, plen = len(chunk), max(len(r) for r in chunk), len(prompt)
+            with torch.inference_mode():
+                cache = trunk(input_ids=torch.tensor([prompt], device=dev), use_cache=True).past_key_values
+                cache.batch_repeat_interleave(n)
+                ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+                mask = torch.zeros((n, plen + width), dtype=torch.long)
+                mask[:, :plen] = 1
+                for i, r in enumerate(chunk):
+                    ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+                    mask[i, plen : plen + len(r)] = 1
+                positions = torch.arange(plen, plen + width, device=dev)[None].expand(n, width)
+                hidden = trunk(
+                    input_ids=ids.to(dev),
+                    attention_mask=mask.to(dev),
+                    past_key_values=cache,
+                    position_ids=positions,
+                ).last_hidden_state
+                last = torch.tensor([len(r) - 1 for r in chunk], device=dev)
+                logits = head(hidden[torch.arange(n, device=dev), last])
+            out.extend(float(v) for v in logits[:, 0].float().cpu())
+        return out
 
 
 def scorer_from_config(rm: RewardModelServeConfig) -> RewardModelScorer:

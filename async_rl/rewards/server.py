@@ -2,9 +2,10 @@
 
 It binds a ZeroMQ ROUTER on ``async_training.transport.host`` at ``reward.reward_model.port`` with the rollout plane's
 options and CURVE keys (loopback unless configured otherwise). Each turn it takes every request waiting, up to
-``max_batch`` sequences, scores them in one batch and answers each request with its own scores. A request it cannot
-score (ids outside the vocabulary, no completions, a non-finite score) gets an error answer naming why; the others in
-the batch are still answered. An undecodable frame is dropped and counted (there is no request id to answer).
+``max_batch`` sequences, and scores each request's group with its prompt computed once (the prompt's keys and values
+shared by the group's completions), answering each request with its own scores. A request it cannot score (ids
+outside the vocabulary, no completions, a non-finite score) gets an error answer naming why; the others waiting with
+it are still answered. An undecodable frame is dropped and counted (there is no request id to answer).
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class SequenceScorer(Protocol):
-    def check(self, sequence: Sequence[int]) -> None: ...
-
-    def scores(self, sequences: Sequence[Sequence[int]]) -> list[float]: ...
+class GroupScorer(Protocol):
+    def group_scores(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]: ...
 
 
 @dataclass
@@ -52,7 +51,7 @@ class ServerStats:
 class RewardServer:
     """Serves ``scorer`` on the bound ROUTER ``sock`` until ``serve``'s ``stop`` says so."""
 
-    def __init__(self, scorer: SequenceScorer, sock: zmq.Socket, *, max_batch: int, max_message_bytes: int) -> None:
+    def __init__(self, scorer: GroupScorer, sock: zmq.Socket, *, max_batch: int, max_message_bytes: int) -> None:
         self.scorer = scorer
         self.sock = sock
         self.max_batch = max_batch
@@ -101,39 +100,20 @@ class RewardServer:
         self._reply(identity, ScoreReply(request_id=request.request_id, error=why))
 
     def handle(self, batch: list[tuple[bytes, ScoreRequest]]) -> None:
-        """Score ``batch`` in one pass and answer every request in it."""
-        good: list[tuple[bytes, ScoreRequest, list[list[int]]]] = []
+        """Score every request of ``batch`` (each group's prompt computed once) and answer each."""
+        started = time.monotonic()
         for identity, request in batch:
             if not request.response_ids:
                 self._refuse(identity, request, "a request needs at least one completion")
                 continue
-            sequences = [request.prompt_ids + r for r in request.response_ids]
             try:
-                for seq in sequences:
-                    self.scorer.check(seq)
+                scores = self.scorer.group_scores(request.prompt_ids, request.response_ids)
             except UntrustedScore as exc:
                 self._refuse(identity, request, str(exc))
                 continue
-            good.append((identity, request, sequences))
-        if not good:
-            return
-        started = time.monotonic()
-        try:
-            flat = self.scorer.scores([s for _, _, seqs in good for s in seqs])
-        except UntrustedScore:  # find the request(s) at fault; answer the rest
-            for identity, request, seqs in good:
-                try:
-                    self._answer(identity, request, self.scorer.scores(seqs))
-                except UntrustedScore as exc:
-                    self._refuse(identity, request, str(exc))
-            return
-        finally:
-            self.stats.scoring_s += time.monotonic() - started
-            self.stats.batches += 1
-        offset = 0
-        for identity, request, seqs in good:
-            self._answer(identity, request, flat[offset : offset + len(seqs)])
-            offset += len(seqs)
+            self._answer(identity, request, scores)
+        self.stats.scoring_s += time.monotonic() - started
+        self.stats.batches += 1
 
     def _answer(self, identity: bytes, request: ScoreRequest, scores: list[float]) -> None:
         self.stats.requests += 1
@@ -153,4 +133,4 @@ class RewardServer:
         return self.stats
 
 
-__all__ = ["RewardServer", "SequenceScorer", "ServerStats"]
+__all__ = ["GroupScorer", "RewardServer", "ServerStats"]

@@ -60,8 +60,9 @@ def test_a_non_finite_score_is_refused(rm_dir: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(scorer, "raw_scores", lambda seqs: [1.0, float("nan")])
     with pytest.raises(UntrustedScore, match=r"non-finite scores for sequences \[1\]"):
         scorer.scores([[5], [6]])
+    monkeypatch.setattr(scorer, "_prefix_scores", lambda *args: [1.0, float("inf")])  # the group path's
     inline = InlineRewardModel(scorer)
-    with pytest.raises(UntrustedScore):
+    with pytest.raises(UntrustedScore, match=r"sequences \[1\]"):
         inline.score([5], [[6], [7]])
     assert inline.stats.untrusted == 1 and inline.stats.requests == 0
 
@@ -81,6 +82,21 @@ def test_bad_exports_are_named(tmp_path: Path) -> None:
     RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32")
     with pytest.raises(ValueError, match="smaller than the policy's"):
         RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32", vocab_size=VOCAB + 1)
+
+
+def test_a_groups_prompt_computed_once_gives_the_whole_sequences_scores(rm_dir: Path) -> None:
+    scorer = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=True, dtype="float32")
+    prompt, responses = [5, 6, 7, 8], [[9], [10, 11, 12, 13, 14], [3, 30, 31], [40, 41]]
+    whole = scorer.scores([prompt + r for r in responses])
+    assert scorer.group_scores(prompt, responses) == pytest.approx(whole, abs=1e-5)  # chunks of 3 and 1
+    assert max(whole) - min(whole) > 0.1
+    # a group that would be truncated is scored as whole (truncated) sequences
+    short = RewardModelScorer(rm_dir, max_batch=8, max_length=6, normalize=True, dtype="float32")
+    assert short.group_scores(prompt, responses) == pytest.approx(
+        short.scores([prompt + r for r in responses]), abs=1e-6
+    )
+    with pytest.raises(UntrustedScore, match=rf"\[0, {VOCAB}\)"):
+        scorer.group_scores(prompt, [[9], [VOCAB]])
 
 
 def test_inline_scores_a_group_as_prompt_plus_each_response(rm_dir: Path) -> None:

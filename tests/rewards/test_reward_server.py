@@ -39,18 +39,16 @@ def scorer(rm_dir: Path) -> RewardModelScorer:
 
 
 class _Counting:
-    """The scorer, counting its forward passes (``scores`` calls)."""
+    """The scorer, recording the size of each group it scored."""
 
     def __init__(self, inner: RewardModelScorer) -> None:
         self.inner = inner
         self.calls: list[int] = []
 
-    def check(self, sequence: Sequence[int]) -> None:
-        self.inner.check(sequence)
-
-    def scores(self, sequences: Sequence[Sequence[int]]) -> list[float]:
-        self.calls.append(len(sequences))
-        return self.inner.scores(sequences)
+    def group_scores(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
+        out = self.inner.group_scores(prompt_ids, response_ids)
+        self.calls.append(len(response_ids))
+        return out
 
 
 def _serve(scorer: object, port: int = 0) -> Iterator[tuple[RewardServer, int]]:
@@ -94,7 +92,7 @@ def test_the_server_answers_each_group_with_the_models_scores(
     assert (server.stats.requests, server.stats.sequences) == (1, 3)
 
 
-def test_requests_waiting_together_are_scored_in_one_batch_and_a_bad_one_is_refused_alone(
+def test_requests_waiting_together_are_answered_in_one_turn_and_a_bad_one_is_refused_alone(
     scorer: RewardModelScorer,
 ) -> None:
     counting = _Counting(scorer)
@@ -122,7 +120,7 @@ def test_requests_waiting_together_are_scored_in_one_batch_and_a_bad_one_is_refu
             d.close(linger=0)
         sock.close(linger=0)
         ctx.term()
-    assert counting.calls == [4]  # the two good requests' 4 sequences in one forward pass
+    assert counting.calls == [2, 2]  # the two good requests' groups, each with its prompt computed once
     assert [r.request_id for r in replies] == ["r0", "r1", "r2"]
     assert isinstance(replies[1], ScoreReply) and replies[1].error is not None
     assert f"[0, {VOCAB}), got 5..{VOCAB + 5}" in replies[1].error and replies[1].scores == []

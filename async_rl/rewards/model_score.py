@@ -1,12 +1,14 @@
 """A learned reward model's scores for token sequences (what the reward server and an inline actor both call).
 
 The model is the reward-model trainer's export (``<run dir>/hf``): a transformers sequence-classification model with
-one label whose score is read at each sequence's last non-pad token, and ``reward_stats.json`` (the mean and standard
-deviation of its scores on held-out pairs). A sequence is ``prompt ids + response ids`` exactly as the actor sampled
-them, in the policy's tokenizer, which the reward model shares (checked at load: same vocabulary size). Longer
-sequences keep their last ``max_length`` tokens (the score is read at the end). Sequences are scored in batches of at
-most ``max_batch`` (right-padded), on CUDA when there is a GPU, else on the CPU, in ``dtype`` (``auto``: bf16 where
-the device computes it natively, :func:`async_rl.config.precision.native_bf16`).
+one label, and ``reward_stats.json`` (the mean and standard deviation of its scores on held-out pairs). A sequence is
+``prompt ids + response ids`` exactly as the actor sampled them, in the policy's tokenizer, which the reward model
+shares (checked at load: the policy's vocabulary fits). Its score is read at its last token that is not the pad
+token, as transformers' sequence classification reads it (with a pad token that is also the EOS, the token before a
+final EOS). Longer sequences keep their last ``max_length`` tokens. Sequences are scored in batches of at most
+``max_batch`` (right-padded), a group's prompt computed once (:meth:`RewardModelScorer.group_scores`), on CUDA when
+there is a GPU, else on the CPU, in ``dtype`` (``auto``: bf16 where the device computes it natively,
+:func:`async_rl.config.precision.native_bf16`).
 
 A score that is not finite raises :class:`UntrustedScore`: it is never replaced by a guess.
 """
@@ -161,16 +163,17 @@ class RewardModelScorer:
         for seq in sequences:
             self.check(seq)
         trunk, head = getattr(self.model, "model", None), getattr(self.model, "score", None)
-        longest = max((len(r) for r in response_ids), default=0)
+        # the score is read at the last token that is not padding (a final EOS that is also the pad token is not it)
+        kept = [_strip_trailing(list(r), self.pad_token_id) for r in response_ids]
         if (
             trunk is None
             or head is None
             or not prompt_ids
-            or min((len(r) for r in response_ids), default=0) < 1
-            or len(prompt_ids) + longest > self.max_length
+            or min((len(r) for r in kept), default=0) < 1
+            or len(prompt_ids) + max(len(r) for r in kept) > self.max_length
         ):
             return self.scores(sequences)
-        return self._checked(self._prefix_scores(trunk, head, list(prompt_ids), [list(r) for r in response_ids]))
+        return self._checked(self._prefix_scores(trunk, head, list(prompt_ids), kept))
 
     def _prefix_scores(self, trunk: Any, head: Any, prompt: list[int], responses: list[list[int]]) -> list[float]:
         import torch
@@ -200,6 +203,13 @@ class RewardModelScorer:
                 logits = head(hidden[torch.arange(n, device=dev), last])
             out.extend(float(v) for v in logits[:, 0].float().cpu())
         return out
+
+
+def _strip_trailing(tokens: list[int], pad: int) -> list[int]:
+    end = len(tokens)
+    while end and tokens[end - 1] == pad:
+        end -= 1
+    return tokens[:end]
 
 
 def scorer_from_config(rm: RewardModelServeConfig) -> RewardModelScorer:

@@ -90,6 +90,10 @@ def test_a_groups_prompt_computed_once_gives_the_whole_sequences_scores(rm_dir: 
     whole = scorer.scores([prompt + r for r in responses])
     assert scorer.group_scores(prompt, responses) == pytest.approx(whole, abs=1e-5)  # chunks of 3 and 1
     assert max(whole) - min(whole) > 0.1
+    # a final EOS that is also the pad token: both paths read the score at the token before it
+    ended = [[9, PAD], [10, 11, PAD, PAD]]
+    assert scorer.group_scores(prompt, ended) == pytest.approx(scorer.scores([prompt + r for r in ended]), abs=1e-5)
+    assert scorer.group_scores(prompt, ended) == pytest.approx(scorer.group_scores(prompt, [[9], [10, 11]]), abs=1e-6)
     # a group that would be truncated is scored as whole (truncated) sequences
     short = RewardModelScorer(rm_dir, max_batch=8, max_length=6, normalize=True, dtype="float32")
     assert short.group_scores(prompt, responses) == pytest.approx(

@@ -267,9 +267,11 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         learner = [*torchrun_command(), "--standalone", "--nproc_per_node", str(nproc)]
         learner += ["-m", "async_rl.entrypoints.train", *configs, *args.overrides, *wiring]
     parts = [Part("learner", tuple(learner), log_dir / "learner.log", envs[0], echo=True)]
-    if settings.reward_server:  # beside the actors; it needs no GPU of its own at this scale (the CPU scores)
+    if settings.reward_server:  # no GPU of its own: with pinned GPUs it shares learner rank 0's, else it sees them all
         argv = [sys.executable, "-m", "async_rl.entrypoints.reward_server", *configs, *args.overrides, *wiring]
-        parts.append(Part("reward-server", tuple(argv), log_dir / "reward-server.log", essential=True))
+        pinned = envs[0].get("CUDA_VISIBLE_DEVICES")
+        env = {"CUDA_VISIBLE_DEVICES": pinned.split(",")[0]} if pinned else {}
+        parts.append(Part("reward-server", tuple(argv), log_dir / "reward-server.log", env, essential=True))
     emulate: list[str] = []
     if args.emulate_tokens_per_s is not None:
         emulate = ["--emulate-tokens-per-s", str(args.emulate_tokens_per_s)]

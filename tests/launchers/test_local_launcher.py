@@ -400,3 +400,23 @@ def test_bad_cli_values_are_rejected(capsys: pytest.CaptureFixture[str]) -> None
     assert "--actors must be >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         local.parse_args(["not-an-override"])
+
+
+def test_a_reward_server_part_shares_the_actors_port_and_learner_rank_0s_gpu() -> None:
+    args = local.parse_args(["--nproc-per-node", "4", "--actors", "2"])
+    settings = local.JobSettings(
+        num_actors=2, nproc_per_node=4, device="cuda", tp_size=2, host="127.0.0.1", port=0, ws_port=0,
+        actor_policy=local.STOP_ON_FAILURE, learner_stop_s=None, reward_server=True,
+    )  # fmt: skip
+    parts = local.build_parts(args, settings, [str(i) for i in range(8)])
+    assert [p.name for p in parts] == ["learner", "reward-server", "actor-0", "actor-1"]
+    server = parts[1]
+    assert server.essential and not any(p.essential for p in parts if p is not server)
+    assert server.env == {"CUDA_VISIBLE_DEVICES": "0"}  # beside learner rank 0, not on an actor's GPUs
+    assert "async_rl.entrypoints.reward_server" in server.argv
+    ports = {p.name: [a for a in p.argv if a.startswith("reward.reward_model.port=")] for p in parts}
+    (wired,) = ports["reward-server"]
+    assert int(wired.split("=")[1]) > 0 and ports["actor-0"] == ports["actor-1"] == [wired]
+    without = local.build_parts(args, dataclasses.replace(settings, reward_server=False), [str(i) for i in range(8)])
+    assert [p.name for p in without] == ["learner", "actor-0", "actor-1"]
+    assert not any(a.startswith("reward.reward_model.port=") for p in without for a in p.argv)

@@ -370,8 +370,6 @@ def _start(part: Part, sink: IO[bytes], restart: int = 0) -> _Running:
         log.write(f"\n----- launch: restart {restart} of {part.name} -----\n".encode())
         log.flush()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **part.env}
-    if restart:  # a restarted actor joins the learner's next weight-sync epoch, not its earlier process's
-        env["ASYNC_RL_RESTART"] = str(restart)  # async_rl.runtime.actor_main.RESTART_ENV
     try:
         proc = subprocess.Popen(
             part.argv,

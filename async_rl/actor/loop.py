@@ -185,7 +185,6 @@ class ActorLoop:
         update_mode: UpdateMode,
         poll_interval_s: float = 0.01,
         max_groups: int | None = None,
-        restarted: bool = False,
     ) -> None:
         if max_concurrent_groups < 1:
             raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
@@ -205,7 +204,6 @@ class ActorLoop:
         self.update_mode = update_mode
         self.poll_interval_s = poll_interval_s
         self.max_groups = max_groups
-        self.restarted = restarted  # a restart of an actor id the learner knew (the launcher's restart of a part)
         self.stats = ActorLoopStats()
         self._pending: deque[PromptGrant] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -227,11 +225,6 @@ class ActorLoop:
         sync = self.weight_sync
         if sync is None or plan is None:
             return
-        if self.restarted and self._announcements == 0 and self._epoch is None and self.actor_id in plan.candidates:
-            # A restarted process listed before it ever announced itself: the listing is the earlier process's (same
-            # actor id), whose epoch's roster will not wait for us. Joining it would hold us past the next epoch's
-            # roster too; announce, and join the next epoch.
-            self._failed_epoch = plan.epoch
         if self.actor_id not in plan.candidates or plan.epoch == self._failed_epoch:
             await self._announce(plan)
             return

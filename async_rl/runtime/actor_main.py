@@ -19,13 +19,6 @@ from async_rl.runtime import resources
 
 logger = logging.getLogger(__name__)
 
-RESTART_ENV = "ASYNC_RL_RESTART"
-"""Set by ``launchers/local.py`` to the restart count when it restarts an actor (same actor id)."""
-
-
-def restarted() -> bool:
-    return int(os.environ.get(RESTART_ENV, "0") or "0") > 0
-
 
 def reward_worker(cfg: Config) -> Any:
     from async_rl.rewards import RewardWorker
@@ -168,7 +161,6 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             ),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
-            restarted=restarted(),
         )
         await loop.run()
         return loop.metrics()
@@ -215,7 +207,6 @@ async def _run_emulated(
             weight_sync=weight_sync,
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
-            restarted=restarted(),
         )
         await loop.run()
         return {**loop.metrics(), **engine.metrics()}

@@ -152,7 +152,13 @@ def collect_roster(
 
 
 def await_roster(store: dist.Store, epoch: int, member: str, timeout_s: float) -> Roster:
-    """Actor: say ``member`` is ready for ``epoch`` and wait for the roster. Raises :class:`LeftOut` if not in it."""
+    """Actor: say ``member`` is ready for ``epoch`` and wait for the roster. Raises :class:`LeftOut` if not in it,
+    and at once when the roster was published before this call: whatever it says of ``member`` is about another
+    process (a restarted actor's killed one, under the same id), whose group this one must not try to join."""
+    if store.check([_roster_key(epoch)]):
+        raise LeftOut(
+            f"weight-sync epoch {epoch} was formed before actor {member} was ready; it announces itself again"
+        )
     store.set(_ready_key(epoch, member), "1")
     try:
         store.wait([_roster_key(epoch)], timedelta(seconds=timeout_s))

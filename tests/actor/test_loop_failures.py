@@ -121,40 +121,6 @@ def test_an_actor_left_out_of_an_epoch_keeps_its_weights_and_announces_again() -
     assert [g.prompt_id for g in client.sent] == [0, 1, 2] and loop.engine.version == 0
 
 
-def test_a_restarted_actor_listed_by_its_earlier_process_announces_and_joins_the_next_epoch() -> None:
-    """The plan it first sees lists its actor id (the killed process's membership): joining that epoch would wait out
-    a roster that formed without it (and miss the next one); it announces instead and joins epoch 4."""
-    sync = InstantWeightSync()
-    client = ScriptedClient(
-        [make_grant(i, min_version=0) for i in range(3)], publish=2, publish_when=lambda c: len(sync.announced) > 0
-    )
-    client.weight_sync = make_plan(("a0",), epoch=3, version=1)
-    loop = ActorLoop(
-        actor_id="a0",
-        client=client,
-        engine=EmulatedEngine(2000.0, response_len=4),
-        scorer=EmulatedScorer(),
-        weight_sync=sync,
-        max_concurrent_groups=1,
-        max_groups=3,
-        update_mode="inflight",
-        poll_interval_s=0.005,
-        restarted=True,
-    )
-    original = client.poll
-
-    def poll(timeout_s: float = 0.0) -> None:  # the re-formed epoch after the announcement
-        original(timeout_s)
-        if client.weight_sync is not None and client.weight_sync.version == 2 and client.weight_sync.epoch != 4:
-            client.weight_sync = make_plan(("a0",), epoch=4, version=2)
-
-    client.poll = poll  # type: ignore[method-assign]
-    asyncio.run(asyncio.wait_for(loop.run(), timeout=10.0))
-    assert len(sync.announced) == 1  # announced once, for epoch 3
-    assert [j.plan.epoch for j in sync.joins] == [4] and sync.updates == [2]  # never joined epoch 3
-    assert loop.stats.joins_left_out == 0
-
-
 class _FailsOnce(InstantWeightSync):
     """The first transfer breaks half-way (the model is half loaded); later ones succeed."""
 

@@ -221,3 +221,26 @@ def test_a_transfer_to_a_member_presumed_dead_is_abandoned_without_waiting_for_t
         assert pub.publish(2, lambda: _weights(2))["sync/actors"] == 0.0  # re-formed without it: nobody to wait on
     finally:
         pub.close()
+
+
+def test_an_epoch_formed_before_this_process_was_ready_is_refused_at_once() -> None:
+    """A restarted actor (same id) that sees the plan of an epoch its killed process was a member of: the roster names
+    its id, but the group is the old process's. Waiting on it would hold the new process past the next epoch's
+    roster; it is refused at once instead (and announces itself again)."""
+    import pytest
+
+    from async_rl.weight_sync.errors import WeightSyncError
+    from async_rl.weight_sync.group import create_store
+    from async_rl.weight_sync.membership import LeftOut, await_roster, collect_roster
+
+    store = create_store("127.0.0.1", 0, is_master=True, timeout_s=10)
+    ready = threading.Thread(target=lambda: await_roster(store, 0, "actor-1", 5.0))
+    ready.start()  # the first process: ready for epoch 0, then a member
+    roster = collect_roster(store, 0, ["actor-1"], 5.0)
+    ready.join(timeout=5)
+    assert roster.members == ["actor-1"]
+    started = time.monotonic()
+    with pytest.raises(LeftOut, match="epoch 0 was formed before actor actor-1 was ready"):
+        await_roster(store, 0, "actor-1", 5.0)  # the restarted process, late for epoch 0
+    assert time.monotonic() - started < 1.0
+    assert issubclass(LeftOut, WeightSyncError)

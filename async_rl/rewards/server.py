@@ -33,17 +33,17 @@ class GroupScorer(Protocol):
 class ServerStats:
     requests: int = 0
     sequences: int = 0
-    batches: int = 0
+    turns: int = 0  # receive-and-score rounds (each scores every waiting request, one group at a time)
     refused: int = 0  # requests answered with an error
     malformed: int = 0  # frames dropped undecoded
     unreachable: int = 0  # answers whose requester had gone (its socket closed after a deadline)
     scoring_s: float = 0.0
 
     def line(self) -> str:
-        per_batch = self.sequences / self.batches if self.batches else 0.0
+        per_turn = self.requests / self.turns if self.turns else 0.0
         return (
-            f"{self.requests} requests, {self.sequences} sequences in {self.batches} batches ({per_batch:.1f} per"
-            f" batch), {self.scoring_s:.1f} s scoring; {self.refused} refused, {self.malformed} malformed,"
+            f"{self.requests} requests, {self.sequences} sequences in {self.turns} turns ({per_turn:.1f} requests per"
+            f" turn), {self.scoring_s:.1f} s scoring; {self.refused} refused, {self.malformed} malformed,"
             f" {self.unreachable} unreachable"
         )
 
@@ -113,7 +113,7 @@ class RewardServer:
                 continue
             self._answer(identity, request, scores)
         self.stats.scoring_s += time.monotonic() - started
-        self.stats.batches += 1
+        self.stats.turns += 1
 
     def _answer(self, identity: bytes, request: ScoreRequest, scores: list[float]) -> None:
         self.stats.requests += 1

@@ -125,7 +125,7 @@ def test_requests_waiting_together_are_answered_in_one_turn_and_a_bad_one_is_ref
     assert isinstance(replies[1], ScoreReply) and replies[1].error is not None
     assert f"[0, {VOCAB}), got 5..{VOCAB + 5}" in replies[1].error and replies[1].scores == []
     assert replies[0].scores == replies[2].scores and len(replies[0].scores) == 2
-    assert (server.stats.requests, server.stats.refused, server.stats.batches) == (2, 1, 1)
+    assert (server.stats.requests, server.stats.refused, server.stats.turns) == (2, 1, 1)
 
 
 def test_a_malformed_frame_is_dropped_and_the_server_goes_on(served: tuple[RewardServer, int, _Counting]) -> None:

@@ -1,6 +1,6 @@
 """Benchmark the FSDP2 learner at a real model's size: a Qwen2.5-0.5B-shaped model on the GSM8K recipe's batch.
 
-Usage: ``python tools/bench_learner_scale.py [--shape qwen2.5-0.5b] [--nproc 1] [--steps 3] [--cases all]``
+Usage: ``python tools/bench_learner_scale.py [--shape qwen2.5-0.5b] [--nproc 1] [--steps 3] [--cases all] [--profile]``
 
 The model is built in code from Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 query / 2 key-value heads, MLP 4864,
 151,936-token vocabulary, tied embeddings; random weights, nothing downloaded). Each case launches ``torchrun`` with
@@ -28,6 +28,9 @@ peak resident set on CPU); and the first step's loss, entropy and gradient norm 
 same batch, up to rounding). Then the ratio lines ``learner_scale_shared_vs_separate`` (step time),
 ``learner_scale_ckpt_memory`` (peak memory without / with checkpointing) and ``learner_scale_auto_vs_fp32`` (step
 time).
+
+``--profile`` runs one more step of each case under ``torch.profiler`` and prints the operators that took the most
+device time, and how busy the device was over that step.
 
 ``--shape tiny`` (hidden 64, 2 layers, 512-token vocabulary, short sequences) is for checking the tool on a CPU.
 """
@@ -162,14 +165,16 @@ def worker(params: dict[str, Any]) -> None:
     first = learner.train_step(groups, prompts)  # warm-up (kernels, allocator, optimizer state)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    times, computed = [], 0.0
+    times, updates, computed = [], [], 0.0
     for _ in range(int(params["steps"])):
         sync()
         t0 = time.perf_counter()
         metrics = learner.train_step(groups, prompts)
         sync()
         times.append(time.perf_counter() - t0)
+        updates.append(float(metrics[mc.LEARNER_PERF_UPDATE_TIME_S]))
         computed = float(metrics[mc.LEARNER_BATCH_TOKENS_COMPUTED])
+    profile_text = profile_step(lambda: learner.train_step(groups, prompts), sync) if params.get("profile") else ""
     if ctx.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(ctx.device) / 2**20
         reserved = torch.cuda.max_memory_reserved(ctx.device) / 2**20
@@ -187,6 +192,8 @@ def worker(params: dict[str, Any]) -> None:
             "params": n_params,
             "step_s": step,
             "steps_s": times,
+            "update_s": statistics.median(updates),
+            "profile": profile_text,
             "tokens_computed": computed,  # this rank's
             "sequences": groups_n * n,
             "sequence_tokens": sum(
@@ -202,9 +209,32 @@ def worker(params: dict[str, Any]) -> None:
     teardown(ctx)
 
 
+def profile_step(step: Any, sync: Any) -> str:
+    """One more step under ``torch.profiler``: the operators that took the most device time (CPU time on a CPU),
+    and how busy the device was over the step's wall clock (a launch-bound step leaves it idle)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    sync()
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step()
+        sync()
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    table = events.table(sort_by=key, row_limit=25, max_name_column_width=70)
+    busy = sum(float(getattr(e, key)) for e in events) / 1e6
+    return f"{table}\nprofiled step {wall:.3f} s (profiler on), {'device' if cuda else 'CPU'} busy {busy:.3f} s"
+
+
 def run_case(args: argparse.Namespace, case: str, out: Path) -> dict[str, Any] | None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", __file__]
-    params = dict(shape=args.shape, case=case, steps=args.steps, threads=args.threads, out=str(out))
+    params = dict(
+        shape=args.shape, case=case, steps=args.steps, threads=args.threads, out=str(out), profile=args.profile
+    )
     env = dict(os.environ, PYTHONWARNINGS="ignore", BENCH_SCALE_WORKER=json.dumps(params))
     env.setdefault("OMP_NUM_THREADS", str(args.threads))
     t0 = time.perf_counter()
@@ -227,6 +257,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=1, help="learner ranks (GPUs)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per case, after one warm-up step")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--profile", action="store_true", help="profile one more step of each case; print its top ops")
     p.add_argument("--cases", default="all", help=f"comma-separated, from {', '.join(CASES)}; or all")
     args = p.parse_args()
     cases = list(CASES) if args.cases == "all" else args.cases.split(",")
@@ -243,13 +274,15 @@ def main() -> None:
             flops = 6 * res["params"] * res["tokens_computed"] / res["step_s"]
             print(
                 f"{case:9s} [{res['device']}, {res['ranks']} rank(s)] step {res['step_s']:.3f} s"
-                f" (range {min(res['steps_s']):.3f}-{max(res['steps_s']):.3f})"
+                f" (range {min(res['steps_s']):.3f}-{max(res['steps_s']):.3f}; updates {res['update_s']:.3f} s)"
                 f"  {res['sequences']} seqs of {res['sequence_tokens']} tokens, {res['tokens_computed']:.0f} computed"
                 f"  {res['sequence_tokens'] / res['step_s']:,.0f} seq tok/s  {flops / 1e12:.2f} TFLOP/s"
                 f"  peak {res['peak_mib']:,.0f} MiB (reserved {res['reserved_mib']:,.0f})"
                 f"  step-1 pg_loss {res['pg_loss']:.5f} entropy {res['entropy']:.4f} grad_norm {res['grad_norm']:.4f}",
                 flush=True,
             )
+            if res["profile"]:
+                print(f"-- {case}: one profiled step\n{res['profile']}", flush=True)
     lines = []
     r = results
     if "shared" in r and "separate" in r:

@@ -15,8 +15,11 @@ from async_rl.learner.policy import build_micro_inputs, response_log_probs, resp
 from async_rl.learner.shared_prompt import (
     SHARED_PROMPT_ATTENTION,
     build_shared_layout,
+    dense_shared_attention,
     shared_prompt_enabled,
     use_shared_prompt_attention,
+    varlen_shared_attention,
+    varlen_supported,
 )
 from async_rl.transport.protocol import RolloutGroup, make_completion
 
@@ -38,8 +41,88 @@ def test_layout_by_hand() -> None:
     assert lay.comp_mask[2, 0].int().tolist() == [[1, 0, 1, 0], [1, 0, 1, 1]]
     # completion 0 (one token): its padded query sees the prompt and the real token, never the padding slot
     assert lay.comp_mask[0, 0].int().tolist() == [[1, 1, 1, 0], [1, 1, 1, 0]]
+    # the variable-length form: segments prompt 0 | comp 0 | comp 1 | prompt 1 | comp 2, in row order
+    assert lay.cu_seq_q.tolist() == [0, 2, 3, 5, 6, 8]
+    assert lay.kv_index.tolist() == [0, 1, 0, 1, 2, 0, 1, 3, 4, 5, 5, 6, 7]
+    assert lay.cu_seq_k.tolist() == [0, 2, 5, 9, 10, 13]
+    assert lay.cu_seq_q.dtype == lay.cu_seq_k.dtype == torch.int32
+    assert (lay.max_q, lay.max_k) == (2, 4)
     with pytest.raises(ValueError, match="at least one token"):
         build_shared_layout([2], [[]])
+
+
+def _varlen_reference(q, k, v, lay):  # type: ignore[no-untyped-def]
+    """The variable-length kernel's contract, written out: each query segment attends causally to its gathered keys,
+    aligned so that its last query sees its last key (flash's bottom-right alignment)."""
+    out = torch.empty(q.shape[2], q.shape[1], q.shape[3])
+    kg, vg = k[0].index_select(1, lay.kv_index), v[0].index_select(1, lay.kv_index)
+    for s in range(len(lay.cu_seq_q) - 1):
+        q0, q1, k0, k1 = (int(x) for x in (lay.cu_seq_q[s], lay.cu_seq_q[s + 1], lay.cu_seq_k[s], lay.cu_seq_k[s + 1]))
+        mask = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(diagonal=(k1 - k0) - (q1 - q0))
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[0, :, q0:q1], kg[:, k0:k1], vg[:, k0:k1], attn_mask=mask, enable_gqa=True
+        )
+        out[q0:q1] = o.transpose(0, 1)
+    return out[None]
+
+
+def test_the_variable_length_segments_attend_as_the_dense_problems_do() -> None:
+    torch.manual_seed(0)
+    lay = build_shared_layout([3, 1, 4], [[2, 5], [1], [3, 1, 2]])
+    length = int(lay.cu_seq_q[-1])
+    q, k, v = torch.randn(1, 4, length, 8), torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
+    torch.testing.assert_close(_varlen_reference(q, k, v, lay), dense_shared_attention(q, k, v, lay, None))
+
+
+def _cuda_row(seed: int = 0):  # type: ignore[no-untyped-def]
+    """A GSM8K-like row on CUDA in bf16 (two groups of 8, prompts of different lengths), Qwen2.5-0.5B's heads."""
+    gen = torch.Generator().manual_seed(seed)
+    t_lens = torch.randint(1, 200, (2, 8), generator=gen).tolist()
+    lay = build_shared_layout([160, 97], t_lens).to(torch.device("cuda"))
+    length = int(lay.cu_seq_q[-1])
+
+    def leaf(heads: int) -> torch.Tensor:
+        x = torch.randn(1, heads, length, 64, generator=gen).to("cuda", torch.bfloat16)
+        return x.requires_grad_()
+
+    return lay, leaf(14), leaf(2), leaf(2)
+
+
+@pytest.mark.gpu
+def test_the_flash_kernel_equals_the_dense_problems_on_cuda() -> None:
+    lay, q, k, v = _cuda_row()
+    assert varlen_supported(q)
+    out_v = varlen_shared_attention(q, k, v, lay, None)
+    grads_v = torch.autograd.grad(out_v.float().square().sum(), (q, k, v))
+    out_d = dense_shared_attention(q, k, v, lay, None)
+    grads_d = torch.autograd.grad(out_d.float().square().sum(), (q, k, v))
+    torch.testing.assert_close(out_v.float(), out_d.float(), atol=2e-2, rtol=2e-2)  # bf16: 8 mantissa bits
+    for gv, gd in zip(grads_v, grads_d, strict=True):  # bf16 rounding of two summation orders: 1% of the norm
+        assert float(gd.float().norm()) > 1.0
+        assert float((gv.float() - gd.float()).norm()) < 1e-2 * float(gd.float().norm())
+    # the bottom-right alignment matters: a completion's first token sees the whole prompt, not the prompt's first key
+    first = int(lay.cu_seq_q[1])
+    assert float((out_v[0, first] - out_d[0, first]).abs().max()) < 2e-2
+
+
+@pytest.mark.gpu
+def test_shared_log_probs_on_cuda_equal_separate_sequences() -> None:
+    batch = collate(*_groups())
+    model = tiny_policy(seed=4).to("cuda", torch.bfloat16)
+    use_shared_prompt_attention(model)
+    cuda = torch.device("cuda")
+    rows = list(range(13))
+    with torch.no_grad():
+        padded, _ = response_log_probs(
+            model, build_micro_inputs(batch, rows, layout="padded", device=cuda), temperature=1.0
+        )
+        shared, _ = response_log_probs(
+            model, build_micro_inputs(batch, rows, layout="shared", device=cuda), temperature=1.0
+        )
+    mask = batch.response_mask.bool().to(cuda)
+    diff = (shared[mask].float() - padded[mask].float()).abs()
+    assert float(padded[mask].float().abs().mean()) > 1.0  # real log-probs over a 512-token vocabulary
+    assert float(diff.max()) < 0.1 and float(diff.mean()) < 0.02  # bf16 rounding of two summation orders
 
 
 def _groups() -> tuple[list[RolloutGroup], Prompts]:

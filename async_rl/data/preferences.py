@@ -12,6 +12,10 @@ is encoded without added special tokens. A sequence longer than ``data.max_lengt
 (``left``: its first tokens are cut, so the end where the score is read stays; ``drop``: the pair is left out;
 ``error``). The score is read at a sequence's last token, so that token must not be the pad token (the exported
 sequence-classification model finds the last token as the last non-pad one): such a row is an error.
+
+A chat-rendered sequence ends with the template's end of turn (:func:`turn_end_ids`: SmolLM2's ``<|im_end|>`` and a
+newline), which a sampled response does not have (it stops at an EOS); the trainer records those tokens with its
+export, so that a scorer finishes a response the same way before reading its score.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from async_rl.config.reward_model_train import BUILTIN_PREFERENCES, BUILTIN_PREF
 from async_rl.data.files import read_rows
 from async_rl.data.toy_preferences import make_toy_preferences
 
-__all__ = ["PreferencePair", "TokenizedPairs", "load_pairs", "parse_pair", "tokenize_pairs"]
+__all__ = ["PreferencePair", "TokenizedPairs", "load_pairs", "parse_pair", "tokenize_pairs", "turn_end_ids"]
 
 Messages = list[dict[str, str]]
 
@@ -50,6 +54,7 @@ class TokenizedPairs:
     margins: list[float] = field(default_factory=list)
     truncated: int = 0  # sequences cut to max_length ('left')
     dropped: int = 0  # pairs left out ('drop')
+    chat: int = 0  # kept pairs rendered through the chat template (the others are plain text)
 
     def __len__(self) -> int:
         return len(self.chosen)
@@ -139,6 +144,27 @@ def _chat_text(tokenizer: Any, prompt: Messages, response: str | Messages, where
     return str(tokenizer.apply_chat_template([*prompt, *reply], tokenize=False, add_generation_prompt=False))
 
 
+def turn_end_ids(tokenizer: Any) -> list[int] | None:
+    """The tokens the chat template renders after an assistant message's content, or None when they cannot be told
+    apart (no template, or a template whose generation prompt is not a prefix of the rendered conversation).
+
+    Found by rendering one exchange both ways: the prompt with its generation prompt (what the actor samples after),
+    then the whole conversation (what the trainer scores); what follows the reply's own tokens is the turn's end."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    user = [{"role": "user", "content": "1"}]
+    reply = "1"
+    head = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    whole = tokenizer.apply_chat_template(
+        [*user, {"role": "assistant", "content": reply}], tokenize=False, add_generation_prompt=False
+    )
+    head_ids, reply_ids, whole_ids = _encode(tokenizer, [str(head), reply, str(whole)])
+    start = len(head_ids) + len(reply_ids)
+    if whole_ids[:start] != head_ids + reply_ids:
+        return None
+    return whole_ids[start:]
+
+
 def _sequences(tokenizer: Any, pairs: Sequence[PreferencePair], side: str) -> list[list[int]]:
     """The token ids of each pair's ``side`` ('chosen' or 'rejected') sequence, rendered as the module says."""
     responses = [getattr(p, side) for p in pairs]
@@ -192,6 +218,7 @@ def tokenize_pairs(
         out.chosen.append(kept["chosen"])
         out.rejected.append(kept["rejected"])
         out.margins.append(pair.margin)
+        out.chat += isinstance(pair.prompt, list)
     if not out.chosen:
         raise ValueError(f"every pair is longer than data.max_length={d.max_length} (data.truncation=drop)")
     return out

@@ -2,10 +2,13 @@
 
 The model is the reward-model trainer's export (``<run dir>/hf``): a transformers sequence-classification model with
 one label, and ``reward_stats.json`` (the mean and standard deviation of its scores on held-out pairs). A sequence is
-``prompt ids + response ids`` exactly as the actor sampled them, in the policy's tokenizer, which the reward model
-shares (checked at load: the policy's vocabulary fits). Its score is read at its last token that is not the pad
-token, as transformers' sequence classification reads it (with a pad token that is also the EOS, the token before a
-final EOS). Longer sequences keep their last ``max_length`` tokens. Sequences are scored in batches of at most
+``prompt ids + response ids`` in the policy's tokenizer, which the reward model shares (checked at load: the
+policy's vocabulary fits). A response is first finished as the trainer's sequences ended: its trailing EOS and
+padding are dropped and the export's ``turn_end_ids`` appended (the chat template's end of turn, SmolLM2's
+``<|im_end|>`` and newline; nothing for plain text), so the score is read at the same place as in training. An
+export without that record (an older one, or a model from elsewhere) scores responses as sampled, with a warning.
+The score is read at the last token that is not the pad token, as transformers' sequence classification reads it.
+Longer sequences keep their last ``max_length`` tokens. Sequences are scored in batches of at most
 ``max_batch`` (right-padded), a group's prompt computed once (:meth:`RewardModelScorer.group_scores`), on CUDA when
 there is a GPU, else on the CPU, in ``dtype`` (``auto``: bf16 where the device computes it natively,
 :func:`async_rl.config.precision.native_bf16`).
@@ -29,6 +32,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REWARD_STATS_FILE = "reward_stats.json"
+TURN_END_KEY = "turn_end_ids"
+"""The key of ``reward_stats.json`` that says how training sequences ended after a response (a list of token ids)."""
 
 
 class UntrustedScore(ValueError):
@@ -103,6 +108,17 @@ class RewardModelScorer:
                 f" policy's ({vocab_size}): it must share the policy's tokenizer"
             )
         self.pad_token_id = int(pad)
+        eos = model.config.eos_token_id
+        self.end_tokens = {self.pad_token_id, *([] if eos is None else [eos] if isinstance(eos, int) else eos)}
+        self.turn_end = read_turn_end(self.model_dir)
+        if self.turn_end is None:
+            logger.warning(
+                "%s/%s records no %s: responses are scored as sampled, which may not be where the model was trained"
+                " to read a score",
+                self.model_dir,
+                REWARD_STATS_FILE,
+                TURN_END_KEY,
+            )
         self.model = model.to(self.device).eval()
         logger.info(
             "reward model %s: %.1fM parameters, %s on %s (%s), score normalised by mean %.4f std %.4f",
@@ -159,12 +175,11 @@ class RewardModelScorer:
         values cached, then shared by every response), the same scores as :meth:`scores` up to float rounding.
         Falls back to :meth:`scores` of the whole sequences when a sequence would be truncated, a response is empty,
         or the model has no separate trunk and ``score`` head."""
-        sequences = [list(prompt_ids) + list(r) for r in response_ids]
+        kept = [self.finish(r) for r in response_ids]
+        sequences = [list(prompt_ids) + r for r in kept]
         for seq in sequences:
             self.check(seq)
         trunk, head = getattr(self.model, "model", None), getattr(self.model, "score", None)
-        # the score is read at the last token that is not padding (a final EOS that is also the pad token is not it)
-        kept = [_strip_trailing(list(r), self.pad_token_id) for r in response_ids]
         if (
             trunk is None
             or head is None
@@ -174,6 +189,14 @@ class RewardModelScorer:
         ):
             return self.scores(sequences)
         return self._checked(self._prefix_scores(trunk, head, list(prompt_ids), kept))
+
+    def finish(self, response: Sequence[int]) -> list[int]:
+        """``response`` as the trainer's sequences ended (see the module doc); without a ``turn_end_ids`` record,
+        only its trailing padding is dropped (the score is read before it either way)."""
+        tokens = list(response)
+        if self.turn_end is None:
+            return _strip_trailing(tokens, {self.pad_token_id})
+        return _strip_trailing(tokens, self.end_tokens) + self.turn_end
 
     def _prefix_scores(self, trunk: Any, head: Any, prompt: list[int], responses: list[list[int]]) -> list[float]:
         import torch
@@ -205,11 +228,24 @@ class RewardModelScorer:
         return out
 
 
-def _strip_trailing(tokens: list[int], pad: int) -> list[int]:
+def _strip_trailing(tokens: list[int], drop: set[int]) -> list[int]:
     end = len(tokens)
-    while end and tokens[end - 1] == pad:
+    while end and tokens[end - 1] in drop:
         end -= 1
     return tokens[:end]
+
+
+def read_turn_end(model_dir: str | Path) -> list[int] | None:
+    """The export's ``turn_end_ids`` (None when its ``reward_stats.json`` or the record is missing)."""
+    try:
+        value = json.loads((Path(model_dir).expanduser() / REWARD_STATS_FILE).read_text()).get(TURN_END_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, int) and t >= 0 for t in value):
+        raise ValueError(f"{model_dir}/{REWARD_STATS_FILE}: {TURN_END_KEY} must be a list of token ids, got {value!r}")
+    return value
 
 
 def scorer_from_config(rm: RewardModelServeConfig) -> RewardModelScorer:
@@ -226,9 +262,11 @@ def scorer_from_config(rm: RewardModelServeConfig) -> RewardModelScorer:
 
 __all__ = [
     "REWARD_STATS_FILE",
+    "TURN_END_KEY",
     "RewardModelScorer",
     "ScoreNormalization",
     "UntrustedScore",
     "read_normalization",
+    "read_turn_end",
     "scorer_from_config",
 ]

@@ -6,7 +6,9 @@ converts a builtin one first), loads and tokenizes the pairs (every rank the sam
 :meth:`RewardModelTrainer.train_step`: the step's pairs, the update, the evaluation when due, the metrics line. At the
 end the model is exported as a Hugging Face sequence-classification directory (``<run dir>/hf``, with the tokenizer)
 and ``<run dir>/hf/reward_stats.json`` holds the mean and standard deviation of its scores on the held-out pairs
-(the training pairs without ``data.val_files``), for normalising rewards.
+(the training pairs without ``data.val_files``), for normalising rewards, and how a training sequence ended after
+its response (``turn_end_ids``: the chat template's end of turn, ``[]`` for plain text), so that a scorer finishes a
+sampled response the same way before reading its score.
 
 Checkpoints (``trainer.save_freq``) go to ``<run dir>/checkpoints/step_<N>`` through the learner's checkpoint code
 (:mod:`async_rl.learner.checkpoint`): model, optimizer, schedule, RNG states and the data cursor (the epoch and the
@@ -31,7 +33,7 @@ import torch
 from async_rl import metric_catalog as mc
 from async_rl.config.cli import config_to_dict
 from async_rl.config.reward_model_train import RewardModelTrainConfig
-from async_rl.rewards.model_score import REWARD_STATS_FILE
+from async_rl.rewards.model_score import REWARD_STATS_FILE, TURN_END_KEY
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop
 from async_rl.runtime.rank_run import run_rank
@@ -283,7 +285,29 @@ class RewardModelTrainer:
             "std": float(both.std(unbiased=False)),
             "num_pairs": len(pairs),
             "split": "eval" if self.val_pairs is not None else "train",
+            TURN_END_KEY: self.turn_end(),
         }
+
+    def turn_end(self) -> list[int] | None:
+        """How the training sequences ended after a response: the chat template's end of turn, [] for plain text,
+        None (with a warning) when that cannot be told (a template that is not prefix-consistent, or both kinds)."""
+        from async_rl.data.preferences import turn_end_ids
+
+        chat = self.train_pairs.chat
+        if chat == 0:
+            return []
+        ids = turn_end_ids(self.tokenizer)
+        if ids is None or chat < len(self.train_pairs):
+            if self.ctx.rank == 0:
+                logger.warning(
+                    "the scorer cannot finish sampled responses as these pairs end (%d of %d chat-rendered, template"
+                    " end of turn %s): it will score them as sampled",
+                    chat,
+                    len(self.train_pairs),
+                    "unknown" if ids is None else ids,
+                )
+            return None
+        return ids
 
     def export(self, stats: dict[str, Any]) -> Path:
         out = self.model.export(self.out_dir / EXPORT_DIR)

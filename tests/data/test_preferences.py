@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from async_rl.config.reward_model_train import RewardDataConfig
-from async_rl.data.preferences import load_pairs, parse_pair, tokenize_pairs
+from async_rl.data.preferences import load_pairs, parse_pair, tokenize_pairs, turn_end_ids
 from async_rl.data.toy_preferences import EVAL_PAIRS, make_toy_preferences
 from async_rl.models.tiny import build_char_tokenizer
 
@@ -124,3 +124,32 @@ def test_toy_preferences_split_and_are_correct_over_wrong() -> None:
     assert chat[0]["prompt"][0]["role"] == "user" and chat[0]["chosen"][0]["role"] == "assistant"
     assert make_toy_preferences(split="train", chat=False, seed=2) != train  # the order follows the seed
     assert sorted(map(key, make_toy_preferences(split="train", chat=False, seed=2))) == sorted(map(key, train))
+
+
+def test_the_turn_end_is_what_a_chat_rendering_adds_after_the_reply() -> None:
+    tok = _tokenizer()
+    assert turn_end_ids(tok) is None  # no template
+    tok.chat_template = TEMPLATE  # no generation prompt: the prompt as sampled is not a prefix of the conversation
+    assert turn_end_ids(tok) is None
+    tok.chat_template = TEMPLATE + "{% if add_generation_prompt %}a: {% endif %}"
+    assert turn_end_ids(tok) == tok("\n", add_special_tokens=False)["input_ids"]
+    pair = parse_pair({"prompt": [{"role": "user", "content": "hi"}], "chosen": "yo", "rejected": "no"}, "f:1", D)
+    plain = parse_pair({"prompt": "1+1=", "chosen": "2", "rejected": "3"}, "f:2", D)
+    assert tokenize_pairs(tok, [pair, plain, pair], D, pad_token_id=tok.pad_token_id).chat == 2
+
+
+def test_smollm2_prompt_as_sampled_plus_the_turn_end_is_the_trainers_sequence() -> None:
+    from transformers import AutoTokenizer
+
+    from async_rl.models.pretrained import ensure_pretrained
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_pretrained("smollm2-135m-instruct")))
+    end = turn_end_ids(tok)
+    assert end == tok.convert_tokens_to_ids(["<|im_end|>"]) + tok("\n", add_special_tokens=False)["input_ids"]
+    user = [{"role": "user", "content": "What is 17 + 25?"}]
+    pair = parse_pair({"prompt": user, "chosen": "17 + 25 = 42", "rejected": "41"}, "f:1", D)
+    trained = tokenize_pairs(tok, [pair], D, pad_token_id=tok.pad_token_id).chosen[0]
+    # what the actor holds: the prompt with its generation prompt, then the sampled reply
+    prompt = tok(tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    reply = tok("17 + 25 = 42", add_special_tokens=False)["input_ids"]
+    assert trained == prompt["input_ids"] + reply + end

@@ -127,3 +127,26 @@ def test_check_scores_refuses_wrong_counts_and_non_finite_values() -> None:
         check_scores([1.0, 2.0, 3.0], 2)
     with pytest.raises(UntrustedScore, match=r"completions \[0\]"):
         check_scores([float("inf"), 0.0], 2)
+
+
+def test_a_response_is_finished_as_the_trainers_sequences_ended(tmp_path: Path) -> None:
+    eos, turn_end = 1, [7, 8]  # SmolLM2's would be <|im_end|> and a newline
+    rm = export_reward_model(tmp_path / "rm", stats={**STATS, "turn_end_ids": turn_end})
+    config = json.loads((rm / "config.json").read_text())
+    (rm / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    scorer = RewardModelScorer(rm, max_batch=4, max_length=64, normalize=True, dtype="float32")
+    assert scorer.turn_end == turn_end
+    assert scorer.finish([9, 10, eos]) == [9, 10, 7, 8]  # stopped at EOS
+    assert scorer.finish([9, 10, eos, PAD, PAD]) == [9, 10, 7, 8]
+    assert scorer.finish([9, 10]) == [9, 10, 7, 8]  # cut at the length limit: finished the same way
+    prompt, responses = [5, 6, 7], [[9, eos], [10, 11, eos], [12]]
+    expected = scorer.scores([prompt + r[:-1] + turn_end if r[-1] == eos else prompt + r + turn_end for r in responses])
+    assert scorer.group_scores(prompt, responses) == pytest.approx(expected, abs=1e-5)
+    # an export that records nothing scores responses as sampled, only trailing padding dropped
+    old = RewardModelScorer(
+        export_reward_model(tmp_path / "old"), max_batch=4, max_length=64, normalize=True, dtype="float32"
+    )
+    assert old.turn_end is None and old.finish([9, eos, PAD]) == [9, eos]
+    (rm / "reward_stats.json").write_text(json.dumps({**STATS, "turn_end_ids": "im_end"}))
+    with pytest.raises(ValueError, match="turn_end_ids must be a list of token ids"):
+        RewardModelScorer(rm, max_batch=4, max_length=64, normalize=True, dtype="float32")

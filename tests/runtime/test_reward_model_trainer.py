@@ -61,5 +61,6 @@ def test_tiny_reward_model_learns_the_toy_preferences_and_exports(tmp_path: Path
     assert float((rescored - torch.cat([mine.chosen, mine.rejected])).abs().max()) < 1e-5
     stats = json.loads((export / REWARD_STATS_FILE).read_text())
     assert stats["num_pairs"] == 100 and stats["split"] == "eval"
+    assert stats["turn_end_ids"] == []  # plain-text pairs: a response's score is read at its own last token
     assert stats["mean"] == pytest.approx(float(rescored.mean()), abs=1e-5)
     assert stats["std"] == pytest.approx(float(rescored.std(unbiased=False)), abs=1e-5) and stats["std"] > 0.5

@@ -63,8 +63,8 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]
     cmd = [sys.executable, "-m", "async_rl.entrypoints.reward_server", "reward.reward_model.enable=true"]
     cmd += [f"reward.reward_model.model_path={args.model}", f"reward.reward_model.port={port}"]
     cmd += [f"reward.reward_model.max_batch_sequences={args.max_batch}", f"reward.reward_model.max_length={MAX_LENGTH}"]
-    cmd += [f"reward.reward_model.dtype={args.dtype}"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONWARNINGS="ignore")
+    cmd += [f"reward.reward_model.dtype={args.dtype}", f"reward.reward_model.cpu_threads={args.threads}"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -108,7 +108,12 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     scorer = RewardModelScorer(
-        args.model, max_batch=args.max_batch, max_length=MAX_LENGTH, normalize=True, dtype=args.dtype
+        args.model,
+        max_batch=args.max_batch,
+        max_length=MAX_LENGTH,
+        normalize=True,
+        dtype=args.dtype,
+        cpu_threads=args.threads,
     )
     groups = make_groups(args, scorer.vocab_size)
     port = free_port()

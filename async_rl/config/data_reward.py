@@ -173,6 +173,13 @@ class RewardModelServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
     max_batch_sequences: Annotated[
         PosInt, doc("Most sequences scored in one forward pass (the server batches requests of all actors up to it).")
     ] = 64
+    cpu_threads: Annotated[
+        PosInt | None,
+        doc(
+            "torch threads of the scoring forward pass on a CPU (the reward server's process, or each actor's with"
+            " placement 'inline'); null = torch's default (every core, which competes with the learner and vLLM)."
+        ),
+    ] = None
     max_length: Annotated[
         PosInt | None,
         doc("A longer sequence keeps its last max_length tokens (null = max_prompt_length + max_response_length)."),

@@ -80,6 +80,7 @@ class RewardModelScorer:
         max_length: int,
         normalize: bool,
         dtype: str,
+        cpu_threads: int | None,
         vocab_size: int | None = None,
     ) -> None:
         import torch
@@ -88,6 +89,8 @@ class RewardModelScorer:
         from async_rl.config.precision import rollout_precision
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if cpu_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads)
         self.dtype, why = rollout_precision(dtype, self.device.type)
         self.model_dir = str(Path(model_dir).expanduser())
         self.max_batch = max_batch
@@ -121,12 +124,14 @@ class RewardModelScorer:
             )
         self.model = model.to(self.device).eval()
         logger.info(
-            "reward model %s: %.1fM parameters, %s on %s (%s), score normalised by mean %.4f std %.4f",
+            "reward model %s: %.1fM parameters, %s on %s (%s, %d torch threads), score normalised by mean %.4f"
+            " std %.4f",
             self.model_dir,
             sum(p.numel() for p in model.parameters()) / 1e6,
             self.dtype,
             self.device.type,
             why,
+            torch.get_num_threads(),
             self.normalization.mean,
             self.normalization.std,
         )
@@ -257,6 +262,7 @@ def scorer_from_config(rm: RewardModelServeConfig) -> RewardModelScorer:
         max_length=rm.max_length,
         normalize=rm.normalize,
         dtype=rm.dtype,
+        cpu_threads=rm.cpu_threads,
     )
 
 

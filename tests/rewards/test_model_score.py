@@ -32,23 +32,25 @@ SEQS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [3, 30], [40, 41, 42, 43]]
 
 
 def test_batched_scores_equal_each_sequence_scored_alone_and_are_normalised(rm_dir: Path) -> None:
-    raw = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=False, dtype="float32")
+    raw = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=False, dtype="float32", cpu_threads=None)
     scores = raw.raw_scores(SEQS)  # a batch of 3 (right-padded to 7 tokens) and a batch of 1
     alone = [_alone(rm_dir, s) for s in SEQS]
     assert scores == pytest.approx(alone, abs=1e-5)
     assert max(alone) - min(alone) > 0.1  # the sequences really score differently
-    normalised = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True, dtype="float32").scores(SEQS)
+    normalised = RewardModelScorer(
+        rm_dir, max_batch=8, max_length=64, normalize=True, dtype="float32", cpu_threads=None
+    ).scores(SEQS)
     assert normalised == pytest.approx([(a - STATS["mean"]) / STATS["std"] for a in alone], abs=1e-5)
 
 
 def test_a_long_sequence_keeps_its_last_tokens(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=3, normalize=False, dtype="float32")
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=3, normalize=False, dtype="float32", cpu_threads=None)
     long = [9, 10, 11, 12, 13, 14, 15]
     assert scorer.raw_scores([long]) == pytest.approx([_alone(rm_dir, long[-3:])], abs=1e-5)
 
 
 def test_ids_outside_the_vocabulary_and_empty_sequences_are_refused(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False, dtype="float32")
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False, dtype="float32", cpu_threads=None)
     with pytest.raises(UntrustedScore, match=rf"\[0, {VOCAB}\), got 1\.\.{VOCAB}"):
         scorer.scores([[1, VOCAB]])
     with pytest.raises(UntrustedScore, match="empty"):
@@ -56,7 +58,7 @@ def test_ids_outside_the_vocabulary_and_empty_sequences_are_refused(rm_dir: Path
 
 
 def test_a_non_finite_score_is_refused(rm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False, dtype="float32")
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=False, dtype="float32", cpu_threads=None)
     monkeypatch.setattr(scorer, "raw_scores", lambda seqs: [1.0, float("nan")])
     with pytest.raises(UntrustedScore, match=r"non-finite scores for sequences \[1\]"):
         scorer.scores([[5], [6]])
@@ -70,22 +72,24 @@ def test_a_non_finite_score_is_refused(rm_dir: Path, monkeypatch: pytest.MonkeyP
 def test_bad_exports_are_named(tmp_path: Path) -> None:
     two = export_reward_model(tmp_path / "two", num_labels=2)
     with pytest.raises(ValueError, match="one label"):
-        RewardModelScorer(two, max_batch=4, max_length=64, normalize=False, dtype="float32")
+        RewardModelScorer(two, max_batch=4, max_length=64, normalize=False, dtype="float32", cpu_threads=None)
     one = export_reward_model(tmp_path / "one")
     (one / "reward_stats.json").unlink()
     with pytest.raises(ValueError, match="reward_stats.json"):
-        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True, dtype="float32")
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
     (one / "reward_stats.json").write_text(json.dumps({"mean": 0.0}))
     with pytest.raises(ValueError, match="normalize=false"):
-        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True, dtype="float32")
+        RewardModelScorer(one, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
     # raw scores need no statistics
-    RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32")
+    RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32", cpu_threads=None)
     with pytest.raises(ValueError, match="smaller than the policy's"):
-        RewardModelScorer(one, max_batch=4, max_length=64, normalize=False, dtype="float32", vocab_size=VOCAB + 1)
+        RewardModelScorer(
+            one, max_batch=4, max_length=64, normalize=False, dtype="float32", vocab_size=VOCAB + 1, cpu_threads=None
+        )
 
 
 def test_a_groups_prompt_computed_once_gives_the_whole_sequences_scores(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=True, dtype="float32")
+    scorer = RewardModelScorer(rm_dir, max_batch=3, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
     prompt, responses = [5, 6, 7, 8], [[9], [10, 11, 12, 13, 14], [3, 30, 31], [40, 41]]
     whole = scorer.scores([prompt + r for r in responses])
     assert scorer.group_scores(prompt, responses) == pytest.approx(whole, abs=1e-5)  # chunks of 3 and 1
@@ -95,7 +99,7 @@ def test_a_groups_prompt_computed_once_gives_the_whole_sequences_scores(rm_dir: 
     assert scorer.group_scores(prompt, ended) == pytest.approx(scorer.scores([prompt + r for r in ended]), abs=1e-5)
     assert scorer.group_scores(prompt, ended) == pytest.approx(scorer.group_scores(prompt, [[9], [10, 11]]), abs=1e-6)
     # a group that would be truncated is scored as whole (truncated) sequences
-    short = RewardModelScorer(rm_dir, max_batch=8, max_length=6, normalize=True, dtype="float32")
+    short = RewardModelScorer(rm_dir, max_batch=8, max_length=6, normalize=True, dtype="float32", cpu_threads=None)
     assert short.group_scores(prompt, responses) == pytest.approx(
         short.scores([prompt + r for r in responses]), abs=1e-6
     )
@@ -104,7 +108,7 @@ def test_a_groups_prompt_computed_once_gives_the_whole_sequences_scores(rm_dir: 
 
 
 def test_inline_scores_a_group_as_prompt_plus_each_response(rm_dir: Path) -> None:
-    scorer = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True, dtype="float32")
+    scorer = RewardModelScorer(rm_dir, max_batch=8, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
     inline = InlineRewardModel(scorer)
     got = inline.score([5, 6], [[7, 8], [9]])
     assert got == pytest.approx(scorer.scores([[5, 6, 7, 8], [5, 6, 9]]))
@@ -134,7 +138,7 @@ def test_a_response_is_finished_as_the_trainers_sequences_ended(tmp_path: Path) 
     rm = export_reward_model(tmp_path / "rm", stats={**STATS, "turn_end_ids": turn_end})
     config = json.loads((rm / "config.json").read_text())
     (rm / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
-    scorer = RewardModelScorer(rm, max_batch=4, max_length=64, normalize=True, dtype="float32")
+    scorer = RewardModelScorer(rm, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
     assert scorer.turn_end == turn_end
     assert scorer.finish([9, 10, eos]) == [9, 10, 7, 8]  # stopped at EOS
     assert scorer.finish([9, 10, eos, PAD, PAD]) == [9, 10, 7, 8]
@@ -144,9 +148,28 @@ def test_a_response_is_finished_as_the_trainers_sequences_ended(tmp_path: Path) 
     assert scorer.group_scores(prompt, responses) == pytest.approx(expected, abs=1e-5)
     # an export that records nothing scores responses as sampled, only trailing padding dropped
     old = RewardModelScorer(
-        export_reward_model(tmp_path / "old"), max_batch=4, max_length=64, normalize=True, dtype="float32"
+        export_reward_model(tmp_path / "old"),
+        max_batch=4,
+        max_length=64,
+        normalize=True,
+        dtype="float32",
+        cpu_threads=None,
     )
     assert old.turn_end is None and old.finish([9, eos, PAD]) == [9, eos]
     (rm / "reward_stats.json").write_text(json.dumps({**STATS, "turn_end_ids": "im_end"}))
     with pytest.raises(ValueError, match="turn_end_ids must be a list of token ids"):
-        RewardModelScorer(rm, max_batch=4, max_length=64, normalize=True, dtype="float32")
+        RewardModelScorer(rm, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
+
+
+def test_cpu_threads_sets_the_scorers_torch_threads(rm_dir: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=1)
+        assert torch.get_num_threads() == 1
+        RewardModelScorer(
+            rm_dir, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=None
+        )  # null: left alone
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -35,7 +35,7 @@ def rm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def scorer(rm_dir: Path) -> RewardModelScorer:
-    return RewardModelScorer(rm_dir, max_batch=64, max_length=64, normalize=True, dtype="float32")
+    return RewardModelScorer(rm_dir, max_batch=64, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
 
 
 class _Counting:

@@ -23,12 +23,22 @@
 #   ACTOR_FLAGS      extra flags for every actor, e.g. '--emulate-tokens-per-s 256' (no vLLM: a fixed-rate
 #                    emulated generator with the real client and weight sync, for pipeline and launcher tests) []
 #   LOG_DIR          one log per actor, LOG_DIR/actor-N.log (appended to) [logs]
+#   REWARD_SERVER    run a reward server on this node for its actors (a learned reward model,
+#                    reward.reward_model with placement 'server'): auto = when the config asks for one ($PYTHON
+#                    reads it), 1, or 0 [auto]. It listens on 127.0.0.1:REWARD_PORT (CURVE when CURVE_DIR is set:
+#                    then this node also needs DIR/server.key_secret and DIR/authorized/), on the first actor's GPU,
+#                    logs to LOG_DIR/reward-server-nodeNODE_INDEX.log and is restarted when it dies.
+#   REWARD_PORT      its port [29430]
+#   REWARD_SERVER_RESTARTS, REWARD_SERVER_BACKOFF_S  restarts allowed, and the seconds before the first (doubled
+#                    each time) [the config's async_training.launcher.max_reward_server_restarts and
+#                    restart_backoff_s; 3 and 5 with REWARD_SERVER=1]; then the node stops its actors and fails
 #   STOP_GRACE_S     seconds between SIGTERM and SIGKILL when stopping actors [15]
 #   DRY_RUN=1        print the commands instead of running them
 #
 # Supervision: each actor runs in its own process group (vLLM's helper processes included). An actor exiting 0 has
 # been told to shut down by the coordinator; when all have, the script exits 0. If one fails, the others are stopped
 # and the script exits with that actor's status, naming it and its log. SIGTERM/SIGINT are forwarded to every actor.
+# The node's reward server (if any) is stopped with the actors; if it keeps dying past its restarts, the node fails.
 set -euo pipefail
 
 [[ -n "${COORD_ADDR:-}" ]] || {
@@ -65,7 +75,9 @@ elif command -v nvidia-smi >/dev/null 2>&1; then
   for ((g = 0; g < n; g++)); do gpus+=("$g"); done
 fi
 
-for var in COORD_PORT WS_PORT GPUS_PER_ACTOR NODE_INDEX STOP_GRACE_S; do
+REWARD_PORT=${REWARD_PORT:-29430}
+REWARD_SERVER=${REWARD_SERVER:-auto}
+for var in COORD_PORT WS_PORT GPUS_PER_ACTOR NODE_INDEX STOP_GRACE_S REWARD_PORT; do
   [[ "${!var}" =~ ^[0-9]+$ ]] || die "$var must be a non-negative integer, got '${!var}'"
 done
 ((GPUS_PER_ACTOR > 0)) || die "GPUS_PER_ACTOR must be >= 1"
@@ -97,11 +109,81 @@ if [[ -n "${NUM_ACTORS:-}" ]]; then
   wiring+=("async_training.num_actors=$NUM_ACTORS")
 fi
 
+# --- the node's reward server -----------------------------------------------------------------------------------------
+rm_restarts=3
+rm_backoff=5
+case "$REWARD_SERVER" in
+  auto)
+    serving=$("$PYTHON" -m async_rl.entrypoints.reward_server --serving "${config_args[@]}" "$@") ||
+      die "could not read the config with PYTHON=$PYTHON to see whether it needs a reward server; set PYTHON to" \
+        "the job's interpreter, or REWARD_SERVER=0 or 1"
+    read -r REWARD_SERVER rm_restarts rm_backoff <<<"$serving"
+    ;;
+  0 | 1) ;;
+  *) die "REWARD_SERVER must be auto, 0 or 1, got '$REWARD_SERVER'" ;;
+esac
+rm_restarts=${REWARD_SERVER_RESTARTS:-$rm_restarts}
+rm_backoff=${REWARD_SERVER_BACKOFF_S:-$rm_backoff}
+[[ "$rm_restarts" =~ ^[0-9]+$ ]] || die "REWARD_SERVER_RESTARTS must be a non-negative integer, got '$rm_restarts'"
+[[ "$rm_backoff" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "REWARD_SERVER_BACKOFF_S must be a number, got '$rm_backoff'"
+rm_cmd=()
+rm_log="$LOG_DIR/reward-server-node$NODE_INDEX.log"
+if ((REWARD_SERVER)); then
+  rm_env=()
+  if ((${#gpus[@]})); then
+    rm_env=("CUDA_VISIBLE_DEVICES=${gpus[0]}") # shares the first actor's GPU
+  fi
+  rm_curve=()
+  if [[ -n "${CURVE_DIR:-}" ]]; then # the actors' clients speak CURVE (their keys are set), so the server does too
+    for f in "$CURVE_DIR/server.key_secret" "$CURVE_DIR/authorized"; do
+      [[ -e "$f" || "${DRY_RUN:-0}" == 1 ]] || die "the reward server needs $f on this node (CURVE_DIR is set)"
+    done
+    rm_curve=(
+      "$ts.curve_server_secret_key=$CURVE_DIR/server.key_secret" "$ts.curve_server_public_key=$CURVE_DIR/server.key"
+      "$ts.curve_client_keys_dir=$CURVE_DIR/authorized"
+    )
+  fi
+  rm_cmd=(
+    env "${rm_env[@]}" "$PYTHON" -m async_rl.entrypoints.reward_server "${config_args[@]}" "$@"
+    "$ts.host=127.0.0.1" "reward.reward_model.port=$REWARD_PORT" "${rm_curve[@]}"
+  )
+  wiring+=("reward.reward_model.server_host=127.0.0.1" "reward.reward_model.port=$REWARD_PORT")
+fi
+
+serve_rewards() { # the reward server, restarted when it dies; exits 1 when its restarts are spent
+  local restarts=0 backoff=$rm_backoff rc
+  while :; do
+    rc=0
+    "${rm_cmd[@]}" </dev/null >>"$rm_log" 2>&1 || rc=$?
+    if ((restarts >= rm_restarts)); then
+      echo "actor_node.sh: the reward server exited $rc after $restarts restart(s), the most allowed; log: $rm_log" >&2
+      exit 1
+    fi
+    restarts=$((restarts + 1))
+    echo "actor_node.sh: the reward server exited $rc; restart $restarts/$rm_restarts in ${backoff}s" >&2
+    sleep "$backoff"
+    backoff=$(awk -v b="$backoff" 'BEGIN { print b * 2 }')
+  done
+}
+
 # --- start the actors ------------------------------------------------------------------------------------------------
 [[ "${DRY_RUN:-0}" == 1 ]] || mkdir -p "$LOG_DIR"
 set -m # job control: every background job gets its own process group, so `kill -- -PID` reaches its helpers
 pids=()
 names=()
+rm_idx=""
+if ((${#rm_cmd[@]})); then
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' "${rm_cmd[@]}"
+    echo
+  else
+    serve_rewards &
+    rm_idx=0
+    pids+=("$!")
+    names+=("reward-server")
+    echo "actor_node.sh: started the reward server on 127.0.0.1:$REWARD_PORT (pid $!); log: $rm_log" >&2
+  fi
+fi
 for ((i = 0; i < ACTORS_PER_NODE; i++)); do
   id="actor-$((ACTOR_ID_OFFSET + i))"
   env_args=()
@@ -138,7 +220,10 @@ done
 [[ "${DRY_RUN:-0}" == 1 ]] && exit 0
 
 # --- supervise -------------------------------------------------------------------------------------------------------
-live=("${!pids[@]}") # indices of actors not yet seen exiting
+live=() # indices of actors not yet seen exiting
+for idx in "${!pids[@]}"; do
+  [[ "$idx" == "$rm_idx" ]] || live+=("$idx")
+done
 
 group_alive() { kill -0 -- "-$1" 2>/dev/null; }
 
@@ -173,6 +258,12 @@ trap 'on_signal INT' INT
 while ((${#live[@]})); do
   sleep 0.2 &
   wait $! 2>/dev/null || true # a trap runs as soon as a signal arrives, not after a long sleep
+  if [[ -n "$rm_idx" ]] && ! kill -0 "${pids[$rm_idx]}" 2>/dev/null; then
+    echo "actor_node.sh: no reward server any more (see above); stopping the actors" >&2
+    trap - TERM INT
+    stop_all TERM
+    exit 1
+  fi
   still=()
   for idx in "${live[@]}"; do
     pid=${pids[$idx]}

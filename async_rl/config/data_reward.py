@@ -163,6 +163,13 @@ class RewardModelServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
             " coordinator's host at this port. 0 = the launcher picks a free one."
         ),
     ] = 0
+    server_host: Annotated[
+        str | None,
+        doc(
+            "Host the actors dial for the reward server (at port); null = the coordinator's host, where"
+            " launchers/local.py runs it. launchers/actor_node.sh runs one per actor node and sets 127.0.0.1."
+        ),
+    ] = None
     dtype: Annotated[
         RewardModelDtype,
         doc(

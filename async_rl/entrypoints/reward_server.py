@@ -9,6 +9,10 @@ they are set; a non-loopback host needs them, as for the plane), loads the model
 and answers until SIGTERM or SIGINT. ``launchers/local.py`` starts it beside the actors and restarts it when it dies;
 the actors ride out its absence (their requests time out and are tried again). It exits when its parent dies
 (:mod:`async_rl.runtime.parent_watch`). ``--dry-run`` validates the config.
+
+``--serving`` (first argument) prints what a launcher needs to know of the config and exits:
+``<1 if a reward server is to run, else 0> <max_reward_server_restarts> <restart_backoff_s>``
+(``launchers/actor_node.sh`` asks it).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ logger = logging.getLogger("async_rl.reward_server")
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg, flags = parse_cli(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--serving"]:
+        return print_serving(args[1:])
+    cfg, flags = parse_cli(args)
     if flags.dry_run:
         from async_rl.runtime.dry_run import print_dry_run
 
@@ -70,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
             auth.stop()
         ctx.term()
     logger.info("reward server stopped: %s", stats.line())
+    return 0
+
+
+def print_serving(argv: list[str]) -> int:
+    """Print ``<serve 0|1> <restarts> <backoff s>`` for the config ``argv`` describes (see the module doc)."""
+    cfg, _ = parse_cli(argv)
+    rm, launcher = cfg.reward.reward_model, cfg.async_training.launcher
+    serve = int(rm.enable and rm.placement == "server")
+    print(serve, launcher.max_reward_server_restarts, launcher.restart_backoff_s)
     return 0
 
 

@@ -30,8 +30,9 @@ def reward_worker(cfg: Config) -> Any:
 
 
 def reward_model(cfg: Config, coordinator: str) -> Any:
-    """The learned reward model's scorer (None when off): the reward server's client (it listens on the
-    coordinator's host at ``reward.reward_model.port``), or the model in this process (``placement: inline``)."""
+    """The learned reward model's scorer (None when off): the reward server's client (it listens on
+    ``reward.reward_model.server_host``, else the coordinator's host, at ``reward.reward_model.port``), or the model
+    in this process (``placement: inline``)."""
     rm = cfg.reward.reward_model
     if not rm.enable:
         return None
@@ -47,9 +48,9 @@ def reward_model(cfg: Config, coordinator: str) -> Any:
     if rm.port == 0:
         raise ValueError(
             "reward.reward_model.port=0: actors cannot dial the reward server; set the port it listens on"
-            " (launchers/local.py picks one and passes it to both)"
+            " (launchers/local.py and launchers/actor_node.sh pick one and pass it to both)"
         )
-    host = coordinator.removeprefix("tcp://").rsplit(":", 1)[0]
+    host = rm.server_host or coordinator.removeprefix("tcp://").rsplit(":", 1)[0]
     transport = cfg.async_training.transport
     return RewardModelClient(
         f"tcp://{host}:{rm.port}",

@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 run = Path(os.environ["FAKE_RUN"])
-name = sys.argv[sys.argv.index("--actor-id") + 1]
+if "async_rl.entrypoints.reward_server" in sys.argv:
+    name = "reward-server"
+    with open(run / "reward-server.runs", "a") as runs:
+        runs.write(" ".join(sys.argv[1:]) + "\n")
+else:
+    name = sys.argv[sys.argv.index("--actor-id") + 1]
 plan = json.loads((run / "plan.json").read_text())[name]
 (run / f"{name}.pid").write_text(str(os.getpid()))
 
@@ -164,7 +169,7 @@ def _actor_lines(stdout: str) -> list[list[str]]:
 def test_actor_node_dry_run_one_actor_per_gpu_slice_with_global_ids() -> None:
     env = _env(
         DRY_RUN="1", CUDA_VISIBLE_DEVICES="4,5,6,7", GPUS_PER_ACTOR="2", NODE_INDEX="1", COORD_ADDR="10.0.0.5",
-        CURVE_DIR="/keys", CONFIGS="a.yaml", NUM_ACTORS="4",
+        CURVE_DIR="/keys", CONFIGS="a.yaml", NUM_ACTORS="4", REWARD_SERVER="0",
     )  # fmt: skip
     res = _run("actor_node.sh", env, "trainer.experiment_name=x")
     assert res.returncode == 0, res.stderr
@@ -183,7 +188,7 @@ def test_actor_node_dry_run_one_actor_per_gpu_slice_with_global_ids() -> None:
 
 
 def test_actor_node_without_gpus_runs_one_cpu_actor() -> None:
-    res = _run("actor_node.sh", _env(DRY_RUN="1", CUDA_VISIBLE_DEVICES="", COORD_ADDR="127.0.0.1"))
+    res = _run("actor_node.sh", _env(DRY_RUN="1", CUDA_VISIBLE_DEVICES="", COORD_ADDR="127.0.0.1", REWARD_SERVER="0"))
     assert res.returncode == 0, res.stderr
     (argv,) = _actor_lines(res.stdout)
     assert argv[:4] == ["env", "python", "-m", "async_rl.entrypoints.actor"]
@@ -222,11 +227,12 @@ def fake_python(tmp_path: Path) -> Iterator[Path]:
             pass
 
 
-def _start_actor_node(tmp_path: Path, exe: Path, plan: Mapping[str, Any]) -> subprocess.Popen[str]:
+def _start_actor_node(tmp_path: Path, exe: Path, plan: Mapping[str, Any], **extra: str) -> subprocess.Popen[str]:
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = _env(
         PYTHON=str(exe), FAKE_RUN=str(tmp_path), COORD_ADDR="127.0.0.1", CUDA_VISIBLE_DEVICES="",
-        ACTORS_PER_NODE=str(len(plan)), LOG_DIR=str(tmp_path / "logs"), STOP_GRACE_S="5",
+        ACTORS_PER_NODE=str(len([n for n in plan if n.startswith("actor-")])), LOG_DIR=str(tmp_path / "logs"),
+        STOP_GRACE_S="5", REWARD_SERVER="1" if "reward-server" in plan else "0", **extra,
     )  # fmt: skip
     cmd = ["bash", str(LAUNCHERS / "actor_node.sh")]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -284,6 +290,64 @@ def test_actor_node_forwards_sigterm(tmp_path: Path, fake_python: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert all((tmp_path / f"{n}.term").exists() for n in plan)
     _assert_all_gone(tmp_path, list(plan))
+
+
+def test_actor_node_dry_run_runs_a_reward_server_its_actors_dial_on_loopback() -> None:
+    env = _env(
+        DRY_RUN="1", CUDA_VISIBLE_DEVICES="4,5", NODE_INDEX="1", COORD_ADDR="10.0.0.5", CURVE_DIR="/keys",
+        REWARD_SERVER="1", REWARD_PORT="29555",
+    )  # fmt: skip
+    res = _run("actor_node.sh", env, "reward.reward_model.enable=true")
+    assert res.returncode == 0, res.stderr
+    server, *actors = _actor_lines(res.stdout)
+    assert server[:5] == ["env", "CUDA_VISIBLE_DEVICES=4", "python", "-m", "async_rl.entrypoints.reward_server"]
+    assert "reward.reward_model.enable=true" in server
+    assert _value(server, f"{TS}.host") == "127.0.0.1" and _value(server, "reward.reward_model.port") == "29555"
+    assert _value(server, f"{TS}.curve_server_secret_key") == "/keys/server.key_secret"
+    assert _value(server, f"{TS}.curve_client_keys_dir") == "/keys/authorized"
+    assert len(actors) == 2
+    for argv in actors:
+        assert _value(argv, "reward.reward_model.server_host") == "127.0.0.1"
+        assert _value(argv, "reward.reward_model.port") == "29555"
+        assert _value(argv, f"{TS}.host") == "10.0.0.5"  # the plane still goes to the coordinator
+
+
+def test_actor_node_asks_the_config_whether_it_needs_a_reward_server(tmp_path: Path) -> None:
+    base = dict(DRY_RUN="1", CUDA_VISIBLE_DEVICES="", COORD_ADDR="127.0.0.1", PYTHON=sys.executable)
+    res = _run("actor_node.sh", _env(**base))  # the default config: rules only
+    assert res.returncode == 0, res.stderr
+    (argv,) = _actor_lines(res.stdout)
+    assert "async_rl.entrypoints.actor" in argv and not any("reward_model" in a for a in argv)
+    (tmp_path / "config.json").write_text("{}")
+    on = ["reward.reward_model.enable=true", f"reward.reward_model.model_path={tmp_path}"]
+    res = _run("actor_node.sh", _env(**base), *on)
+    assert res.returncode == 0, res.stderr
+    server, actor = _actor_lines(res.stdout)
+    assert "async_rl.entrypoints.reward_server" in server and "async_rl.entrypoints.actor" in actor
+    res = _run("actor_node.sh", _env(**base), *on, "reward.reward_model.placement=inline")
+    assert res.returncode == 0 and len(_actor_lines(res.stdout)) == 1, res.stderr
+    res = _run("actor_node.sh", _env(**{**base, "PYTHON": "false"}))
+    assert res.returncode == 2 and "set PYTHON to the job's interpreter, or REWARD_SERVER=0 or 1" in res.stderr
+
+
+def test_actor_node_restarts_its_reward_server_then_fails(tmp_path: Path, fake_python: Path) -> None:
+    plan = {"reward-server": {"mode": "exit", "code": 7}, "actor-0": {"mode": "sleep"}}
+    proc = _start_actor_node(
+        tmp_path, fake_python, plan, REWARD_SERVER_RESTARTS="2", REWARD_SERVER_BACKOFF_S="0.1", REWARD_PORT="29556"
+    )
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    runs = (tmp_path / "reward-server.runs").read_text().splitlines()
+    assert len(runs) == 3  # the first start and 2 restarts
+    assert f"{TS}.host=127.0.0.1" in runs[0] and "reward.reward_model.port=29556" in runs[0]
+    assert "the reward server exited 7; restart 1/2 in 0.1s" in err and "restart 2/2 in 0.2s" in err
+    assert "after 2 restart(s), the most allowed" in err and "stopping the actors" in err
+    assert (tmp_path / "actor-0.term").exists()
+    assert (tmp_path / "logs" / "reward-server-node0.log").read_text().count("reward-server running") == 3
+    _assert_all_gone(tmp_path, ["actor-0"])
 
 
 def test_sbatch_dry_run_wires_learner_and_actors_together(tmp_path: Path) -> None:

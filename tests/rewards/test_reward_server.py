@@ -272,3 +272,19 @@ def test_a_stopped_server_delays_scoring_and_a_killed_one_is_replaced(
     assert text.count("reward server listening on tcp://127.0.0.1:") == 2
     assert "reward server stopped:" in text
     assert client.stats.timeouts >= 3 and client.stats.untrusted == 0
+
+
+def test_actors_dial_the_server_host_when_set_else_the_coordinators(tmp_path: Path) -> None:
+    from async_rl.config import parse_cli
+    from async_rl.runtime.actor_main import reward_model
+
+    rm = export_reward_model(tmp_path / "rm")
+    on = ["reward.reward_model.enable=true", f"reward.reward_model.model_path={rm}", "reward.reward_model.port=5601"]
+    cfg, _ = parse_cli(on)
+    client = reward_model(cfg, "tcp://10.0.0.5:29410")
+    assert client.address == "tcp://10.0.0.5:5601"
+    client.close()
+    cfg, _ = parse_cli([*on, "reward.reward_model.server_host=127.0.0.1"])
+    client = reward_model(cfg, "tcp://10.0.0.5:29410")
+    assert client.address == "tcp://127.0.0.1:5601"
+    client.close()

@@ -133,6 +133,7 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
     try:
         from async_rl.config.errors import ConfigError
         from async_rl.config.loader import load_config_with_warnings
+        from async_rl.config.validate import check_reward_model_dir
     except ImportError as exc:
         logger.warning("async_rl's config loader is not importable (%s); the config is not validated here", exc)
         for path in config_paths:
@@ -157,6 +158,7 @@ def read_settings(config_paths: Sequence[str], overrides: Sequence[str]) -> JobS
         cfg, _warnings = load_config_with_warnings(list(config_paths), list(overrides))
     except ConfigError as exc:
         raise ValueError(f"config error: {exc}") from None
+    check_reward_model_dir(cfg)
     at = cfg.async_training
     lc = at.launcher
     rm = cfg.reward.reward_model

@@ -409,8 +409,6 @@ def _check_reward_model(cfg: Config, errors: list[str]) -> None:
     path = effective["model_path"]
     if not path:
         errors.append(f"{key}.enable=true needs {key}.model_path (the directory tools/train_reward_model.py exported)")
-    elif not (Path(str(path)).expanduser() / "config.json").is_file():
-        errors.append(f"{key}.model_path={path!r} is not a model directory (no config.json in it)")
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         errors.append(f"{key}.enable=true: multi-turn episodes are scored by their environment; turn one of them off")
     if not (math.isfinite(served.weight) and math.isfinite(served.rule_weight)):
@@ -589,6 +587,7 @@ def validate_config(cfg: Config) -> list[str]:
 
 
 __all__ = [
+    "check_reward_model_dir",
     "collect_warnings",
     "is_loopback",
     "learner_world_size",
@@ -597,3 +596,15 @@ __all__ = [
     "resume_error",
     "validate_config",
 ]
+
+
+def check_reward_model_dir(cfg: Config) -> None:
+    """Raise ValueError naming the key when an enabled reward model's directory holds no model. Checked when a job
+    starts (the launcher, the reward server, an inline actor), not when a config loads: a pipeline's config names
+    the directory an earlier stage will export."""
+    rm = cfg.reward.reward_model
+    if rm.enable and rm.model_path and not (Path(rm.model_path).expanduser() / "config.json").is_file():
+        raise ValueError(
+            f"reward.reward_model.model_path={rm.model_path!r} is not a model directory (no config.json in it):"
+            " train and export the reward model first (tools/train_reward_model.py)"
+        )

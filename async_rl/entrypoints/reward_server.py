@@ -61,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     from async_rl.rewards.server import RewardServer
     from async_rl.transport.sockets import bind_router, server_keys, start_authenticator, tcp_endpoint
 
+    from async_rl.config.validate import check_reward_model_dir
+
+    try:
+        check_reward_model_dir(cfg)
+    except ValueError as exc:
+        print(f"reward server: {exc}", file=sys.stderr)
+        return 2
     scorer = scorer_from_config(rm)
     transport = msgspec.structs.replace(cfg.async_training.transport, port=rm.port)
     ctx = zmq.Context()

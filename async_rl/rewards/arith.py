@@ -32,3 +32,20 @@ def compute_chat_score(
     numbers = _INTEGER.findall(text)
     correct = bool(numbers) and numbers[-1] == ground_truth.strip()
     return {"score": 1.0 if correct else 0.0, "bare": 1.0 if correct and text.rstrip(".") == numbers[-1] else 0.0}
+
+
+CONCISE_WORDS = 4  # answers of at most this many words get the whole score (the prompt asks for just the number)
+
+
+def compute_chat_gold(
+    completion: str, ground_truth: str, prompt: str = "", extra: dict[str, Any] | None = None
+) -> dict:
+    """A "correct and concise" gold score for reward-model studies: ``correct x min(1, 4 / words)``, so "71",
+    "The answer is 71." (4 words) score 1.0, "23 + 48 = 71" 0.8, and a correct answer buried in 40 words 0.1.
+    ``correct`` (the last integer is the answer, as :func:`compute_chat_score`) and ``words`` are its components."""
+    text = completion.replace(",", "").strip()
+    numbers = _INTEGER.findall(text)
+    correct = bool(numbers) and numbers[-1] == ground_truth.strip()
+    words = len(text.split())
+    concise = min(1.0, CONCISE_WORDS / max(words, 1))
+    return {"score": concise if correct else 0.0, "correct": float(correct), "words": float(words)}

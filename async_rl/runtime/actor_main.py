@@ -39,8 +39,10 @@ def reward_model(cfg: Config, coordinator: str) -> Any:
     from async_rl.rewards.model_client import InlineRewardModel, RewardModelClient
 
     if rm.placement == "inline":
+        from async_rl.config.validate import check_reward_model_dir
         from async_rl.rewards.model_score import scorer_from_config
 
+        check_reward_model_dir(cfg)
         scorer = scorer_from_config(rm)
         return InlineRewardModel(scorer)
     from async_rl.transport.sockets import client_keys

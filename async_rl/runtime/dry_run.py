@@ -124,6 +124,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     return {
         "policy": {"path": cfg.actor_rollout_ref.model.path, "status": _path_status(cfg.actor_rollout_ref.model.path)},
         "critic": ({"path": cfg.critic.model.path, "status": _path_status(cfg.critic.model.path)} if critic else None),
+        "reward_model": _reward_model_report(cfg),
         "reference_model": (("the frozen base (adapters off)" if lora is not None else True) if needs_ref else False),
         "lora": (
             None
@@ -164,6 +165,21 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},
         "reward": reward,
     }
+
+
+def _reward_model_report(cfg: Config) -> dict[str, Any] | None:
+    """The learned reward model's directory and whether it holds a model yet (an earlier stage may export it)."""
+    rm = cfg.reward.reward_model
+    if not rm.enable or rm.model_path is None:
+        return None
+    from async_rl.config.validate import check_reward_model_dir
+
+    try:
+        check_reward_model_dir(cfg)
+        status = "a model directory"
+    except ValueError:
+        status = "no model there yet (train and export it before the run starts)"
+    return {"path": rm.model_path, "placement": rm.placement, "status": status}
 
 
 def print_dry_run(cfg: Config) -> int:

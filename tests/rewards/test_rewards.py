@@ -128,3 +128,15 @@ def test_chat_arithmetic_score_takes_the_last_integer() -> None:
     assert compute_chat_score("To solve this, we need to combine 23 and", "71")["score"] == 0.0
     assert compute_chat_score("1,071.", "1071") == {"score": 1.0, "bare": 1.0}
     assert compute_chat_score("", "0")["score"] == 0.0
+
+
+def test_the_gold_score_is_correct_times_concise() -> None:
+    from async_rl.rewards.arith import compute_chat_gold
+
+    assert compute_chat_gold("71", "71") == {"score": 1.0, "correct": 1.0, "words": 1.0}
+    assert compute_chat_gold("The answer is 71.", "71")["score"] == 1.0
+    assert compute_chat_gold("23 + 48 = 71", "71")["score"] == 0.8  # 5 words
+    long = "To solve this we add the ones then carry the one into the tens and so the result is 71"
+    assert compute_chat_gold(long, "71") == {"score": 0.2, "correct": 1.0, "words": 20.0}
+    assert compute_chat_gold("72", "71") == {"score": 0.0, "correct": 0.0, "words": 1.0}
+    assert compute_chat_gold("", "0")["score"] == 0.0

@@ -120,7 +120,9 @@ def main() -> None:
     server = start_server(args, port)
     transport = load_config(None, []).async_training.transport
     clients = [
-        RewardModelClient(f"tcp://127.0.0.1:{port}", transport, timeout_s=120.0, retries=0) for _ in range(args.clients)
+        RewardModelClient(
+            f"tcp://127.0.0.1:{port}", transport, timeout_s=120.0, retries=0, max_batch_sequences=args.max_batch
+        ) for _ in range(args.clients)
     ]
     try:
         deadline = time.monotonic() + 180

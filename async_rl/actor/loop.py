@@ -218,6 +218,11 @@ class ActorLoop:
         self._fatal: ActorFailed | None = None
         self._score_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
         self._model_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-model")
+        # groups waiting for the reward model (prompt ids, response ids, the future of their scores), and the task
+        # that sends them in batches (started with the first group)
+        self._model_queue: deque[tuple[list[int], list[list[int]], asyncio.Future[list[float]]]] = deque()
+        self._model_ready = asyncio.Event()
+        self._model_task: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ weights
     async def _maybe_update_weights(self) -> None:
@@ -413,11 +418,10 @@ class ActorLoop:
         assert self.reward_model is not None and self.give_up_s is not None
         model = self.reward_model
         responses = [list(c.token_ids) for c in completions]
-        loop = asyncio.get_running_loop()
         delay = 1.0
         while True:
             try:
-                return await loop.run_in_executor(self._model_pool, model.score, prompt_ids, responses)
+                return await self._batched_model_score(model, prompt_ids, responses)
             except UntrustedScore as exc:
                 self.stats.reward_model_refused += 1
                 logger.error("actor %s: group of prompt %d refused: %s", self.actor_id, grant.prompt_id, exc)
@@ -435,6 +439,44 @@ class ActorLoop:
                 self.stats.reward_model_deferred += 1
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 30.0)
+
+    async def _batched_model_score(
+        self, model: GroupScorer, prompt_ids: list[int], responses: list[list[int]]
+    ) -> list[float]:
+        """One group's scores, sent together with every other group waiting for the model (see _score_batches)."""
+        if self._model_task is None:
+            self._model_task = asyncio.ensure_future(self._score_batches(model))
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        self._model_queue.append((prompt_ids, responses, future))
+        self._model_ready.set()
+        return await future
+
+    async def _score_batches(self, model: GroupScorer) -> None:
+        """Send the groups waiting for the reward model in batches of at most ``model.max_batch_sequences``
+        completions (at least one group), one batch at a time: the groups that finish while a batch is scored go in
+        the next, so a validation round's many one-completion groups are scored together, not one by one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._model_ready.wait()
+            batch = [self._model_queue.popleft()]
+            size = len(batch[0][1])
+            while self._model_queue and size + len(self._model_queue[0][1]) <= model.max_batch_sequences:
+                size += len(self._model_queue[0][1])
+                batch.append(self._model_queue.popleft())
+            if not self._model_queue:
+                self._model_ready.clear()
+            items = [(prompt, responses) for prompt, responses, _ in batch]
+            try:
+                results: list[Any] = await loop.run_in_executor(self._model_pool, model.score_groups, items)
+            except Exception as exc:  # noqa: BLE001 - anything unexpected fails the batch's groups, not this task
+                results = [exc] * len(batch)
+            for (_, _, future), result in zip(batch, results, strict=True):
+                if future.done():  # its group was cancelled meanwhile
+                    continue
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
 
     async def _run_episodes(self, grant: PromptGrant, episodes: EpisodeRunner) -> None:
         """Multi-turn: the environment scores the episodes (the reward worker is not used)."""
@@ -525,6 +567,7 @@ class ActorLoop:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_model_batches()
         self._score_pool.shutdown(wait=True)
         self._model_pool.shutdown(wait=True)
         self.client.wait_acked(timeout_s=5.0)
@@ -537,10 +580,16 @@ class ActorLoop:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._stop_model_batches()
         self._score_pool.shutdown(wait=False)
         self._model_pool.shutdown(wait=False)
         self.client.wait_acked(timeout_s=2.0)  # finished groups still count
         raise fatal
+
+    async def _stop_model_batches(self) -> None:
+        if self._model_task is not None:
+            self._model_task.cancel()
+            await asyncio.gather(self._model_task, return_exceptions=True)
 
     def _reward_model_report(self) -> dict[str, float]:
         """The reward model's cumulative counters for the heartbeat (none without a reward model)."""

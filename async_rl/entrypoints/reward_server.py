@@ -57,11 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     import msgspec
     import zmq
 
+    from async_rl.config.validate import check_reward_model_dir
     from async_rl.rewards.model_score import scorer_from_config
     from async_rl.rewards.server import RewardServer
     from async_rl.transport.sockets import bind_router, server_keys, start_authenticator, tcp_endpoint
-
-    from async_rl.config.validate import check_reward_model_dir
 
     try:
         check_reward_model_dir(cfg)

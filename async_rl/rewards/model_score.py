@@ -195,6 +195,34 @@ class RewardModelScorer:
             return self.scores(sequences)
         return self._checked(self._prefix_scores(trunk, head, list(prompt_ids), kept))
 
+    def score_groups(
+        self, items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]
+    ) -> list[list[float] | UntrustedScore]:
+        """Normalised scores of several groups ``(prompt ids, response ids)``, or each one's :class:`UntrustedScore`.
+        Groups of one response (a validation round's greedy samples) are scored together as whole sequences, in
+        batches of ``max_batch``; larger groups each with its prompt computed once (:meth:`group_scores`)."""
+        results: list[list[float] | UntrustedScore] = [[] for _ in items]
+        singles: list[int] = []
+        sequences: list[list[int]] = []
+        for i, (prompt_ids, response_ids) in enumerate(items):
+            try:
+                if len(response_ids) == 1:
+                    sequence = list(prompt_ids) + self.finish(response_ids[0])
+                    self.check(sequence)
+                    singles.append(i)
+                    sequences.append(sequence)
+                else:
+                    results[i] = self.group_scores(prompt_ids, response_ids)
+            except UntrustedScore as exc:
+                results[i] = exc
+        if sequences:
+            for i, raw in zip(singles, self.raw_scores(sequences), strict=True):
+                try:
+                    results[i] = self._checked([raw])
+                except UntrustedScore as exc:
+                    results[i] = exc
+        return results
+
     def finish(self, response: Sequence[int]) -> list[int]:
         """``response`` as the trainer's sequences ended (see the module doc); without a ``turn_end_ids`` record,
         only its trailing padding is dropped (the score is read before it either way)."""

@@ -2,8 +2,9 @@
 
 It binds a ZeroMQ ROUTER on ``async_training.transport.host`` at ``reward.reward_model.port`` with the rollout plane's
 options and CURVE keys (loopback unless configured otherwise). Each turn it takes every request waiting, up to
-``max_batch`` sequences, and scores each request's group with its prompt computed once (the prompt's keys and values
-shared by the group's completions), answering each request with its own scores. A request it cannot score (ids
+``max_batch`` sequences, and scores them together: groups of one completion (a validation round's greedy samples)
+in shared padded batches, larger groups each with its prompt computed once (the prompt's keys and values shared by
+the group's completions), answering each request with its own scores. A request it cannot score (ids
 outside the vocabulary, no completions, a non-finite score) gets an error answer naming why; the others waiting with
 it are still answered. An undecodable frame is dropped and counted (there is no request id to answer).
 """
@@ -26,7 +27,9 @@ logger = logging.getLogger(__name__)
 
 
 class GroupScorer(Protocol):
-    def group_scores(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]: ...
+    def score_groups(
+        self, items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]
+    ) -> list[list[float] | UntrustedScore]: ...
 
 
 @dataclass
@@ -100,18 +103,21 @@ class RewardServer:
         self._reply(identity, ScoreReply(request_id=request.request_id, error=why))
 
     def handle(self, batch: list[tuple[bytes, ScoreRequest]]) -> None:
-        """Score every request of ``batch`` (each group's prompt computed once) and answer each."""
+        """Score every request of ``batch`` together (groups of one response in shared batches, larger groups each
+        with its prompt computed once) and answer each; a request that cannot be scored is refused alone."""
         started = time.monotonic()
+        valid = []
         for identity, request in batch:
-            if not request.response_ids:
+            if request.response_ids:
+                valid.append((identity, request))
+            else:
                 self._refuse(identity, request, "a request needs at least one completion")
-                continue
-            try:
-                scores = self.scorer.group_scores(request.prompt_ids, request.response_ids)
-            except UntrustedScore as exc:
-                self._refuse(identity, request, str(exc))
-                continue
-            self._answer(identity, request, scores)
+        results = self.scorer.score_groups([(r.prompt_ids, r.response_ids) for _, r in valid]) if valid else []
+        for (identity, request), result in zip(valid, results, strict=True):
+            if isinstance(result, UntrustedScore):
+                self._refuse(identity, request, str(result))
+            else:
+                self._answer(identity, request, result)
         self.stats.scoring_s += time.monotonic() - started
         self.stats.turns += 1
 

@@ -59,6 +59,7 @@ def reward_model(cfg: Config, coordinator: str) -> Any:
         transport,
         timeout_s=cfg.reward.timeout_s,
         retries=rm.retries,
+        max_batch_sequences=rm.max_batch_sequences,
         keys=client_keys(transport),
     )
 

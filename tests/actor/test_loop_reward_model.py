@@ -18,23 +18,32 @@ from async_rl.rewards.model_score import UntrustedScore
 class _ScriptedModel:
     """Answers ``len(response) / 10`` per completion, after raising the scripted exceptions one call each."""
 
-    def __init__(self, failures: Sequence[Exception] = ()) -> None:
+    def __init__(self, failures: Sequence[Exception] = (), max_batch_sequences: int = 64) -> None:
         self.failures = list(failures)
         self.stats = RewardModelStats()
+        self.max_batch_sequences = max_batch_sequences
         self.calls: list[tuple[list[int], list[list[int]]]] = []
+        self.batches: list[int] = []  # groups per score_groups call
 
-    def score(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
-        self.calls.append((list(prompt_ids), [list(r) for r in response_ids]))
-        if self.failures:
-            raise self.failures.pop(0)
-        self.stats.requests += 1
-        return [len(r) / 10 for r in response_ids]
+    def score_groups(self, items):  # type: ignore[no-untyped-def]
+        self.batches.append(len(items))
+        out: list = []
+        for prompt_ids, response_ids in items:
+            self.calls.append((list(prompt_ids), [list(r) for r in response_ids]))
+            if self.failures:
+                out.append(self.failures.pop(0))
+                continue
+            self.stats.requests += 1
+            out.append([len(r) / 10 for r in response_ids])
+        return out
 
     def close(self) -> None:
         pass
 
 
-def _run(model: _ScriptedModel, grants: int, *, give_up_s: float = 60.0) -> tuple[ActorLoop, ScriptedClient]:
+def _run(
+    model: _ScriptedModel, grants: int, *, give_up_s: float = 60.0, concurrent: int = 2
+) -> tuple[ActorLoop, ScriptedClient]:
     client = ScriptedClient([make_grant(i, 0) for i in range(grants)])
     loop = ActorLoop(
         actor_id="a0",
@@ -45,7 +54,7 @@ def _run(model: _ScriptedModel, grants: int, *, give_up_s: float = 60.0) -> tupl
         reward_model=model,
         reward_weights=RewardWeights(model=2.0, rule=0.5),
         give_up_s=give_up_s,
-        max_concurrent_groups=2,
+        max_concurrent_groups=concurrent,
         max_groups=grants,
         update_mode="inflight",
         poll_interval_s=0.005,
@@ -101,6 +110,27 @@ def test_an_untrusted_answer_refuses_the_group_at_once() -> None:
     assert len(client.sent) == 1  # the other group goes through
     assert loop.stats.reward_model_refused == 1 and len(model.calls) == 2
     assert client.report["reward_model_refused"] == 1.0
+
+
+class _SlowModel(_ScriptedModel):
+    """Takes 50 ms a call: groups that finish meanwhile wait for the next batch."""
+
+    def score_groups(self, items):  # type: ignore[no-untyped-def]
+        import time
+
+        time.sleep(0.05)
+        return super().score_groups(items)
+
+
+def test_groups_that_finish_together_are_scored_in_one_batch_up_to_the_cap() -> None:
+    model = _SlowModel()
+    loop, client = _run(model, 16, concurrent=16)
+    assert len(client.sent) == 16 and len(model.calls) == 16  # every group scored once
+    assert sum(model.batches) == 16 and max(model.batches) > 1 and len(model.batches) < 16
+    assert max(model.batches) <= 32  # 64 completions / 2 per group
+    capped = _SlowModel(max_batch_sequences=5)  # two groups of 2 completions fit, a third would not
+    loop, client = _run(capped, 16, concurrent=16)
+    assert len(client.sent) == 16 and max(capped.batches) == 2
 
 
 def test_a_reward_model_needs_its_weights_and_deadline() -> None:

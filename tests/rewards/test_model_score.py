@@ -173,3 +173,25 @@ def test_cpu_threads_sets_the_scorers_torch_threads(rm_dir: Path) -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_groups_of_one_are_scored_together_and_a_bad_group_alone(rm_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    scorer = RewardModelScorer(rm_dir, max_batch=4, max_length=64, normalize=True, dtype="float32", cpu_threads=None)
+    items = [([5, 6], [[9]]), ([5, 6, 7], [[10, 11], [12]]), ([5], [[VOCAB]]), ([8], [[13, 14]]), ([2], [[3]])]
+    expected = (
+        [scorer.group_scores(p, r) for p, r in items[:2]] + [None] + [scorer.group_scores(p, r) for p, r in items[3:]]
+    )
+    batches: list[int] = []
+    real = scorer.raw_scores
+
+    def recording(seqs):  # type: ignore[no-untyped-def]
+        batches.append(len(seqs))
+        return real(seqs)
+
+    monkeypatch.setattr(scorer, "raw_scores", recording)
+    results = scorer.score_groups(items)
+    assert batches == [3]  # the three valid groups of one completion, in one call (one padded pass of 3)
+    assert isinstance(results[2], UntrustedScore) and "token ids must be in" in str(results[2])
+    for got, want in zip(results, expected, strict=True):
+        if want is not None:
+            assert got == pytest.approx(want, abs=1e-5)

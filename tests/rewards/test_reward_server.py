@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -43,11 +43,11 @@ class _Counting:
 
     def __init__(self, inner: RewardModelScorer) -> None:
         self.inner = inner
-        self.calls: list[int] = []
+        self.calls: list[list[int]] = []  # the group sizes of each scoring call
 
-    def group_scores(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
-        out = self.inner.group_scores(prompt_ids, response_ids)
-        self.calls.append(len(response_ids))
+    def score_groups(self, items):  # type: ignore[no-untyped-def]
+        out = self.inner.score_groups(items)
+        self.calls.append([len(responses) for _, responses in items])
         return out
 
 
@@ -75,7 +75,9 @@ def served(scorer: RewardModelScorer) -> Iterator[tuple[RewardServer, int, _Coun
 
 
 def _client(port: int, timeout_s: float = 5.0, retries: int = 0) -> RewardModelClient:
-    return RewardModelClient(f"tcp://127.0.0.1:{port}", TRANSPORT, timeout_s=timeout_s, retries=retries)
+    return RewardModelClient(
+        f"tcp://127.0.0.1:{port}", TRANSPORT, timeout_s=timeout_s, retries=retries, max_batch_sequences=64
+    )
 
 
 def test_the_server_answers_each_group_with_the_models_scores(
@@ -120,7 +122,8 @@ def test_requests_waiting_together_are_answered_in_one_turn_and_a_bad_one_is_ref
             d.close(linger=0)
         sock.close(linger=0)
         ctx.term()
-    assert counting.calls == [2, 2]  # the two good requests' groups, each with its prompt computed once
+    # one scoring call for the turn's three requests (in arrival order), the bad one refused alone
+    assert len(counting.calls) == 1 and sorted(counting.calls[0]) == [1, 2, 2]
     assert [r.request_id for r in replies] == ["r0", "r1", "r2"]
     assert isinstance(replies[1], ScoreReply) and replies[1].error is not None
     assert f"[0, {VOCAB}), got 5..{VOCAB + 5}" in replies[1].error and replies[1].scores == []
@@ -288,3 +291,43 @@ def test_actors_dial_the_server_host_when_set_else_the_coordinators(tmp_path: Pa
     client = reward_model(cfg, "tcp://10.0.0.5:29410")
     assert client.address == "tcp://127.0.0.1:5601"
     client.close()
+
+
+def test_several_groups_in_one_call_each_get_their_own_answer() -> None:
+    """Groups whose prompt starts with an odd id are answered; the server never answers the even one."""
+
+    def answer(r: ScoreRequest) -> bytes | None:
+        if r.prompt_ids[0] % 2 == 0:
+            return None
+        return encode(ScoreReply(request_id=r.request_id, scores=[float(r.prompt_ids[0])] * len(r.response_ids)))
+
+    for port in _rogue_server(answer):
+        client = _client(port, timeout_s=0.3, retries=1)
+        try:
+            results = client.score_groups([([1], [[6]]), ([2], [[7]]), ([3], [[8], [9]])])
+        finally:
+            client.close()
+        assert results[0] == [1.0] and results[2] == [3.0, 3.0]
+        assert isinstance(results[1], RewardModelUnavailable)
+        assert (client.stats.requests, client.stats.sequences, client.stats.timeouts, client.stats.unavailable) == (
+            2,
+            3,
+            2,
+            1,
+        )
+
+
+def test_a_reply_to_a_request_not_in_flight_refuses_every_group_still_waiting() -> None:
+    def answer(r: ScoreRequest) -> bytes:
+        rid = r.request_id if r.prompt_ids[0] == 1 else "someone-else"
+        return encode(ScoreReply(request_id=rid, scores=[1.0] * len(r.response_ids)))
+
+    for port in _rogue_server(answer):
+        client = _client(port, timeout_s=5.0, retries=3)
+        try:
+            results = client.score_groups([([1], [[6]]), ([2], [[7]]), ([3], [[8]])])
+        finally:
+            client.close()
+        assert results[0] == [1.0]
+        assert all(isinstance(r, UntrustedScore) and "not in flight" in str(r) for r in results[1:])
+        assert (client.stats.requests, client.stats.untrusted, client.stats.timeouts) == (1, 2, 0)

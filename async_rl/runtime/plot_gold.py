@@ -3,10 +3,12 @@
 A run that trains on a learned reward model's score with a rule it never trains on (``reward.reward_model.rule_weight:
 0``; the rule, here the gold scorer, still scored and logged as the ``rule`` component) logs both in every validation
 round: ``val/<source>/reward_model_mean`` (the proxy: the model's normalised score) and ``val/<source>/rule_mean``
-(the gold). :func:`gold_proxy_rows` pairs each round with the KL to the initial policy at that step
-(``learner/actor/kl_loss``, the KL loss's estimator averaged over the step's tokens: the reference is the initial
-model; 0 before the first step), and :func:`plot_gold_proxy` draws gold and proxy against the step and against the
-KL, as Gao et al. do. Over-optimisation is where the proxy keeps rising and the gold turns down.
+(the gold). :func:`gold_proxy_rows` pairs each round with the KL to the initial policy at that point
+(``learner/actor/kl_loss``, the KL loss's estimator averaged over a step's tokens, the reference being the initial
+model; one step's value is noisy, so a round gets the mean over the training steps since the previous round; 0 before
+the first step), and :func:`plot_gold_proxy` draws gold and proxy against the step and against the KL, as Gao et al.
+do (there each point is labelled with its step). Over-optimisation is where the proxy keeps rising and the gold turns
+down.
 
     python -m async_rl.runtime.plot_gold RUN_DIR [--out PNG]
 
@@ -41,19 +43,23 @@ def _source_value(record: dict[str, Any], component: str) -> float | None:
 
 def gold_proxy_rows(records: Iterable[dict[str, Any]], *, extra: Sequence[str] = ()) -> list[dict[str, float]]:
     """One row per validation round that logged both the gold and the proxy: ``step``, ``gold``, ``proxy``, ``kl``
-    (the KL loss of the training step at that step; 0 at step 0, None when the run logged none), and each component
-    named in ``extra`` (e.g. ``correct``, ``words``)."""
+    (the mean KL loss of the training steps since the previous round; 0 at step 0, None when the run logged none),
+    and each component named in ``extra`` (e.g. ``correct``, ``words``)."""
     records = list(records)
     kl_at = {
         int(r["step"]): v for r in by_step(records) if (v := finite_number(r.get(mc.LEARNER_ACTOR_KL_LOSS))) is not None
     }
     rows = []
+    previous = 0
     for record in validation_records(records):
         gold, proxy = _source_value(record, RULE_COMPONENT), _source_value(record, MODEL_COMPONENT)
         if gold is None or proxy is None:
             continue
         step = int(record["step"])
-        row: dict[str, Any] = {"step": step, "gold": gold, "proxy": proxy, "kl": 0.0 if step == 0 else kl_at.get(step)}
+        window = [kl_at[s] for s in range(previous + 1, step + 1) if s in kl_at]
+        kl = 0.0 if step == 0 else sum(window) / len(window) if window else None
+        previous = step
+        row: dict[str, Any] = {"step": step, "gold": gold, "proxy": proxy, "kl": kl}
         for name in extra:
             row[name] = _source_value(record, name)
         rows.append(row)
@@ -85,13 +91,25 @@ def plot_gold_proxy(rows: Sequence[dict[str, Any]], out_png: Path, title: str = 
     steps = [r["step"] for r in rows]
     for ax, xs, xlabel in (
         (left, steps, "training step (policy version validated)"),
-        (right, [r["kl"] for r in rows], "KL to the initial policy (learner/actor/kl_loss)"),
+        (right, [r["kl"] for r in rows], "KL to the initial policy (learner/actor/kl_loss, mean since last round)"),
     ):
         keep = [i for i, x in enumerate(xs) if x is not None]
+        by_kl = ax is right
+        if by_kl:  # the KL need not grow with every step: points labelled with their step, joined in KL order
+            keep.sort(key=lambda i: xs[i])
         gold_ax = ax
         proxy_ax = ax.twinx()
         gold_ax.plot([xs[i] for i in keep], [rows[i]["gold"] for i in keep], "o-", color="tab:green", label="gold")
         proxy_ax.plot([xs[i] for i in keep], [rows[i]["proxy"] for i in keep], "s--", color="tab:purple", label="proxy")
+        if by_kl:
+            for i in keep:
+                gold_ax.annotate(
+                    str(rows[i]["step"]),
+                    (xs[i], rows[i]["gold"]),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=8,
+                )
         gold_ax.set_xlabel(xlabel)
         gold_ax.set_ylabel("gold: held-out mean (rule)", color="tab:green")
         proxy_ax.set_ylabel("proxy: reward model, normalised", color="tab:purple")

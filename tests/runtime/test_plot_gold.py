@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from async_rl import metric_catalog as mc
 from async_rl.runtime.plot_gold import format_rows, gold_proxy_rows, main
 
@@ -40,16 +42,16 @@ def _records() -> list[dict]:
     return [train[0], val[0], train[1], val[1], train[2], val[3], train[3], val[2]]
 
 
-def test_rows_pair_each_round_with_its_steps_kl() -> None:
+def test_rows_pair_each_round_with_the_mean_kl_since_the_last_round() -> None:
     rows = gold_proxy_rows(_records(), extra=["words", "correct"])
     assert rows == [
         {"step": 0, "gold": 0.10, "proxy": -0.5, "kl": 0.0, "words": 9.0, "correct": None},
-        {"step": 2, "gold": 0.40, "proxy": 0.5, "kl": 0.02, "words": 5.0, "correct": None},
-        {"step": 4, "gold": 0.30, "proxy": 1.5, "kl": 0.04, "words": 2.0, "correct": None},
+        {"step": 2, "gold": 0.40, "proxy": 0.5, "kl": pytest.approx(0.015), "words": 5.0, "correct": None},
+        {"step": 4, "gold": 0.30, "proxy": 1.5, "kl": pytest.approx(0.035), "words": 2.0, "correct": None},
     ]
     table = format_rows(rows).splitlines()
     assert table[0] == "| step | gold | proxy | kl | words | correct |"
-    assert table[4] == "| 4 | 0.3000 | 1.5000 | 0.0400 | 2.0000 | - |"
+    assert table[4] == "| 4 | 0.3000 | 1.5000 | 0.0350 | 2.0000 | - |"
     assert "no validation round" in format_rows([])
 
 
@@ -58,6 +60,6 @@ def test_the_command_writes_the_plot(tmp_path: Path, capsys) -> None:  # type: i
     assert main([str(tmp_path)]) == 0
     png = tmp_path / "gold_vs_proxy.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    assert "| 2 | 0.4000 | 0.5000 | 0.0200 |" in capsys.readouterr().out
+    assert "| 2 | 0.4000 | 0.5000 | 0.0150 |" in capsys.readouterr().out
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, mc.LEARNER_ACTOR_KL_LOSS: 0.1}) + "\n")
     assert main([str(tmp_path)]) == 1

@@ -122,7 +122,8 @@ def main() -> None:
     clients = [
         RewardModelClient(
             f"tcp://127.0.0.1:{port}", transport, timeout_s=120.0, retries=0, max_batch_sequences=args.max_batch
-        ) for _ in range(args.clients)
+        )
+        for _ in range(args.clients)
     ]
     try:
         deadline = time.monotonic() + 180

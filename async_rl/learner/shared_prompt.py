@@ -85,7 +85,8 @@ class SharedLayout:
     max_k: int
 
     def to(self, device: torch.device) -> SharedLayout:
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.type == "torch.Tensor"}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved: dict[str, Any] = {k: v.to(device) for k, v in values.items() if isinstance(v, torch.Tensor)}
         return replace(self, **moved)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:

@@ -76,6 +76,14 @@ class GroupScorer(Protocol):
     def close(self) -> None: ...
 
 
+def _one_group(scorer: GroupScorer, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
+    """One group through ``scorer.score_groups``: its scores, or its exception raised."""
+    (result,) = scorer.score_groups([(prompt_ids, response_ids)])
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def check_scores(scores: Sequence[float], expected: int) -> list[float]:
     """``scores`` as floats when there are ``expected`` of them and all are finite, else :class:`UntrustedScore`."""
     if len(scores) != expected:
@@ -230,10 +238,7 @@ class RewardModelClient:
 
     def score(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
         """One group's scores; raises its :class:`UntrustedScore` or :class:`RewardModelUnavailable`."""
-        (result,) = self.score_groups([(prompt_ids, response_ids)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return _one_group(self, prompt_ids, response_ids)
 
     def close(self) -> None:
         self._drop_socket()
@@ -268,10 +273,7 @@ class InlineRewardModel:
 
     def score(self, prompt_ids: Sequence[int], response_ids: Sequence[Sequence[int]]) -> list[float]:
         """One group's scores; raises its :class:`UntrustedScore`."""
-        (result,) = self.score_groups([(prompt_ids, response_ids)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return _one_group(self, prompt_ids, response_ids)
 
     def close(self) -> None:
         pass

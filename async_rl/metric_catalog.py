@@ -398,6 +398,11 @@ ACTOR_IDLE_FRACTION = _m("actor/idle_fraction", "rate", "share of actor time wit
 # ---- weight sync (weight_sync/publisher.py), on the steps that publish
 SYNC_SECONDS = _m("sync/seconds", "step", "seconds to publish the step's weights")
 SYNC_BYTES = _m("sync/bytes", "step", "bytes of weights broadcast")
+SYNC_WIRE_BITS = _m(
+    "sync/wire_bits",
+    "step",
+    "bits per floating weight on the wire: 16 when every actor serves bf16/fp16 and the master is fp32, else as stored",
+)
 SYNC_BANDWIDTH_MBPS = _m("sync/bandwidth_MBps", "step", "broadcast bandwidth, MiB per second")
 SYNC_ACTORS = _m("sync/actors", "step", "actors the weights went to")
 SYNC_EPOCH = _m("sync/epoch", "step", "weight-sync epoch (a new one each time the group is re-formed)")

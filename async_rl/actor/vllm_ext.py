@@ -138,7 +138,10 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             self.group.close()
             self.group = None
         local_rank = pc.data_parallel_index * pc.world_size + pc.rank
-        self.group = join_epoch(init_info.join, local_rank=local_rank)
+        served = self.model_config.dtype  # resolved by vLLM to a torch dtype by now ("auto" etc. before)
+        self.group = join_epoch(
+            init_info.join, local_rank=local_rank, served=served if isinstance(served, torch.dtype) else None
+        )
 
     def start_weight_update(self) -> None:
         try:

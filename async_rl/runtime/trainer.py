@@ -13,7 +13,6 @@ import json
 import logging
 import resource
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +261,13 @@ class Trainer:
             # vLLM needs room for one generated token after the probe
             ids = probe_token_ids(self.learner.vocab_size or len(self.tokenizer), min(PROBE_LENGTH, max_len - 1))
             probe = (ids, self.learner.probe_log_probs(ids))
-        # the master weights as they are: vLLM casts them to rollout.dtype as it loads them
-        weights, manifest = partial(self.learner.iter_weights, dtype=None), self.learner.weight_manifest(dtype=None)
-        report = self.publisher.publish(version, weights, manifest, probe=probe)
+        # the master weights, cast by the publisher to the dtype the actors serve when every one of them says it
+        report = self.publisher.publish(
+            version,
+            lambda dtype: self.learner.iter_weights(dtype=dtype),
+            lambda dtype: self.learner.weight_manifest(dtype=dtype),
+            probe=probe,
+        )
         self.published = version
         return report
 

@@ -9,12 +9,12 @@ deadlines, in three steps:
    announcement) once its engine is up. Rank 0 only ever invites live actors that did, so a client that never gets
    that far costs nothing.
 2. **Readiness.** Rank 0 announces epoch ``e`` with its invited actors (on the rollout plane's VersionUpdate). Each
-   invited actor writes ``e/ready/<actor id>`` and waits for the roster. Rank 0 waits at most ``join_timeout_s``
-   (a few heartbeats) for the ready keys.
-3. **Roster.** Rank 0 writes ``e/roster``: the actors that were ready, with their ranks 1..N. Only they form the
-   group, so its rendezvous never waits on an absent member. An invited actor left out of the roster learns so at
-   once (:class:`LeftOut`), keeps its current weights, and announces itself again; rank 0 invites it again only
-   after such a fresh announcement, never in a loop on a silent one.
+   invited actor writes ``e/ready/<actor id>`` (its value: the dtype the engine serves, or empty when it has no
+   model) and waits for the roster. Rank 0 waits at most ``join_timeout_s`` (a few heartbeats) for the ready keys.
+3. **Roster.** Rank 0 writes ``e/roster``: the actors that were ready, with their ranks 1..N (and served dtypes).
+   Only they form the group, so its rendezvous never waits on an absent member. An invited actor left out of the
+   roster learns so at once (:class:`LeftOut`), keeps its current weights, and announces itself again; rank 0
+   invites it again only after such a fresh announcement, never in a loop on a silent one.
 
 Everything here is plain store traffic (no collective), so each step is bounded by its own timeout.
 
@@ -30,11 +30,13 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 import msgspec
+import torch
 import torch.distributed as dist
 
 from async_rl.transport.protocol import ActorId, WeightSyncPlan
 from async_rl.weight_sync.errors import WeightSyncError, WeightSyncTimeout
 from async_rl.weight_sync.group import WeightSyncGroup, create_store
+from async_rl.weight_sync.protocol import dtype_name
 
 __all__ = [
     "JoinInfo",
@@ -56,10 +58,12 @@ class LeftOut(WeightSyncError):
 
 
 class Roster(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The members of one epoch and their ranks (1..N; rank 0 is the learner)."""
+    """The members of one epoch, their ranks (1..N; rank 0 is the learner) and the dtype each one's engine serves
+    (a wire name such as ``"bfloat16"``; ``""``: not said, an actor without a model)."""
 
     epoch: int
     ranks: dict[str, int]
+    served: dict[str, str] = {}
 
     @property
     def world_size(self) -> int:
@@ -136,30 +140,33 @@ def collect_roster(
 ) -> Roster:
     """Rank 0: wait up to ``join_timeout_s`` for the invited actors' ready keys, then publish and return the roster."""
     waiting = sorted(set(invited))
-    ready: list[str] = []
+    ready: dict[str, str] = {}
     deadline = time.monotonic() + join_timeout_s
     while waiting:
         for member in list(waiting):
-            if store.check([_ready_key(epoch, member)]):
+            key = _ready_key(epoch, member)
+            if store.check([key]):
                 waiting.remove(member)
-                ready.append(member)
+                ready[member] = store.get(key).decode()
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(poll_s)
-    roster = Roster(epoch, {member: i + 1 for i, member in enumerate(sorted(ready))})
+    members = sorted(ready)
+    roster = Roster(epoch, {m: i + 1 for i, m in enumerate(members)}, served={m: ready[m] for m in members})
     store.set(_roster_key(epoch), roster.encode().decode())
     return roster
 
 
-def await_roster(store: dist.Store, epoch: int, member: str, timeout_s: float) -> Roster:
-    """Actor: say ``member`` is ready for ``epoch`` and wait for the roster. Raises :class:`LeftOut` if not in it,
+def await_roster(store: dist.Store, epoch: int, member: str, timeout_s: float, *, served: str = "") -> Roster:
+    """Actor: say ``member`` is ready for ``epoch`` (serving dtype ``served``, a wire name; ``""`` for an actor
+    without a model) and wait for the roster. Raises :class:`LeftOut` if not in it,
     and at once when the roster was published before this call: whatever it says of ``member`` is about another
     process (a restarted actor's killed one, under the same id), whose group this one must not try to join."""
     if store.check([_roster_key(epoch)]):
         raise LeftOut(
             f"weight-sync epoch {epoch} was formed before actor {member} was ready; it announces itself again"
         )
-    store.set(_ready_key(epoch, member), "1")
+    store.set(_ready_key(epoch, member), served)
     try:
         store.wait([_roster_key(epoch)], timedelta(seconds=timeout_s))
     except RuntimeError as exc:  # DistStoreError: the learner never published this epoch's roster
@@ -180,15 +187,17 @@ def roster_wait_s(join_timeout_s: float) -> float:
     return 2.0 * join_timeout_s + 5.0
 
 
-def join_epoch(info: JoinInfo, *, local_rank: int = 0) -> WeightSyncGroup:
+def join_epoch(info: JoinInfo, *, local_rank: int = 0, served: torch.dtype | None = None) -> WeightSyncGroup:
     """Actor worker: join the group ``info`` describes (through the roster handshake above when it names a member).
 
-    ``local_rank`` is this worker's index inside its engine (tensor parallelism).
+    ``local_rank`` is this worker's index inside its engine (tensor parallelism); ``served`` the dtype its model's
+    weights are held in (the learner then sends them in that dtype when every member agrees; None: no model).
     """
     plan = info.plan
     store = create_store(plan.host, plan.port, is_master=False, timeout_s=plan.timeout_s)
     if info.member is not None:
-        roster = await_roster(store, plan.epoch, info.member, roster_wait_s(plan.join_timeout_s))
+        said = dtype_name(served) if served is not None else ""
+        roster = await_roster(store, plan.epoch, info.member, roster_wait_s(plan.join_timeout_s), served=said)
         rank, world_size = roster.ranks[info.member] + local_rank, roster.world_size
     else:
         assert info.rank_offset is not None and info.world_size is not None  # JoinInfo.__post_init__

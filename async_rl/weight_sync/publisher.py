@@ -12,7 +12,9 @@ the learner world); only rank 0 talks to the actors. The order of one publish:
    themselves again;
 3. rank 0 tells every learner rank whether there is anyone to send to;
 4. all learner ranks walk the full-weight iterator bucket by bucket; rank 0 broadcasts (each bucket bounded by
-   ``timeout_s``), the actors load and verify the digest;
+   ``timeout_s``), the actors load and verify the digest. Floating tensors travel in the dtype every member's
+   engine serves when that is narrower than they are stored in (:func:`wire_dtype`: an fp32 master sent to bf16
+   engines as bf16, half the bytes; vLLM would round them to bf16 as it loads them anyway);
 5. rank 0 tells the coordinator which actors received the version (grants follow weights actually sent, not an
    actor's claim), and the report (seconds, bytes, bandwidth, members) becomes ``sync/...`` metrics.
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -35,7 +37,7 @@ from async_rl import metric_catalog as mc
 from async_rl.transport.protocol import AdapterPlan, ServedCheck, WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
-from async_rl.weight_sync.protocol import TensorSpec
+from async_rl.weight_sync.protocol import TensorSpec, dtype_from_name
 from async_rl.weight_sync.sender import SendReport, WeightSender
 
 if TYPE_CHECKING:
@@ -65,6 +67,21 @@ def send_metrics(report: SendReport) -> dict[str, float]:
     """The ``sync/...`` metrics of one completed broadcast: the bytes on the wire and their rate (MiB/s)."""
     mib_per_s = report.nbytes / 2**20 / max(report.seconds, 1e-9)
     return {mc.SYNC_BYTES: float(report.nbytes), mc.SYNC_BANDWIDTH_MBPS: mib_per_s}
+
+
+def wire_dtype(served: Collection[str], stored: Sequence[TensorSpec]) -> torch.dtype | None:
+    """The dtype floating weights travel in: the one every member's engine serves (``served``: wire names, one per
+    member), when it is narrower than every floating tensor as ``stored``. None (send as stored) when there are no
+    members, they differ, one did not say (an actor without a model), or the cast would widen or keep a tensor."""
+    names = set(served)
+    if len(names) != 1 or "" in names:
+        return None
+    target = dtype_from_name(names.pop())
+    if not target.is_floating_point:
+        return None
+    floats = [dtype_from_name(spec.dtype) for spec in stored if dtype_from_name(spec.dtype).is_floating_point]
+    narrower = all(torch.finfo(d).bits > torch.finfo(target).bits for d in floats)
+    return target if floats and narrower else None
 
 
 class WeightPublisher:
@@ -103,6 +120,7 @@ class WeightPublisher:
         self.port = int(self.store.port) if self.store is not None else 0
         self.epoch = -1
         self.members: list[str] = []
+        self.served: dict[str, str] = {}  # member -> the dtype its engine serves (wire name; "": not said)
         self.group: WeightSyncGroup | None = None
         self.sender: WeightSender | None = None  # one per group: it keeps its packing buffers across publishes
         self.failures = 0
@@ -186,6 +204,7 @@ class WeightPublisher:
                     self.join_timeout_s,
                 )
         self.members = roster.members
+        self.served = dict(roster.served)
         if self.members:
             self.group = WeightSyncGroup(
                 self.store,
@@ -209,15 +228,17 @@ class WeightPublisher:
     def publish(
         self,
         version: int,
-        weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
-        manifest: Sequence[TensorSpec] | None = None,
+        weights: Callable[[torch.dtype | None], Iterator[tuple[str, torch.Tensor]]],
+        manifest: Callable[[torch.dtype | None], Sequence[TensorSpec]] | None = None,
         probe: tuple[list[int], list[float]] | None = None,
     ) -> dict[str, float]:
-        """Announce ``version`` and stream ``weights()`` to the actors. Returns ``sync/...`` metrics (rank 0).
+        """Announce ``version`` and stream ``weights(dtype)`` to the actors. Returns ``sync/...`` metrics (rank 0).
 
-        ``manifest`` (what ``weights()`` yields, from metadata) keeps the gather lazy; without it rank 0 takes every
-        tensor before sending (see :meth:`WeightSender.send`). ``probe`` (token ids, the learner's log-probs of them
-        at ``version``) rides on the plan as a :class:`ServedCheck` the actors verify after loading."""
+        ``dtype`` is what floating tensors are cast to (None: as stored); rank 0 picks it with :func:`wire_dtype`
+        from ``manifest(None)``, the other ranks only gather. ``manifest(dtype)`` (what ``weights(dtype)`` yields,
+        from metadata) keeps the gather lazy; without it rank 0 takes every tensor before sending, as stored (see
+        :meth:`WeightSender.send`). ``probe`` (token ids, the learner's log-probs of them at ``version``) rides on
+        the plan as a :class:`ServedCheck` the actors verify after loading."""
         started = time.monotonic()
         self._check = None
         if probe is not None:
@@ -242,7 +263,7 @@ class WeightPublisher:
         send = self.ctx.broadcast_bytes(b"1" if self.group is not None else b"0") == b"1"
         if self.ctx.rank != 0:
             if send:
-                for _ in weights():  # the gather is collective: stay in step with rank 0
+                for _ in weights(None):  # the gather is collective: stay in step with rank 0
                     pass
             return {}
         assert self.coordinator is not None
@@ -258,12 +279,17 @@ class WeightPublisher:
             self.last = metrics
             return metrics
         assert self.group is not None
-        it = weights()
+        dtype = wire_dtype([self.served.get(m, "") for m in self.members], manifest(None)) if manifest else None
+        it = weights(dtype)
         try:
             assert self.sender is not None and self.sender.group is self.group
-            report = self.sender.send(it, version=version, manifest=manifest)
+            report = self.sender.send(it, version=version, manifest=manifest(dtype) if manifest else None)
             self.coordinator.confirm_weights(version, list(self.members))
             metrics.update({mc.SYNC_SECONDS: time.monotonic() - started, **send_metrics(report)})
+            if manifest is not None:
+                floats = [s for s in manifest(dtype) if dtype_from_name(s.dtype).is_floating_point]
+                if floats:
+                    metrics[mc.SYNC_WIRE_BITS] = float(max(torch.finfo(dtype_from_name(s.dtype)).bits for s in floats))
         except Exception as exc:  # a dead or slow actor: re-form next time, keep training
             self.failures += 1
             logger.warning("weight publish of version %d failed (%s); the group is re-formed next time", version, exc)

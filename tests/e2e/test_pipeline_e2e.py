@@ -102,10 +102,13 @@ def _resumed_from(learner_log: str) -> int:
     return int(found[-1])
 
 
+BF16_ACTOR = ("actor_rollout_ref.rollout.dtype=bfloat16",)  # the learner's fp32 master goes to it as bf16
+
+
 @pytest.fixture(scope="module")
 def first(shared_run: Any) -> Launch:
-    """6 steps with validation rounds, from scratch."""
-    return _launch(shared_run, steps=FIRST, extra=VALIDATION)
+    """6 steps with validation rounds, from scratch, with a bf16 actor (the later launches' actor is fp32)."""
+    return _launch(shared_run, steps=FIRST, extra=VALIDATION + BF16_ACTOR)
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +174,7 @@ def test_async_grpo_pipeline_with_validation_rounds(first: Launch) -> None:
         assert m["transport/duplicates"] == 0
         assert m["learner/batch/size"] == BATCH * 6  # rollout.n = 6 in the demo config
         assert m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0  # weights reached the actor every step
+        assert m["sync/wire_bits"] == 16.0  # sent in the dtype the actor serves, and loaded (the log line below)
     for rec in first.audit:
         assert all(rec["step"] - 1 - v <= K for v in rec["start_versions"])
     first_ids = [i for rec in first.audit for i in rec["prompt_ids"]]
@@ -218,6 +222,9 @@ def test_learner_killed_mid_run_resumes_without_repeating_or_skipping(resumed: L
     # the ledger at every logged step: the first run's, the killed run's, and the one restored after the kill
     assert_nothing_lost(resumed.steps)
     assert resumed.steps[-1]["transport/dropped_total"] == 0
+    wire = {m["step"]: m["sync/wire_bits"] for m in resumed.steps if "sync/wire_bits" in m}
+    assert wire[FIRST] == 16.0  # the first launch's bf16 actor
+    assert {bits for step, bits in wire.items() if step > FIRST} == {32.0}  # then fp32 actors: the master as it is
 
     from transformers import AutoModelForCausalLM
 

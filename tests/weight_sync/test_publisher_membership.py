@@ -19,7 +19,8 @@ from async_rl.config.async_training import WeightSyncConfig
 from async_rl.transport.protocol import WeightSyncPlan
 from async_rl.weight_sync import ReceiveReport, WeightReceiver
 from async_rl.weight_sync.membership import JoinInfo, announce_at, join_epoch
-from async_rl.weight_sync.publisher import WeightPublisher
+from async_rl.weight_sync.protocol import TensorSpec, dtype_name
+from async_rl.weight_sync.publisher import WeightPublisher, wire_dtype
 
 JOIN_S = 0.5
 
@@ -71,20 +72,31 @@ def _weights(version: int) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _receiving_actor(
-    coord: _Coordinator, member: str, versions: list[int], got: list[float], reports: list[ReceiveReport] | None = None
+    coord: _Coordinator,
+    member: str,
+    versions: list[int],
+    got: list[float],
+    reports: list[ReceiveReport] | None = None,
+    *,
+    served: torch.dtype | None = None,
+    received: list[torch.Tensor] | None = None,
 ) -> threading.Thread:
-    """Announce, wait to be invited, join through the roster, then receive ``versions`` in order."""
+    """Announce, wait to be invited, join through the roster (saying it serves ``served``), then receive
+    ``versions`` in order (the first element of each tensor into ``got``, the tensors into ``received``)."""
+
+    def load(batch: list[tuple[str, torch.Tensor]]) -> None:
+        got.extend(float(t[0]) for _, t in batch)
+        if received is not None:
+            received.extend(t.clone() for _, t in batch)
 
     def run() -> None:
         plan = coord.current()
         announce_at(plan.host, plan.port, member, "token-1", timeout_s=30.0)
         while member not in coord.current().candidates:
             time.sleep(0.01)
-        group = join_epoch(JoinInfo(plan=coord.current(), member=member))
+        group = join_epoch(JoinInfo(plan=coord.current(), member=member), served=served)
         for v in versions:
-            report = WeightReceiver(group).receive(
-                lambda batch: got.extend(float(t[0]) for _, t in batch), expect_version=v
-            )
+            report = WeightReceiver(group).receive(load, expect_version=v)
             if reports is not None:
                 reports.append(report)
         group.close()
@@ -116,7 +128,7 @@ def test_sync_metrics_are_the_bytes_the_actor_received() -> None:
         reports: list[ReceiveReport] = []
         actor = _receiving_actor(coord, "a", [1], [], reports)
         time.sleep(0.2)
-        metrics = pub.publish(1, lambda: iter(weights.items()))
+        metrics = pub.publish(1, lambda _dtype: iter(weights.items()))
         actor.join(10.0)
     finally:
         pub.close()
@@ -126,6 +138,56 @@ def test_sync_metrics_are_the_bytes_the_actor_received() -> None:
     assert metrics["sync/bytes"] < tensor_bytes + 64 * len(weights)  # at most one alignment pad per tensor
     # MiB/s over the broadcast alone, which is part of sync/seconds: never below the rate over the whole publish
     assert metrics["sync/bandwidth_MBps"] >= metrics["sync/bytes"] / 2**20 / metrics["sync/seconds"] > 0.0
+
+
+def _spec(dtype: str) -> TensorSpec:
+    return TensorSpec("w", dtype, (4,))
+
+
+def test_weights_travel_in_the_dtype_every_member_serves_when_it_is_narrower() -> None:
+    fp32, bf16 = [_spec("float32"), _spec("int64")], [_spec("bfloat16")]
+    assert wire_dtype(["bfloat16", "bfloat16"], fp32) is torch.bfloat16  # integer tensors are never cast
+    assert wire_dtype(["float16"], fp32) is torch.float16
+    assert wire_dtype(["bfloat16", "float32"], fp32) is None  # members differ: as stored
+    assert wire_dtype(["bfloat16", ""], fp32) is None  # one member did not say (no model)
+    assert wire_dtype([], fp32) is None
+    assert wire_dtype(["float32"], bf16) is None  # never widened
+    assert wire_dtype(["bfloat16"], bf16) is None  # already so
+    assert wire_dtype(["bfloat16"], [_spec("float32"), _spec("bfloat16")]) is None  # one tensor is not wider
+    assert wire_dtype(["bfloat16"], [_spec("int64")]) is None  # nothing floating to narrow
+
+
+def test_a_bf16_actor_receives_bf16_weights_from_an_fp32_master_and_half_the_bytes() -> None:
+    """The publisher asks for the cast (``weights(dtype)``) and sends what the engine would have rounded to anyway;
+    an actor that does not say what it serves gets the master dtype."""
+    master = {"w": torch.randn(2048) / 3, "steps": torch.arange(8)}
+
+    def weights(dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in master.items():
+            yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+    def manifest(dtype: torch.dtype | None) -> list[TensorSpec]:
+        return [TensorSpec(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in weights(dtype)]
+
+    out: dict[str, tuple[dict[str, float], list[torch.Tensor]]] = {}
+    for served in (torch.bfloat16, None):
+        coord = _Coordinator(["a"])
+        pub = _publisher(coord, timeout_s=10.0)
+        received: list[torch.Tensor] = []
+        try:
+            actor = _receiving_actor(coord, "a", [1], [], served=served, received=received)
+            time.sleep(0.2)
+            metrics = pub.publish(1, weights, manifest)
+            actor.join(10.0)
+        finally:
+            pub.close()
+        out[str(served)] = (metrics, received)
+    (m16, (w16, steps16)), (m32, (w32, steps32)) = out["torch.bfloat16"], out["None"]
+    assert w16.dtype is torch.bfloat16 and torch.equal(w16, master["w"].to(torch.bfloat16))
+    assert w32.dtype is torch.float32 and torch.equal(w32, master["w"])
+    assert steps16.dtype is steps32.dtype is torch.int64 and torch.equal(steps16, master["steps"])
+    assert (m16["sync/wire_bits"], m32["sync/wire_bits"]) == (16.0, 32.0)
+    assert m32["sync/bytes"] - m16["sync/bytes"] >= 2048 * 2  # the floating tensor's bytes, halved
 
 
 def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
@@ -139,14 +201,14 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
         actor = _receiving_actor(coord, "good", [1, 2], got)
         time.sleep(0.2)  # let "good" announce itself
         t0 = time.monotonic()
-        first = pub.publish(1, lambda: _weights(1))
+        first = pub.publish(1, lambda _dtype: _weights(1))
         first_s = time.monotonic() - t0
         assert coord.current().candidates == ("good", "stuck")  # "silent" never announced: never invited
         assert first["sync/actors"] == 1.0 and first["sync/left_out"] == 1.0
         assert JOIN_S <= first["sync/join_seconds"] < JOIN_S + 2.0 and first_s < JOIN_S + 5.0
         assert not pub.needs_refresh()  # "stuck" is not invited again on its old announcement
         t0 = time.monotonic()
-        second = pub.publish(2, lambda: _weights(2))
+        second = pub.publish(2, lambda _dtype: _weights(2))
         assert time.monotonic() - t0 < JOIN_S  # the same members: no new epoch, no waiting
         assert "sync/join_seconds" not in second and second["sync/epoch"] == first["sync/epoch"] == 0.0
         actor.join(timeout=10.0)
@@ -169,7 +231,7 @@ def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
         ta = _receiving_actor(coord, "a", [1], got_a)
         tb = _receiving_actor(coord, "b", [1], got_b)
         time.sleep(0.2)
-        assert pub.publish(1, lambda: _weights(1))["sync/actors"] == 2.0
+        assert pub.publish(1, lambda _dtype: _weights(1))["sync/actors"] == 2.0
         ta.join(10.0)
         tb.join(10.0)
         assert got_a == got_b == [1.0]
@@ -178,7 +240,7 @@ def test_a_member_that_disappears_is_dropped_at_the_next_epoch() -> None:
         announce_at("127.0.0.1", pub.port, "a", "token-2", timeout_s=30.0)
         coord.plan = msgspec.structs.replace(coord.current(), candidates=())
         ta2 = _receiving_actor(coord, "a", [2], got_a2)
-        metrics = pub.publish(2, lambda: _weights(2))
+        metrics = pub.publish(2, lambda _dtype: _weights(2))
         ta2.join(10.0)
         assert coord.current().candidates == ("a",) and metrics["sync/epoch"] == 1.0 and metrics["sync/actors"] == 1.0
         assert got_a2 == [2.0] and coord.confirmed[-1] == (2, ["a"])
@@ -213,12 +275,13 @@ def test_a_transfer_to_a_member_presumed_dead_is_abandoned_without_waiting_for_t
     threading.Thread(target=presume_dead, daemon=True).start()
     try:
         t0 = time.monotonic()
-        metrics = pub.publish(1, lambda: iter([("w", big)]))
+        metrics = pub.publish(1, lambda _dtype: iter([("w", big)]))
         elapsed = time.monotonic() - t0
         assert metrics["sync/failures"] == 1.0 and coord.confirmed == []  # nothing confirmed: it was not received
         assert 1.0 <= elapsed < 6.0  # abandoned once the member was presumed dead, not after the 30 s timeout
         assert pub.group is not None and pub.group.broken
-        assert pub.publish(2, lambda: _weights(2))["sync/actors"] == 0.0  # re-formed without it: nobody to wait on
+        metrics = pub.publish(2, lambda _dtype: _weights(2))
+        assert metrics["sync/actors"] == 0.0  # re-formed without it: nobody to wait on
     finally:
         pub.close()
 
@@ -238,7 +301,7 @@ def test_an_epoch_formed_before_this_process_was_ready_is_refused_at_once() -> N
     ready.start()  # the first process: ready for epoch 0, then a member
     roster = collect_roster(store, 0, ["actor-1"], 5.0)
     ready.join(timeout=5)
-    assert roster.members == ["actor-1"]
+    assert roster.members == ["actor-1"] and roster.served == {"actor-1": ""}  # it said no dtype
     started = time.monotonic()
     with pytest.raises(LeftOut, match="epoch 0 was formed before actor actor-1 was ready"):
         await_roster(store, 0, "actor-1", 5.0)  # the restarted process, late for epoch 0

@@ -83,6 +83,7 @@ RECORDS: dict[str, str] = {
     "actor": "the JSON line an actor prints when it exits (its totals)",
     "client": "RolloutClient.metrics(), the actor's side of the rollout plane (read by tests; no sink logs it yet)",
     "rm": "a reward-model training step's line in metrics.jsonl (the rm/eval/ keys on the steps that evaluate)",
+    "sft": "a supervised fine-tuning step's line in metrics.jsonl (the sft/val/ keys on the steps that validate)",
 }
 
 # Fields of a metrics.jsonl line that are not metrics.
@@ -599,7 +600,9 @@ val_core_source_reward_mean_n_key = _f(
 val_core_source_reward_best_n_mean_key = _f(
     "val-core/{source}/reward/best@{n}/mean", "round", "verl's name for the per-source best@n (exact here)", "val"
 )
-TIME_WALL_S = _m("time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val", "rm")
+TIME_WALL_S = _m(
+    "time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val", "rm", "sft"
+)
 # ---- reward-model training (learner/reward_model.py, runtime/reward_model_trainer.py)
 RM_EPOCH = _m("rm/epoch", "step", "the pass over the training pairs this step belongs to (0-based)", "rm")
 RM_TRAIN_LOSS = _m("rm/train/loss", "batch", "Bradley-Terry loss of the step's pairs (margins and centring in)", "rm")
@@ -631,6 +634,32 @@ RM_EVAL_MARGIN_MEAN = _m("rm/eval/margin_mean", "round", "mean r_chosen - r_reje
 RM_EVAL_REWARD_MEAN = _m("rm/eval/reward_mean", "round", "mean score of the held-out sequences (both sides)", "rm")
 RM_EVAL_REWARD_STD = _m("rm/eval/reward_std", "round", "standard deviation of the same scores", "rm")
 RM_EVAL_WALL_S = _m("rm/eval/wall_s", "round", "seconds the evaluation took", "rm")
+# ---- supervised fine-tuning (learner/sft.py, runtime/sft_trainer.py)
+SFT_EPOCH = _m("sft/epoch", "step", "the pass over the training rows this step belongs to (0-based)", "sft")
+SFT_TRAIN_LOSS = _m(
+    "sft/train/loss",
+    "batch",
+    "negative log-likelihood per demonstrated token of the step's rows (before the update)",
+    "sft",
+)
+SFT_TRAIN_TRAINED_TOKENS = _m("sft/train/trained_tokens", "batch", "demonstrated (loss-mask) tokens of the step", "sft")
+SFT_TRAIN_GRAD_NORM = _m("sft/train/grad_norm", "step", "gradient norm before clipping", "sft")
+SFT_TRAIN_LR = _m("sft/train/lr", "step", "learning rate of the step's update", "sft")
+SFT_TRAIN_SKIPPED_STEPS = _m(
+    "sft/train/skipped_steps", "step", "1 when the update was skipped for a non-finite loss or gradient", "sft"
+)
+SFT_PERF_STEP_S = _m("sft/perf/step_s", "step", "seconds of the step (forward, backward, optimizer)", "sft")
+SFT_PERF_TOKENS_PER_S = _m("sft/perf/tokens_per_s", "step", "tokens of the step's rows (all ranks) per second", "sft")
+SFT_PERF_PEAK_MEMORY_MIB = _m(
+    "sft/perf/peak_memory_mib",
+    "gauge",
+    "the largest rank's peak memory so far (MiB): CUDA's peak allocation on a GPU, peak resident set on CPU",
+    "sft",
+)
+SFT_VAL_LOSS = _m("sft/val/loss", "round", "negative log-likelihood per demonstrated token of the held-out rows", "sft")
+SFT_VAL_PERPLEXITY = _m("sft/val/perplexity", "round", "exp of sft/val/loss", "sft")
+SFT_VAL_TOKENS = _m("sft/val/tokens", "round", "demonstrated tokens of the held-out rows", "sft")
+SFT_VAL_WALL_S = _m("sft/val/wall_s", "round", "seconds the validation took", "sft")
 # ---- an actor's totals at exit (actor/loop.py, actor/emulated.py, rewards/worker.py)
 ACTOR_GROUPS_SENT = _m("actor/groups_sent", "cumulative", "training groups delivered", "actor")
 ACTOR_GROUPS_ABORTED = _m(

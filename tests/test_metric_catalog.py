@@ -14,7 +14,19 @@ from async_rl import metric_catalog as mc
 from async_rl.staleness import staleness
 
 METRICS_DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
-NAMESPACES = ("rollout/", "learner/", "actor/", "sync/", "transport/", "val/", "val-core/", "time/", "reward/", "rm/")
+NAMESPACES = (
+    "rollout/",
+    "learner/",
+    "actor/",
+    "sync/",
+    "transport/",
+    "val/",
+    "val-core/",
+    "time/",
+    "reward/",
+    "rm/",
+    "sft/",
+)
 
 
 def test_entries_are_well_formed_and_unique() -> None:

@@ -14,6 +14,11 @@ drifts; rounds are paired, not phases):
 * reload: vLLM's own ``reload_weights`` RPC of the same weights from the local file, i.e. the cost of the load step
   alone (on CPU it dominates: every linear weight is repacked for oneDNN).
 
+* served (with ``--engine-dtype bfloat16``, group epoch 1 again): the same update with the floating tensors cast to
+  the engine's dtype before sending, as the learner does when every actor serves a narrower dtype than its fp32
+  master (``weight_sync.publisher.wire_dtype``); the line ``weight_sync_served_dtype_vs_master`` is the update time
+  as stored over this one.
+
 All are timed on the receiving side; round 0 warms up. The headline ratio is (raw broadcast + vLLM's own reload) /
 update, from the medians: the update should cost at most 1.2x the sum of its two parts (ratio >= 0.83). Each round's
 own ratio is printed (the spread), with the worker's breakdown and the achieved-bandwidth ratio update/raw.
@@ -74,6 +79,12 @@ def _parse() -> argparse.Namespace:
         default=None,
         help="tensors of at least this size are sent from their own memory, not packed (WeightSender's default)",
     )
+    p.add_argument(
+        "--engine-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the vLLM engine's dtype; bfloat16 also times each update sent in bf16 (what the learner sends then)",
+    )
     p.add_argument("--backend", default="auto")
     p.add_argument("--timeout", type=float, default=300.0)
     return p.parse_args()
@@ -110,6 +121,10 @@ def run_sender(args: argparse.Namespace) -> None:
             raw.broadcast(buf, what="raw")
         report = sender.send(weights, version=version)
         print(f"SENT {json.dumps(report.as_dict())}", flush=True)
+        if args.engine_dtype != "float32":  # the same update in the engine's dtype (the publisher's wire_dtype)
+            dtype = getattr(torch, args.engine_dtype)
+            cast = [(n, t.to(dtype) if t.is_floating_point() else t) for n, t in weights]
+            sender.send(cast, version=version)
 
 
 def run_main(args: argparse.Namespace) -> None:
@@ -136,7 +151,7 @@ def run_main(args: argparse.Namespace) -> None:
                 seed=0,
             )
         llm = vllm.LLM(
-            model=str(model_dir), enforce_eager=True, dtype="float32", max_model_len=128, **vllm_engine_kwargs()
+            model=str(model_dir), enforce_eager=True, dtype=args.engine_dtype, max_model_len=128, **vllm_engine_kwargs()
         )
         cmd = [
             sys.executable,
@@ -150,6 +165,8 @@ def run_main(args: argparse.Namespace) -> None:
             "--bucket-mb",
             str(args.bucket_mb),
             *(["--direct-min-mb", str(args.direct_min_mb)] if args.direct_min_mb is not None else []),
+            "--engine-dtype",
+            args.engine_dtype,
             "--backend",
             args.backend,
             "--timeout",
@@ -171,7 +188,7 @@ def run_main(args: argparse.Namespace) -> None:
         # Each round times the three side by side (the machine's load drifts): a raw broadcast of the same bytes, the
         # full update, and vLLM's own in-place reload of the same weights from the local file (page cache): the cost
         # of loading alone.
-        raw_times, full_times, reload_times, reports = [], [], [], []
+        raw_times, full_times, reload_times, reports, served_times = [], [], [], [], []
         for rep in range(args.reps + 1):
             group.broadcast(torch.zeros(1, device=group.device), what="barrier")
             t0 = time.perf_counter()
@@ -181,11 +198,15 @@ def run_main(args: argparse.Namespace) -> None:
             report = sync.update(rep, verify_load=not args.no_verify)
             t2 = time.perf_counter()
             llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir), "is_checkpoint_format": True})
+            t3 = time.perf_counter()
+            if args.engine_dtype != "float32":
+                sync.update(rep, verify_load=not args.no_verify)
             if rep:  # round 0 warms up
                 raw_times.append(t1 - t0)
                 full_times.append(t2 - t1)
-                reload_times.append(time.perf_counter() - t2)
+                reload_times.append(t3 - t2)
                 reports.append(report)
+                served_times.append(time.perf_counter() - t3)
         group.close()
         sender.communicate(timeout=args.timeout)
 
@@ -214,6 +235,10 @@ def run_main(args: argparse.Namespace) -> None:
         "ratio_full_over_raw_plus_local_reload": round((raw_s + statistics.median(reload_times)) / full_s, 3),
         "round_ratios": rounds,
     }
+    if args.engine_dtype != "float32":
+        result["engine_dtype"] = args.engine_dtype
+        result["served_dtype_update_s"] = round(statistics.median(served_times), 4)
+        result["served_round_ratios"] = [round(f / c, 3) for f, c in zip(full_times, served_times, strict=True)]
     print(json.dumps(result, indent=2))
     parts = result["ratio_full_over_raw_plus_local_reload"]
     print(
@@ -227,7 +252,19 @@ def run_main(args: argparse.Namespace) -> None:
         f"(vLLM's own reload of the same weights {result['vllm_local_reload_s']:.3f} s); load verification: "
         f"{result['verify']}"
     )
-    emit("weight_sync", [BenchLine("weight_sync_vs_sum_of_parts", parts, round(1 / 1.2, 2), detail)])
+    lines = [BenchLine("weight_sync_vs_sum_of_parts", parts, round(1 / 1.2, 2), detail)]
+    if args.engine_dtype != "float32":
+        served_s = result["served_dtype_update_s"]
+        lines.append(
+            BenchLine(
+                "weight_sync_served_dtype_vs_master",
+                round(full_s / served_s, 3),
+                1.0,
+                f"a {args.engine_dtype} engine: the update sent as stored (fp32) {full_s:.3f} s vs sent in "
+                f"{args.engine_dtype} {served_s:.3f} s; per round {result['served_round_ratios']}",
+            )
+        )
+    emit("weight_sync", lines)
 
 
 def main() -> None:

@@ -80,12 +80,14 @@ class ChatRenderer:
                 return closer[k:]
         return list(closer)
 
-    def observation_ids(self, sampled: Sequence[int], messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def observation_ids(
+        self, sampled: Sequence[int], messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Tokens to append after a model turn ending with ``sampled``: the closer's rest, ``messages`` and the
-        generation prompt of the next model turn."""
+        generation prompt of the next model turn (without it: a conversation that ends with ``messages``)."""
         if not messages:
             raise ValueError("observation_ids needs at least one message")
-        full = self.render([*self._base, *messages], add_generation_prompt=True)
+        full = self.render([*self._base, *messages], add_generation_prompt=add_generation_prompt)
         if not full.startswith(self._base_text):
             raise TemplateError("the chat template renders earlier messages differently when more follow")
         return self.closer_rest(sampled) + self.encode(full[len(self._base_text) :])

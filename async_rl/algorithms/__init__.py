@@ -31,7 +31,7 @@ from async_rl.algorithms.kl import (
     apply_kl_in_reward,
     kl_penalty,
 )
-from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, value_loss
+from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, sft_loss, value_loss
 from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, masked_whiten
 from async_rl.algorithms.pairwise import bradley_terry_loss, pair_stats
 from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss, reinforce_loss
@@ -90,6 +90,7 @@ __all__ = [
     "reinforce_loss",
     "rejection_mask",
     "rollout_is_weights",
+    "sft_loss",
     "token_log_probs_and_entropy",
     "token_log_probs_and_entropy_reference",
     "value_loss",

@@ -14,7 +14,7 @@ import torch
 from async_rl.algorithms._checks import check_2d, check_choice, check_positive_count, check_same_shape, float_mask
 from async_rl.algorithms.masking import masked_mean, masked_sum, safe_count
 
-__all__ = ["LOSS_AGG_MODES", "agg_loss", "entropy_from_logits", "value_loss"]
+__all__ = ["LOSS_AGG_MODES", "agg_loss", "entropy_from_logits", "sft_loss", "value_loss"]
 
 LOSS_AGG_MODES: frozenset[str] = frozenset(
     {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
@@ -83,6 +83,13 @@ def agg_loss(
     if loss_agg_mode == "seq-mean-token-sum-norm":
         total = total / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
     return total
+
+
+def sft_loss(log_probs: torch.Tensor, loss_mask: torch.Tensor, *, global_num_tokens: Count) -> torch.Tensor:
+    """Supervised fine-tuning's loss: the negative log-likelihood of the demonstrated tokens (``loss_mask``), summed
+    and divided by ``global_num_tokens`` (the step's demonstrated tokens over every micro-batch and rank), i.e.
+    ``token-mean`` of ``-log_probs`` under :func:`agg_loss`. Summed over micro-batches it is the batch's token mean."""
+    return agg_loss(-log_probs, loss_mask, "token-mean", loss_scale_factor=None, global_num_tokens=global_num_tokens)
 
 
 def value_loss(

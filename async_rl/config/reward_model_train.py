@@ -17,12 +17,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from async_rl.config.common import MixedPrecisionConfig, OptimConfig
+from async_rl.config.common import MixedPrecisionConfig
 from async_rl.config.errors import ConfigError
-from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, doc
+from async_rl.config.fields import NonNegFloat, PosInt, doc
 from async_rl.config.loader import load_tree_with_warnings
-from async_rl.config.names import LoggerBackend, ResumeMode
 from async_rl.config.resolve import resolve_optim
+from async_rl.config.supervised import SupervisedOptimConfig, SupervisedTrainerConfig
 from async_rl.config.validate import model_path_error, optim_errors, resume_error
 
 BUILTIN_PREFERENCES = "builtin:arith-prefs"
@@ -100,12 +100,8 @@ class RewardModelModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
     ] = msgspec.field(default_factory=MixedPrecisionConfig)
 
 
-class RewardModelOptimConfig(OptimConfig, kw_only=True, forbid_unknown_fields=True):
+class RewardModelOptimConfig(SupervisedOptimConfig, kw_only=True, forbid_unknown_fields=True):
     """AdamW and schedule (the RL learner's ``optim`` keys) plus gradient clipping."""
-
-    lr: Annotated[NonNegFloat, doc("Peak learning rate of AdamW.")] = 1e-5
-    weight_decay: Annotated[NonNegFloat, doc("AdamW decoupled weight decay.")] = 0.0
-    clip_grad: Annotated[PosFloat, doc("Gradient-norm clip (verl's SFT key).")] = 1.0
 
 
 class RewardLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -117,69 +113,11 @@ class RewardLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     ] = 0.0
 
 
-def _console_and_jsonl() -> list[LoggerBackend]:
-    return ["console", "jsonl"]
-
-
-class RewardTrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class RewardTrainerConfig(SupervisedTrainerConfig, kw_only=True, forbid_unknown_fields=True):
     """Run length, evaluation, output, logging."""
 
-    project_name: Annotated[str, doc("Project name (logger grouping, output path).")] = "async_rl"
     experiment_name: Annotated[str, doc("Run name (logger run name, output path).")] = "reward_model"
-    total_epochs: Annotated[PosInt, doc("Passes over the training pairs.")] = 1
-    total_training_steps: Annotated[
-        PosInt | None, doc("Optimizer steps to run; overrides total_epochs when set (null = from epochs).")
-    ] = None
-    test_freq: Annotated[
-        int,
-        doc(
-            "Evaluate on data.val_files every this many steps (<= 0: only after the last step, which is always"
-            " evaluated when data.val_files is set).",
-            ge=-1,
-        ),
-    ] = 10
-    default_local_dir: Annotated[
-        str | None,
-        doc(
-            "Output directory (metrics.jsonl, checkpoints/, the exported model in hf/); null ="
-            " outputs/<project>/<experiment>."
-        ),
-    ] = None
-    save_freq: Annotated[
-        int,
-        doc(
-            "Checkpoint every this many steps (and at the last step) into <default_local_dir>/checkpoints; -1 or 0 ="
-            " never (as verl).",
-            ge=-1,
-        ),
-    ] = -1
-    max_ckpt_to_keep: Annotated[PosInt | None, doc("Keep the newest this many checkpoints (null = keep all).")] = None
-    resume_mode: Annotated[
-        ResumeMode,
-        doc(
-            "'auto' = resume from the newest committed checkpoint in <default_local_dir>/checkpoints if any;"
-            " 'disable' = start fresh; 'resume_path' = from trainer.resume_from_path."
-        ),
-    ] = "auto"
-    resume_from_path: Annotated[
-        str | None, doc("Checkpoint directory (a step_<N>) to resume from (required by resume_mode=resume_path).")
-    ] = None
-    stop_s: Annotated[
-        PosFloat,
-        doc(
-            "Seconds a rank has after SIGTERM to finish its step, write a checkpoint (when save_freq > 0) and exit"
-            " 143; past it the rank exits at once without one."
-        ),
-    ] = 60.0
-    logger: Annotated[
-        list[LoggerBackend],
-        doc("Metric sinks: 'console' (one line per step), 'jsonl', 'tensorboard', 'wandb'."),
-    ] = msgspec.field(default_factory=_console_and_jsonl)
     seed: Annotated[int, doc("Seed of the score head's initialisation (the same on every rank).")] = 1
-    max_consecutive_nonfinite: Annotated[
-        PosInt, doc("Stop after this many optimizer steps in a row skipped for a non-finite loss or gradient.")
-    ] = 3
-    collective_timeout_s: Annotated[PosFloat, doc("How long a collective may wait for the other ranks.")] = 600.0
 
 
 class RewardModelTrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

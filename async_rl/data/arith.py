@@ -13,6 +13,10 @@ import zlib
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
+ARITH_TRAIN_SIZE = 20000  # problems in the builtin sets' train split
+ARITH_EVAL_SIZE = 200  # and in their eval split
+
+
 def _in_split(a: int, op: str, b: int, split: str) -> bool:
     bucket = zlib.crc32(f"{a}{op}{b}".encode()) % 10
     return (bucket == 0) == (split == "eval")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from async_rl.config import Config
+from async_rl.data.arith import ARITH_EVAL_SIZE, ARITH_TRAIN_SIZE
 
 if TYPE_CHECKING:
     pass
@@ -30,8 +31,6 @@ BUILTIN_MODEL = "builtin:tiny-arith"
 BUILTIN_DATA = "builtin:arith"
 BUILTIN_CHAT_DATA = "builtin:arith-chat"  # the same problems as chat messages, for instruct models
 ARITH_CHAT_SOURCE = "arith_chat"
-ARITH_TRAIN_SIZE = 20000
-ARITH_EVAL_SIZE = 200
 ARITH_SOURCE = "arith"  # the data source name of builtin:arith records (validation metrics per source)
 BUILTIN_CALCULATOR_DATA = "builtin:calculator-tool"  # word problems for the calculator tool (multi-turn)
 BUILTIN_GUESSING_DATA = "builtin:guessing"  # the higher/lower guessing game (multi-turn)

@@ -42,6 +42,7 @@ import msgspec.inspect as mi
 from async_rl.config import Config
 from async_rl.config.introspect import Root, root_type, unwrap
 from async_rl.config.reward_model_train import RewardModelTrainConfig
+from async_rl.config.sft import SFTConfig
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_MODULES = (
@@ -53,10 +54,12 @@ ENTRY_MODULES = (
 CONFIG_PACKAGE = "async_rl.config"
 RESOLVERS = ("async_rl.config.resolve", "async_rl.config.correction")
 RM_ENTRY_MODULES = ("async_rl.entrypoints.train_reward_model",)
+SFT_ENTRY_MODULES = ("async_rl.entrypoints.sft",)
 # each config tree: (the entry points that run it, the config modules that fold its keys into others)
 TREES: dict[Root, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Config: (ENTRY_MODULES, RESOLVERS),
     RewardModelTrainConfig: (RM_ENTRY_MODULES, ("async_rl.config.resolve",)),
+    SFTConfig: (SFT_ENTRY_MODULES, ("async_rl.config.resolve",)),
 }
 
 KeyPath = tuple[str, ...]

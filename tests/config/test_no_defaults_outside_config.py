@@ -39,11 +39,13 @@ GENERIC: dict[tuple[str, str, str], str] = {
 
 
 def config_leaf_names() -> set[str]:
-    """The leaf names of every config tree: RL training's and reward-model training's."""
+    """The leaf names of every config tree: RL training's, reward-model training's and SFT's."""
     from async_rl.config.introspect import leaf_keys
     from async_rl.config.reward_model_train import RewardModelTrainConfig
+    from async_rl.config.sft import SFTConfig
 
-    return {path[-1] for path in schema().leaves} | {k.rsplit(".", 1)[-1] for k in leaf_keys(RewardModelTrainConfig)}
+    others = {k.rsplit(".", 1)[-1] for root in (RewardModelTrainConfig, SFTConfig) for k in leaf_keys(root)}
+    return {path[-1] for path in schema().leaves} | others
 
 
 def defaults_on_config_names(package: Path = PACKAGE) -> set[tuple[str, str, str]]:

@@ -22,6 +22,7 @@ from _config_key_usage import consumed_keys, module_file, scan_repository, scan_
 from async_rl.config import Config, ConfigError, iter_schema, load_config, load_config_with_warnings
 from async_rl.config.introspect import Root, type_at, unwrap
 from async_rl.config.reward_model_train import RewardModelTrainConfig
+from async_rl.config.sft import SFTConfig
 
 ARR = "actor_rollout_ref"
 _OVERLONG = "reward.reward_kwargs.overlong_buffer_cfg"
@@ -106,6 +107,16 @@ def test_every_reward_model_key_is_read() -> None:
     assert "trainer.save_freq" in types and "optim.lr" in consumed  # read through learner/optim.py's OptimConfig
     lying = [key for key, (tp, _) in types.items() if key not in consumed and not _single_valued(tp)]
     assert not lying, f"reward-model keys documented as doing something that its run never reads: {lying}"
+
+
+def test_every_sft_key_is_read() -> None:
+    """The SFT tree declares no no-op keys: each one is read by the code its entry point runs."""
+    consumed = scan_repository(SFTConfig)
+    assert not [d.key for d in iter_schema(root=SFTConfig) if d.noop]
+    types = _leaf_types(SFTConfig)
+    assert "data.multiturn.messages_key" in types and "model.lora_rank" in consumed
+    lying = [key for key, (tp, _) in types.items() if key not in consumed and not _single_valued(tp)]
+    assert not lying, f"SFT keys documented as doing something that its run never reads: {lying}"
 
 
 def test_aliases_land_on_the_key_they_spell(consumed: set[str]) -> None:

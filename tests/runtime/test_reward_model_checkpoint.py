@@ -19,7 +19,8 @@ from async_rl.learner.checkpoint import COMMITTED, list_checkpoints
 from async_rl.learner.dist import local_context
 from async_rl.runtime.graceful_stop import GracefulStop
 from async_rl.runtime.metrics import read_metrics
-from async_rl.runtime.reward_model_trainer import CHECKPOINT_DIR, EXPORT_DIR, RewardModelTrainer
+from async_rl.runtime.reward_model_trainer import RewardModelTrainer
+from async_rl.runtime.supervised import CHECKPOINT_DIR, EXPORT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -76,14 +77,14 @@ def test_a_stopped_run_resumes_exactly_and_skips_incomplete_checkpoints(
     stop = GracefulStop(deadline_s=600.0)
     try:
         first = _trainer(run, pairs, "trainer.save_freq=2", stop=stop)
-        train_step = first.train_step
+        train_step = first.step
 
         def signal_during_step_3(step: int, order: list[int]) -> dict[str, float]:
             if step == 2:
                 stop.request()
             return train_step(step, order)
 
-        monkeypatch.setattr(first, "train_step", signal_during_step_3)
+        monkeypatch.setattr(first, "step", signal_during_step_3)
         summary = first.train()
     finally:
         stop.close()

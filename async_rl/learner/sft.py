@@ -1,0 +1,164 @@
+"""Supervised fine-tuning on the FSDP2 learner: the policy's model, optimizer, packing and log-prob path, with the
+negative log-likelihood of the demonstrated tokens as the loss.
+
+The model is built by the learner's one builder (:func:`~async_rl.learner.model.build_model`, a causal LM, sharded,
+in the learner's precision, LoRA adapters when ``model.lora_rank`` > 0), with the learner's AdamW and schedule and its
+guarded step (clip, skip a non-finite step). A step's rows arrive as the learner's :class:`RolloutBatch` (prompt, then
+the response with its loss mask: the assistant's tokens), so each micro-batch goes through the same padding-free
+packing and chunked log-softmax as the policy update (:func:`~async_rl.learner.policy.build_micro_inputs`,
+:func:`~async_rl.learner.policy.response_log_probs` at temperature 1).
+
+The loss is the mean over the step's trained tokens, across ranks (:func:`~async_rl.algorithms.sft_loss`): each rank
+takes every W-th row, each micro-batch's summed negative log-likelihood is divided by the step's global count of
+trained tokens, and multiplied by the world size before backward because FSDP2 averages gradients over ranks. The
+step's gradient is then that of the token mean over the whole batch, whatever the world size and micro-batch size.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from async_rl import metric_catalog as mc
+from async_rl.algorithms import sft_loss
+from async_rl.config.sft import SFTConfig
+from async_rl.learner.batching import RolloutBatch
+from async_rl.learner.checkpoint import load_trained, save_trained
+from async_rl.learner.dist import DistContext
+from async_rl.learner.export import export_hf
+from async_rl.learner.model import ModelSource, build_model
+from async_rl.learner.optim import NonFiniteGuard, build_optimizer, guarded_step
+from async_rl.learner.policy import build_micro_inputs, response_log_probs
+from async_rl.learner.precision import resolve_compute_dtype
+from async_rl.learner.update import TrainedModel
+from async_rl.peft_format import LoRASpec
+
+__all__ = ["SFTModel"]
+
+
+class SFTModel:
+    """One rank's model under SFT: ``train_step`` on a batch, ``nll`` for validation, checkpoints, ``export``."""
+
+    def __init__(self, cfg: SFTConfig, ctx: DistContext, source: ModelSource, *, run_steps: int) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        m = cfg.model
+        self.compute_dtype = resolve_compute_dtype(m.mixed_precision.param_dtype, ctx.device, warn=ctx.is_rank0)
+        lora = None
+        if m.lora_rank > 0:
+            targets = m.target_modules
+            lora = LoRASpec(
+                rank=m.lora_rank,
+                alpha=float(m.lora_alpha),
+                target_modules=targets if isinstance(targets, str) else tuple(targets),
+                exclude_modules=(),
+            )
+        model = build_model(
+            source,
+            ctx,
+            role="sft model",
+            seed=cfg.trainer.seed,
+            compute_dtype=self.compute_dtype,
+            gradient_checkpointing=m.enable_gradient_checkpointing,
+            lora=lora,
+        )
+        optimizer, scheduler = build_optimizer(model, cfg.optim, run_steps=run_steps, section="optim")
+        self.trained = TrainedModel(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            guard=NonFiniteGuard(cfg.trainer.max_consecutive_nonfinite),
+            max_norm=cfg.optim.clip_grad,
+            name="sft",
+        )
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trained.model
+
+    def _log_probs(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs ``[b, T]`` of the rows' response tokens (packed), and their loss mask on the same device."""
+        mi = build_micro_inputs(batch, rows, layout="packed", device=self.ctx.device)
+        log_probs, _ = response_log_probs(self.model, mi, temperature=1.0)
+        mask = batch.loss_mask.index_select(0, torch.as_tensor(rows))[:, : log_probs.shape[1]]
+        return log_probs, mask.to(log_probs)
+
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One optimizer step on the step's whole batch (the same rows on every rank); its metrics, identical on
+        every rank."""
+        started = time.monotonic()
+        ctx = self.ctx
+        n = len(batch)
+        if n % ctx.world_size:
+            raise ValueError(f"data.train_batch_size={n} rows must be divisible by the {ctx.world_size} ranks")
+        mine = list(range(ctx.rank, n, ctx.world_size))
+        micro = self.cfg.data.micro_batch_size_per_gpu
+        global_tokens = float(batch.loss_mask.sum())
+        self.model.train()
+        sums = torch.zeros(3, dtype=torch.float64)  # loss, trained tokens, all tokens
+        for start in range(0, len(mine), micro):
+            rows = mine[start : start + micro]
+            log_probs, mask = self._log_probs(batch, rows)
+            loss = sft_loss(log_probs, mask, global_num_tokens=global_tokens)
+            (loss * ctx.world_size).backward()
+            trained = float(mask.sum())
+            idx = torch.as_tensor(rows)
+            seen = float((batch.prompt_lengths[idx] + batch.response_lengths[idx]).sum())
+            sums += torch.tensor([float(loss.detach()), trained, seen], dtype=torch.float64)
+        total = ctx.all_reduce(sums, "sum")
+        tr = self.trained
+        lr = tr.lr
+        stepped, norm = guarded_step(
+            tr.model, tr.optimizer, tr.scheduler, max_norm=tr.max_norm, loss=total[0], guard=tr.guard, what=tr.name
+        )
+        loss_mean, trained_tokens, tokens = total.tolist()
+        elapsed = time.monotonic() - started
+        return {
+            mc.SFT_TRAIN_LOSS: loss_mean,
+            mc.SFT_TRAIN_TRAINED_TOKENS: trained_tokens,
+            mc.SFT_TRAIN_GRAD_NORM: norm,
+            mc.SFT_TRAIN_LR: lr,
+            mc.SFT_TRAIN_SKIPPED_STEPS: 0.0 if stepped else 1.0,
+            mc.SFT_PERF_STEP_S: elapsed,
+            mc.SFT_PERF_TOKENS_PER_S: tokens / max(elapsed, 1e-9),
+        }
+
+    @torch.no_grad()
+    def nll(self, batch: RolloutBatch) -> tuple[float, float]:
+        """(summed negative log-likelihood of the trained tokens, their count) over the whole batch, every rank
+        taking a share. Ranks run the same number of forwards (FSDP2's are collective): a short share repeats its
+        first row, with weight 0."""
+        ctx = self.ctx
+        n = len(batch)
+        per_rank = -(-n // ctx.world_size)
+        micro = self.cfg.data.micro_batch_size_per_gpu
+        self.model.eval()
+        sums = torch.zeros(2, dtype=torch.float64)
+        for start in range(0, per_rank, micro):
+            ks = range(start, min(start + micro, per_rank))
+            rows = [min(ctx.rank + ctx.world_size * k, n - 1) for k in ks]
+            real = torch.tensor([float(ctx.rank + ctx.world_size * k < n) for k in ks])
+            log_probs, mask = self._log_probs(batch, rows)
+            mask = mask * real.to(mask)[:, None]
+            sums += torch.stack([-(log_probs * mask).sum(), mask.sum()]).double().cpu()
+        self.model.train()
+        total = ctx.all_reduce(sums, "sum")
+        return float(total[0]), float(total[1])
+
+    def save_checkpoint(self, root: str | Path, *, step: int, extra: dict[str, Any], keep_last: int | None) -> Path:
+        """Model, optimizer, schedule, guard and RNG states after ``step`` steps, with the caller's ``extra`` (the data
+        cursor), as ``<root>/step_<step>`` (:func:`~async_rl.learner.checkpoint.save_trained`); every rank calls it."""
+        return save_trained(
+            self.ctx, {"sft": self.trained}, root, step=step, fields={"extra": extra}, keep_last=keep_last
+        )
+
+    def load_checkpoint(self, path: str | Path) -> tuple[int, dict[str, Any]]:
+        """Restore from a committed checkpoint (every rank); returns its step and the saved ``extra``."""
+        meta = load_trained(self.ctx, {"sft": self.trained}, path)
+        return int(meta["version"]), dict(meta["extra"])
+
+    def export(self, out_dir: str | Path) -> Path:
+        """The full model as a Hugging Face causal-LM directory (fp32; LoRA adapters merged); every rank calls it."""
+        return export_hf(self.model, self.ctx, out_dir, dtype=None)

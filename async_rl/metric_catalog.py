@@ -84,6 +84,7 @@ RECORDS: dict[str, str] = {
     "client": "RolloutClient.metrics(), the actor's side of the rollout plane (read by tests; no sink logs it yet)",
     "rm": "a reward-model training step's line in metrics.jsonl (the rm/eval/ keys on the steps that evaluate)",
     "sft": "a supervised fine-tuning step's line in metrics.jsonl (the sft/val/ keys on the steps that validate)",
+    "rs": "a rejection-sampling job's line in metrics.jsonl, one per batch of data.train_batch_size prompt groups",
 }
 
 # Fields of a metrics.jsonl line that are not metrics.
@@ -601,7 +602,7 @@ val_core_source_reward_best_n_mean_key = _f(
     "val-core/{source}/reward/best@{n}/mean", "round", "verl's name for the per-source best@n (exact here)", "val"
 )
 TIME_WALL_S = _m(
-    "time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val", "rm", "sft"
+    "time/wall_s", "gauge", "seconds since the learner's training loop started", "step", "val", "rm", "sft", "rs"
 )
 # ---- reward-model training (learner/reward_model.py, runtime/reward_model_trainer.py)
 RM_EPOCH = _m("rm/epoch", "step", "the pass over the training pairs this step belongs to (0-based)", "rm")
@@ -660,6 +661,17 @@ SFT_VAL_LOSS = _m("sft/val/loss", "round", "negative log-likelihood per demonstr
 SFT_VAL_PERPLEXITY = _m("sft/val/perplexity", "round", "exp of sft/val/loss", "sft")
 SFT_VAL_TOKENS = _m("sft/val/tokens", "round", "demonstrated tokens of the held-out rows", "sft")
 SFT_VAL_WALL_S = _m("sft/val/wall_s", "round", "seconds the validation took", "sft")
+# ---- rejection sampling (runtime/rejection_sampling.py)
+RS_GROUPS = _m("rs/groups", "batch", "prompt groups delivered in the batch", "rs")
+RS_SAMPLES = _m("rs/samples", "batch", "samples scored in the batch", "rs")
+RS_KEPT = _m("rs/kept", "batch", "samples of the batch kept (score >= threshold, at most best_k per prompt)", "rs")
+RS_KEPT_TOTAL = _m("rs/kept_total", "cumulative", "rows written to the output so far", "rs")
+RS_KEPT_FRACTION_TOTAL = _m("rs/kept_fraction_total", "cumulative", "rows written / samples scored so far", "rs")
+RS_EMPTY_TOTAL = _m(
+    "rs/empty_total", "cumulative", "samples kept by score but left out for an empty response, so far", "rs"
+)
+RS_SCORE_MEAN = _m("rs/score_mean", "batch", "mean score of the batch's samples", "rs")
+RS_WRITE_S = _m("rs/write_s", "batch", "seconds to select, decode and write the batch's rows", "rs")
 # ---- an actor's totals at exit (actor/loop.py, actor/emulated.py, rewards/worker.py)
 ACTOR_GROUPS_SENT = _m("actor/groups_sent", "cumulative", "training groups delivered", "actor")
 ACTOR_GROUPS_ABORTED = _m(
@@ -829,11 +841,14 @@ def unknown_keys(keys: Iterable[str], record: str | None = None) -> list[str]:
 
 
 def record_kind(record: Mapping[str, object]) -> str:
-    """``val`` for a validation round's metrics.jsonl line, ``rm`` for a reward-model training step's, ``step`` for
-    an RL training step's."""
+    """``val`` for a validation round's metrics.jsonl line, ``rm`` for a reward-model training step's, ``sft`` for a
+    supervised fine-tuning step's, ``rs`` for a rejection-sampling batch's, ``step`` for an RL training step's."""
     if VAL_VERSION in record:
         return "val"
-    return "rm" if any(k.startswith("rm/") for k in record) else "step"
+    for job in ("rm", "sft", "rs"):
+        if any(k.startswith(f"{job}/") for k in record):
+            return job
+    return "step"
 
 
 # ---------------------------------------------------------------------------------------------------- staleness

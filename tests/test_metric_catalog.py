@@ -26,6 +26,7 @@ NAMESPACES = (
     "reward/",
     "rm/",
     "sft/",
+    "rs/",
 )
 
 

@@ -17,6 +17,7 @@ from async_rl.config.async_training import AsyncTrainingConfig
 from async_rl.config.critic import CriticConfig
 from async_rl.config.data_reward import CustomRewardFunctionConfig, DataConfig, RewardConfig, RewardModelConfig
 from async_rl.config.fields import doc, noop
+from async_rl.config.rejection_sampling import RejectionSamplingConfig
 from async_rl.config.trainer import RayInitConfig, TrainerConfig
 
 
@@ -43,6 +44,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     async_training: Annotated[AsyncTrainingConfig, doc("Asynchronous actor-learner settings.")] = msgspec.field(
         default_factory=AsyncTrainingConfig
     )
+    rejection_sampling: Annotated[
+        RejectionSamplingConfig, doc("A generation job that writes the best samples as an SFT dataset.")
+    ] = msgspec.field(default_factory=RejectionSamplingConfig)
     reward_model: Annotated[
         RewardModelConfig, doc("Learned reward model (not supported); older spellings of reward.reward_kwargs.")
     ] = msgspec.field(default_factory=RewardModelConfig)

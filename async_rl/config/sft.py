@@ -32,6 +32,11 @@ BUILTIN_ARITH_SFT = "builtin:arith-sft"
 BUILTIN_ARITH_SFT_CHAT = "builtin:arith-sft-chat"
 """The same problems asked in chat (the GRPO recipe's prompts), answered with just the number, for instruct models."""
 
+BUILTIN_CALCULATOR_SFT = "builtin:calculator-sft"
+"""The calculator-tool word problems (the RL recipe's prompts, one-shot demonstration included), each solved by the
+environment itself: a calculator call, its tool response, the answer
+(:func:`async_rl.envs.calculator.make_calculator_transcripts`; set ``data.multiturn.enable=true``)."""
+
 SFTTruncation = Literal["error", "left", "right"]
 
 
@@ -57,7 +62,8 @@ class SFTDataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str | list[str],
         doc(
             f"Training records (jsonl/parquet); '{BUILTIN_ARITH_SFT}' = the tiny model's arithmetic (plain text),"
-            f" '{BUILTIN_ARITH_SFT_CHAT}' = the same in chat."
+            f" '{BUILTIN_ARITH_SFT_CHAT}' = the same in chat, '{BUILTIN_CALCULATOR_SFT}' = solved calculator-tool"
+            " conversations (multi-turn)."
         ),
     ] = BUILTIN_ARITH_SFT
     val_files: Annotated[
@@ -184,6 +190,7 @@ def load_sft_config(paths: Sequence[str] | str | None, overrides: Sequence[str])
 __all__ = [
     "BUILTIN_ARITH_SFT",
     "BUILTIN_ARITH_SFT_CHAT",
+    "BUILTIN_CALCULATOR_SFT",
     "MultiturnConfig",
     "SFTConfig",
     "SFTDataConfig",

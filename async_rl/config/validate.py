@@ -555,6 +555,21 @@ def collect_warnings(cfg: Config) -> list[str]:
     return warnings
 
 
+def _check_rejection_sampling(cfg: Config, errors: list[str]) -> None:
+    rs = cfg.rejection_sampling
+    if not rs.enable:
+        return
+    if learner_world_size(cfg) != 1:
+        errors.append(
+            "rejection_sampling.enable=true runs one learner process (it trains nothing): set"
+            f" trainer.n_gpus_per_node=1 and trainer.nnodes=1 (got {learner_world_size(cfg)} processes)"
+        )
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        errors.append("rejection_sampling.enable=true writes single exchanges: multi_turn.enable=true is not supported")
+    if rs.output is not None and not rs.output.endswith(".jsonl"):
+        errors.append(f"rejection_sampling.output must be a .jsonl file, got {rs.output!r}")
+
+
 def validate_config(cfg: Config) -> list[str]:
     """Check every cross-field rule (one ConfigError listing all violations), then fill in derived values in place
     (null "inherit"/"derived" keys, deprecated aliases; idempotent) and return the start-up warnings."""
@@ -575,6 +590,7 @@ def validate_config(cfg: Config) -> list[str]:
     _check_reward_model(cfg, errors)
     _check_multi_turn(cfg, errors)
     _check_async(cfg, errors)
+    _check_rejection_sampling(cfg, errors)
     if len(errors) == 1:
         raise ConfigError(errors[0])
     if errors:

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from async_rl.actor.chat_render import ChatRenderer
-from async_rl.config.sft import BUILTIN_ARITH_SFT, BUILTIN_ARITH_SFT_CHAT, SFTDataConfig
+from async_rl.config.actor_rollout_ref import MultiTurnConfig
+from async_rl.config.sft import BUILTIN_ARITH_SFT, BUILTIN_ARITH_SFT_CHAT, BUILTIN_CALCULATOR_SFT, SFTDataConfig
 from async_rl.data.arith import ARITH_EVAL_SIZE, ARITH_TRAIN_SIZE, make_arith_problems, make_chat_arith_problems
 from async_rl.data.files import read_rows
+from async_rl.envs.calculator import CalculatorEnv, make_calculator_transcripts
 
 __all__ = ["SFTExample", "TokenizedSFT", "load_sft_records", "render_conversation", "tokenize_sft"]
 
@@ -107,6 +109,22 @@ def _parse(raw: Mapping[str, Any], where: str, d: SFTDataConfig) -> _Record:
     return _Record([*messages, {"role": "assistant", "content": response}], None, where)
 
 
+CALCULATOR_TRAIN_SIZE = 2000  # solved conversations in builtin:calculator-sft's train split
+CALCULATOR_EVAL_SIZE = 64  # and in its eval split (the RL recipe validates on 64 held-out problems)
+
+
+def _calculator_env() -> CalculatorEnv:
+    """The calculator environment with the RL config's tool options (``actor_rollout_ref.rollout.multi_turn``'s
+    defaults), so its tool messages are those an episode gets."""
+    mt = MultiTurnConfig()
+    return CalculatorEnv(
+        max_parallel_calls=mt.max_parallel_calls,
+        max_tool_response_length=mt.max_tool_response_length,
+        truncate_side=mt.tool_response_truncate_side,
+        tool_format=mt.format,
+    )
+
+
 def load_sft_records(files: str | list[str], d: SFTDataConfig, *, split: str) -> list[_Record]:
     """Every record of ``files`` (``split`` picks the builtin sets' half), checked."""
     records: list[_Record] = []
@@ -124,6 +142,15 @@ def load_sft_records(files: str | list[str], d: SFTDataConfig, *, split: str) ->
             ]
             if d.multiturn.enable:
                 raise ValueError(f"{f} holds single exchanges: set data.multiturn.enable=false")
+        elif f == BUILTIN_CALCULATOR_SFT:
+            if not d.multiturn.enable:
+                raise ValueError(f"{f} holds whole conversations: set data.multiturn.enable=true")
+            size = CALCULATOR_TRAIN_SIZE if split == "train" else CALCULATOR_EVAL_SIZE
+            conversations = make_calculator_transcripts(_calculator_env(), size, seed=d.seed, split=split)
+            rows = [
+                (f"{f} ({split}) row {i}", {d.multiturn.messages_key: c["messages"]})
+                for i, c in enumerate(conversations)
+            ]
         else:
             rows = read_rows(f)
         records.extend(_parse(raw, where, d) for where, raw in rows)

@@ -179,36 +179,36 @@ class CalculatorEnv(ToolEnvironment):
 INSTRUCTIONS = "Solve the math word problem. Use the calculator tool for the arithmetic, then give the answer."
 EXAMPLE_CALL = ToolCall("calculator", {"expression": "23*17"})
 
-# (question, formula, operand ranges) per template; c is unused by two-operand templates.
-_TEMPLATES: list[tuple[str, Callable[[int, int, int], int], tuple[tuple[int, int], ...]]] = [
+# (question, the expression that solves it, operand ranges) per template; c is unused by two-operand templates.
+_TEMPLATES: list[tuple[str, str, tuple[tuple[int, int], ...]]] = [
     (
         "A shop has {a} boxes with {b} apples in each box. How many apples are there?",
-        lambda a, b, c: a * b,
+        "{a}*{b}",
         ((12, 99), (12, 99)),
     ),
     (
         "Each ticket costs {b} dollars. How many dollars do {a} tickets cost?",
-        lambda a, b, c: a * b,
+        "{a}*{b}",
         ((12, 99), (12, 99)),
     ),
     (
         "A school has {a} classes with {b} students each. How many students are there?",
-        lambda a, b, c: a * b,
+        "{a}*{b}",
         ((11, 60), (15, 40)),
     ),
     (
         "Sam had {a} stamps and bought {b} more. How many stamps does Sam have now?",
-        lambda a, b, c: a + b,
+        "{a}+{b}",
         ((100, 999), (100, 999)),
     ),
     (
         "A library had {a} books and lent out {b} of them. How many books are left?",
-        lambda a, b, c: a - b,
+        "{a}-{b}",
         ((500, 999), (100, 499)),
     ),
     (
         "A farmer plants {a} rows of {b} trees and then {c} more trees. How many trees are there?",
-        lambda a, b, c: a * b + c,
+        "{a}*{b}+{c}",
         ((12, 60), (12, 60), (10, 99)),
     ),
 ]
@@ -228,6 +228,34 @@ DEMONSTRATION: list[Message] = [
 ]
 
 
+def _problems(n: int, *, seed: int, split: str) -> list[tuple[str, str, str]]:
+    """``n`` problems of ``split`` as (question, solving expression, answer); the same seed gives the same list."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    rng = random.Random(seed)
+    out: list[tuple[str, str, str]] = []
+    while len(out) < n:
+        index = rng.randrange(len(_TEMPLATES))
+        question, expression, ranges = _TEMPLATES[index]
+        a, b, c = ([rng.randint(lo, hi) for lo, hi in ranges] + [0])[:3]
+        if not _in_split(f"calc:{index}:{a}:{b}:{c}", split):
+            continue
+        expr = expression.format(a=a, b=b, c=c)
+        out.append((question.format(a=a, b=b, c=c), expr, calculator(expr)))
+    return out
+
+
+def _prompt(question: str, demonstration: bool) -> list[Message]:
+    system = tools_system_prompt([CALCULATOR_TOOL], INSTRUCTIONS, example=EXAMPLE_CALL)
+    return [
+        {"role": "system", "content": system},
+        *(DEMONSTRATION if demonstration else []),
+        {"role": "user", "content": question},
+    ]
+
+
 def make_calculator_problems(
     n: int, *, seed: int, split: str = "train", demonstration: bool = True
 ) -> list[dict[str, Any]]:
@@ -237,28 +265,48 @@ def make_calculator_problems(
     Each record is ``{"prompt": [system, *DEMONSTRATION, user], "ground_truth": "391", "extra": {"data_source":
     "calculator_tool"}}`` (``demonstration=False``: ``[system, user]``).
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    system = tools_system_prompt([CALCULATOR_TOOL], INSTRUCTIONS, example=EXAMPLE_CALL)
-    rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
-    while len(records) < n:
-        index = rng.randrange(len(_TEMPLATES))
-        question, formula, ranges = _TEMPLATES[index]
-        a, b, c = ([rng.randint(lo, hi) for lo, hi in ranges] + [0])[:3]
-        if not _in_split(f"calc:{index}:{a}:{b}:{c}", split):
-            continue
-        records.append(
+    return [
+        {
+            "prompt": _prompt(question, demonstration),
+            "ground_truth": answer,
+            "extra": {"data_source": "calculator_tool"},
+        }
+        for question, _, answer in _problems(n, seed=seed, split=split)
+    ]
+
+
+FINAL_ANSWER = "The answer is {answer}."
+"""The final turn of a solved transcript."""
+
+
+def make_calculator_transcripts(
+    env: CalculatorEnv, n: int, *, seed: int, split: str = "train", demonstration: bool = True
+) -> list[dict[str, Any]]:
+    """The same ``n`` problems as :func:`make_calculator_problems` (same seed and split), each solved by the
+    environment itself: ``{"messages": [*prompt, call, tool, answer]}``, where the assistant calls the calculator on
+    the expression that solves the problem, the tool message is what :class:`CalculatorEnv` answers that call with,
+    and the last turn states the result (:data:`FINAL_ANSWER`), which the environment rewards 1.0 (checked here).
+    Supervised fine-tuning on them teaches the call format and copying the result: the warm start multi-turn RL
+    needs for a model that never calls the tool by itself."""
+    out = []
+    for question, expression, answer in _problems(n, seed=seed, split=split):
+        prompt = _prompt(question, demonstration)
+        env.reset(prompt, answer, {})
+        call = render_tool_call(ToolCall("calculator", {"expression": expression}))
+        tool = env.step(call)
+        final = FINAL_ANSWER.format(answer=answer)
+        end = env.step(final)
+        said = [m["content"] for m in tool.observations]
+        if said != [render_tool_response("calculator", answer)] or not end.done or end.reward != 1.0:
+            raise AssertionError(f"the environment did not reward its own solution of {question!r}: {final!r}")
+        out.append(
             {
-                "prompt": [
-                    {"role": "system", "content": system},
-                    *(DEMONSTRATION if demonstration else []),
-                    {"role": "user", "content": question.format(a=a, b=b, c=c)},
-                ],
-                "ground_truth": str(formula(a, b, c)),
-                "extra": {"data_source": "calculator_tool"},
+                "messages": [
+                    *prompt,
+                    {"role": "assistant", "content": call},
+                    *tool.observations,
+                    {"role": "assistant", "content": final},
+                ]
             }
         )
-    return records
+    return out

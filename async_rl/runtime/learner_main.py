@@ -34,9 +34,18 @@ def run_learner(cfg: Config) -> dict[str, Any]:
     """Train for the run length (``trainer.total_training_steps``, else derived from ``trainer.total_epochs``, see
     :mod:`async_rl.runtime.run_length`) or until the data runs out; returns a summary on rank 0 (empty dict elsewhere).
     """
+    from async_rl.runtime.rejection_sampling import RejectionSampler
     from async_rl.runtime.trainer import Trainer
 
     timeouts = cfg.async_training.timeouts
+    if cfg.rejection_sampling.enable:  # a generation job in the learner's place: nothing is trained
+        _, result = run_rank(
+            "rejection-sampling",
+            stop_s=timeouts.stop_s,
+            collective_s=timeouts.collective_s,
+            body=lambda ctx, stop: RejectionSampler(cfg, ctx, stop).run(),
+        )
+        return result
     _, result = run_rank(
         "learner",
         stop_s=timeouts.stop_s,

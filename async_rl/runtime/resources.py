@@ -200,18 +200,19 @@ def _fit_prompt(ids: list[int], cfg: Config, what: str) -> list[int] | None:
 
 
 def _prompt_record(raw: dict[str, Any], ids: list[int], text: str, cfg: Config) -> Any:
-    """A coordinator record; multi-turn episodes also get the prompt's messages (the environment and the template
-    check read them), and need chat prompts: their observations go through the chat template."""
+    """A coordinator record; multi-turn episodes (and rejection-sampling jobs) also get a chat prompt's messages, and
+    multi-turn episodes need chat prompts: their observations go through the chat template."""
     from async_rl.transport import PromptRecord
 
     prompt = raw["prompt"]
     record = {"prompt_token_ids": ids, "prompt": text, "ground_truth": raw["ground_truth"], "extra": raw["extra"]}
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        if not isinstance(prompt, list):
-            raise ValueError(
-                "actor_rollout_ref.rollout.multi_turn.enable=true needs chat prompts (a list of role/content "
-                f"messages under data.prompt_key), got a {type(prompt).__name__}: {str(prompt)[:60]!r}"
-            )
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable and not isinstance(prompt, list):
+        raise ValueError(
+            "actor_rollout_ref.rollout.multi_turn.enable=true needs chat prompts (a list of role/content "
+            f"messages under data.prompt_key), got a {type(prompt).__name__}: {str(prompt)[:60]!r}"
+        )
+    if isinstance(prompt, list) and (cfg.actor_rollout_ref.rollout.multi_turn.enable or cfg.rejection_sampling.enable):
+        # the environment and the template check read them; a rejection-sampling job writes them out
         record["messages"] = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
     return PromptRecord.from_mapping(record)
 

@@ -41,6 +41,7 @@ import msgspec.inspect as mi
 
 from async_rl.config import Config
 from async_rl.config.introspect import Root, root_type, unwrap
+from async_rl.config.pipeline import PipelineConfig
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.config.sft import SFTConfig
 
@@ -60,6 +61,7 @@ TREES: dict[Root, tuple[tuple[str, ...], tuple[str, ...]]] = {
     Config: (ENTRY_MODULES, RESOLVERS),
     RewardModelTrainConfig: (RM_ENTRY_MODULES, ("async_rl.config.resolve",)),
     SFTConfig: (SFT_ENTRY_MODULES, ("async_rl.config.resolve",)),
+    PipelineConfig: (("launchers.pipeline",), ()),
 }
 
 KeyPath = tuple[str, ...]

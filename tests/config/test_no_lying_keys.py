@@ -21,6 +21,7 @@ from _config_key_usage import consumed_keys, module_file, scan_repository, scan_
 
 from async_rl.config import Config, ConfigError, iter_schema, load_config, load_config_with_warnings
 from async_rl.config.introspect import Root, type_at, unwrap
+from async_rl.config.pipeline import PipelineConfig
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.config.sft import SFTConfig
 
@@ -117,6 +118,14 @@ def test_every_sft_key_is_read() -> None:
     assert "data.multiturn.messages_key" in types and "model.lora_rank" in consumed
     lying = [key for key, (tp, _) in types.items() if key not in consumed and not _single_valued(tp)]
     assert not lying, f"SFT keys documented as doing something that its run never reads: {lying}"
+
+
+def test_every_pipeline_key_is_read() -> None:
+    consumed = scan_repository(PipelineConfig)
+    types = _leaf_types(PipelineConfig)
+    assert "stages" in types and "run_dir" in consumed
+    lying = [key for key, (tp, _) in types.items() if key not in consumed and not _single_valued(tp)]
+    assert not lying, f"pipeline keys documented as doing something that launchers/pipeline.py never reads: {lying}"
 
 
 def test_aliases_land_on_the_key_they_spell(consumed: set[str]) -> None:

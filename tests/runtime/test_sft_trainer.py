@@ -87,6 +87,7 @@ def test_the_first_loss_is_the_demonstrated_tokens_nll_and_training_lowers_the_h
     summary = trainer.train()
     lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
     first, last = lines[0], lines[-1]
+    assert all(mc.record_kind(r) == "sft" and mc.unknown_keys(r, "sft") == [] for r in lines)  # every key catalogued
     assert first[mc.SFT_TRAIN_LOSS] == pytest.approx(nll / count, rel=1e-5)
     assert first[mc.SFT_TRAIN_TRAINED_TOKENS] == count
     assert last[mc.SFT_VAL_LOSS] < 0.8 * before  # validated after the last step

@@ -1,0 +1,139 @@
+"""launchers/pipeline.py: each stage's command from its kind, config and inputs; a finished stage skipped on a rerun;
+a failing stage stops the pipeline with its exit code; and end to end, SFT then RL from the SFT'd model on the tiny
+model (real torchrun, vLLM, ZeroMQ and weight sync), rerun as a no-op."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from async_rl.config.errors import ConfigError
+from async_rl.config.pipeline import load_pipeline_config
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "launchers" / "pipeline.py"
+sys.path.insert(0, str(REPO / "launchers"))
+
+import pipeline  # noqa: E402
+
+
+def _write(path: Path, run_dir: Path, stages: list[dict]) -> Path:
+    path.write_text(json.dumps({"run_dir": str(run_dir), "stages": stages}))  # JSON is YAML
+    return path
+
+
+SFT = {"name": "sft", "kind": "sft", "config": "configs/sft/tiny_arith.yaml", "nproc_per_node": 2}
+RM = {"name": "rm", "kind": "rm", "config": "configs/reward_model/tiny_toy.yaml", "overrides": ["optim.lr=1e-3"]}
+RL = {
+    "name": "rl",
+    "kind": "rl",
+    "config": "configs/smoke_grpo.yaml",
+    "inputs": {"actor_rollout_ref.model.path": "sft", "reward.reward_model.path": "rm"},
+    "actors": 1,
+}
+
+
+def test_each_stage_runs_its_entry_point_with_the_models_of_earlier_stages(tmp_path: Path) -> None:
+    cfg, _ = load_pipeline_config([str(_write(tmp_path / "p.yaml", tmp_path / "run", [SFT, RM, RL]))], [])
+    exports: dict[str, Path] = {}
+    commands = []
+    for stage in cfg.stages:
+        commands.append(pipeline.stage_command(cfg, stage, exports))
+        exports[stage.name] = tmp_path / "run" / stage.name / pipeline.EXPORT[stage.kind]
+    sft, rm, rl = commands
+    assert sft[1:] == [
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "async_rl.entrypoints.sft",
+        "--config", "configs/sft/tiny_arith.yaml", f"trainer.default_local_dir={tmp_path / 'run' / 'sft'}",
+    ]  # fmt: skip
+    assert rm[1:] == [
+        "-m",
+        "async_rl.entrypoints.train_reward_model",
+        "--config",
+        "configs/reward_model/tiny_toy.yaml",
+        "optim.lr=1e-3",
+        f"trainer.default_local_dir={tmp_path / 'run' / 'rm'}",
+    ]  # fmt: skip  (one rank: no torchrun)
+    assert rl[1:] == [
+        str(REPO / "launchers" / "local.py"), "--config", "configs/smoke_grpo.yaml", "--run-dir",
+        str(tmp_path / "run" / "rl"), "--nproc-per-node", "1", "--actors", "1",
+        f"actor_rollout_ref.model.path={tmp_path / 'run' / 'sft' / 'hf'}",
+        f"reward.reward_model.path={tmp_path / 'run' / 'rm' / 'hf'}",
+        f"trainer.default_local_dir={tmp_path / 'run' / 'rl'}",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([RL, SFT], r"stages\[0\] \('rl'\): inputs.actor_rollout_ref.model.path names 'sft', which is not an earlier"),
+        ([SFT, SFT], r"stages\[1\] \('sft'\): the name is used by an earlier stage"),
+        ([{**SFT, "actors": 2}], r"actors is set but a 'sft' stage runs no actors"),
+        ([], "a pipeline needs at least one stage"),
+    ],
+)
+def test_a_bad_pipeline_is_refused_naming_the_stage(tmp_path: Path, stages: list[dict], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline_config([str(_write(tmp_path / "p.yaml", tmp_path / "run", stages))], [])
+
+
+def test_a_finished_stage_is_skipped_and_a_failing_one_stops_the_pipeline(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "sft").mkdir(parents=True)
+    (run / "sft" / pipeline.DONE_FILE).write_text(json.dumps({"export": str(run / "sft" / "hf")}))
+    broken = {**SFT, "name": "again", "nproc_per_node": 1, "overrides": ["data.max_lenght=5"]}  # a typo: exit 2
+    after = {**SFT, "name": "never", "nproc_per_node": 1}
+    path = _write(tmp_path / "p.yaml", run, [SFT, broken, after])
+    done = subprocess.run(
+        [sys.executable, str(LAUNCHER), "--config", str(path)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "stage 1/3 sft: finished before" in done.stderr
+    assert "stage again failed with exit code 2" in done.stderr and "did you mean `data.max_length`?" in done.stderr
+    assert "stage 3/3" not in done.stderr and not (run / "again" / pipeline.DONE_FILE).exists()
+
+
+@pytest.mark.slow
+def test_sft_then_rl_from_the_sft_model_end_to_end(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sft = {**SFT, "nproc_per_node": 1, "overrides": ["trainer.total_training_steps=20", "trainer.logger=[jsonl]"]}
+    rl = {
+        "name": "rl",
+        "kind": "rl",
+        "config": "configs/smoke_grpo.yaml",
+        "inputs": {"actor_rollout_ref.model.path": "sft"},
+        "overrides": ["trainer.total_training_steps=2", "data.train_batch_size=4"],
+        "actors": 1,
+    }
+    path = _write(tmp_path / "p.yaml", run, [sft, rl])
+    cmd = [sys.executable, str(LAUNCHER), "--config", str(path)]
+    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    sft_lines = [json.loads(x) for x in (run / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in sft_lines] == list(range(1, 21))
+    rl_lines = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rl_lines if "val/version" not in r] == [1, 2]
+    learner_log = (run / "rl" / "logs" / "learner.log").read_text()
+    assert str(run / "sft" / "hf") in learner_log  # the RL stage's policy is the SFT stage's export
+    for name in ("sft", "rl"):
+        record = json.loads((run / name / pipeline.DONE_FILE).read_text())
+        assert Path(record["export"], "config.json").is_file() and record["seconds"] > 0
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0
+    assert "stage 1/2 sft: finished before" in again.stderr and "stage 2/2 rl: finished before" in again.stderr
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "pipelines").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_pipeline_loads_with_stage_configs_that_validate(path: Path) -> None:
+    from async_rl.config import load_config
+    from async_rl.config.reward_model_train import load_reward_model_config
+    from async_rl.config.sft import load_sft_config
+
+    cfg, _ = load_pipeline_config([str(path)], [])
+    loaders = {"sft": load_sft_config, "rm": load_reward_model_config, "rl": lambda p, o: (load_config(p, o), [])}
+    for stage in cfg.stages:
+        inputs = [f"{key}=builtin:tiny-arith" for key in stage.inputs]  # any model path parses
+        loaders[stage.kind]([str(REPO / stage.config)], [*stage.overrides, *inputs])

@@ -1,0 +1,32 @@
+"""Which samples a rejection-sampling job keeps, and the config rules of the job."""
+
+from __future__ import annotations
+
+import pytest
+
+from async_rl.config import load_config
+from async_rl.config.errors import ConfigError
+from async_rl.runtime.rejection_sampling import select_samples
+
+
+def test_samples_at_the_threshold_are_kept_best_k_highest_first_in_sample_order() -> None:
+    scores = [0.0, 1.0, 0.5, 1.0, 0.9]
+    assert select_samples(scores, threshold=1.0, best_k=None) == [1, 3]
+    assert select_samples(scores, threshold=0.5, best_k=None) == [1, 2, 3, 4]
+    assert select_samples(scores, threshold=0.5, best_k=2) == [1, 3]  # the two 1.0s
+    assert select_samples(scores, threshold=0.5, best_k=3) == [1, 3, 4]  # then 0.9, written in sample order
+    assert select_samples(scores, threshold=-1.0, best_k=1) == [1]  # a tie goes to the earlier sample
+    assert select_samples(scores, threshold=2.0, best_k=None) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.n_gpus_per_node=2"], r"runs one learner process .* \(got 2 processes\)"),
+        (["actor_rollout_ref.rollout.multi_turn.enable=true"], "multi_turn.enable=true is not supported"),
+        (["rejection_sampling.output=kept.parquet"], "rejection_sampling.output must be a .jsonl file"),
+    ],
+)
+def test_a_generation_job_refuses_what_it_cannot_do_naming_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["rejection_sampling.enable=true", "trainer.n_gpus_per_node=1", *overrides])

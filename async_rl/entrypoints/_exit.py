@@ -1,4 +1,4 @@
-"""How a finished learner-side process reports and exits."""
+"""How a learner-side process starts from its config tree, reports and exits."""
 
 from __future__ import annotations
 
@@ -7,7 +7,35 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import msgspec
+
+from async_rl.config.cli import parse_tree_cli
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+def tree_main(
+    root: type[T],
+    validate: Callable[[T], list[str]],
+    argv: Sequence[str] | None,
+    *,
+    dry_run: Callable[[T], int],
+    run: Callable[[T], dict[str, Any]],
+) -> int:
+    """A supervised job's command line: parse and validate ``root``'s tree (bad keys exit 2 naming them),
+    ``--dry-run`` and ``--print-config``, quiet ranks other than 0, then ``run`` and :func:`report` its summary."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg, flags = parse_tree_cli(root, validate, argv, exit_on_error=True)
+    if flags.dry_run:
+        return dry_run(cfg)
+    if flags.print_config:
+        return 0
+    if os.environ.get("RANK", "0") != "0":
+        logging.getLogger().setLevel(logging.WARNING)  # one rank's log lines are enough
+    return report(run(cfg))
 
 
 def report(summary: dict[str, Any]) -> int:

@@ -17,12 +17,9 @@ one (``trainer.resume_mode=auto``). On SIGTERM every rank stops after its curren
 from __future__ import annotations
 
 import json
-import logging
-import os
 
-from async_rl.config.cli import parse_tree_cli
 from async_rl.config.reward_model_train import RewardModelTrainConfig, validate_reward_model_config
-from async_rl.entrypoints._exit import exit_without_finalization, report
+from async_rl.entrypoints._exit import exit_without_finalization, tree_main
 
 
 def dry_run(cfg: RewardModelTrainConfig) -> int:
@@ -52,17 +49,13 @@ def dry_run(cfg: RewardModelTrainConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg, flags = parse_tree_cli(RewardModelTrainConfig, validate_reward_model_config, argv, exit_on_error=True)
-    if flags.dry_run:
-        return dry_run(cfg)
-    if flags.print_config:
-        return 0
-    if os.environ.get("RANK", "0") != "0":
-        logging.getLogger().setLevel(logging.WARNING)  # one rank's log lines are enough
-    from async_rl.runtime.reward_model_trainer import run_reward_model_training
+    return tree_main(RewardModelTrainConfig, validate_reward_model_config, argv, dry_run=dry_run, run=_run)
 
-    return report(run_reward_model_training(cfg))
+
+def _run(cfg: RewardModelTrainConfig) -> dict[str, object]:
+    from async_rl.runtime import reward_model_trainer
+
+    return reward_model_trainer.run_reward_model_training(cfg)
 
 
 if __name__ == "__main__":

@@ -20,20 +20,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from async_rl import metric_catalog as mc
 from async_rl.algorithms import bradley_terry_loss, pair_stats
 from async_rl.config.reward_model_train import RewardModelTrainConfig
-from async_rl.learner.checkpoint import load_trained, save_trained
 from async_rl.learner.dist import DistContext
-from async_rl.learner.export import export_hf
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer, guarded_step
 from async_rl.learner.precision import resolve_compute_dtype
+from async_rl.learner.supervised import SupervisedModel
 from async_rl.learner.update import TrainedModel
 
 __all__ = ["PairScores", "RewardModel", "pad_right"]
@@ -73,7 +70,7 @@ class PairScores:
         }
 
 
-class RewardModel:
+class RewardModel(SupervisedModel):
     """One rank's reward model: ``train_step`` on a batch of pairs, ``score_pairs`` for evaluation, ``export``."""
 
     def __init__(
@@ -105,10 +102,6 @@ class RewardModel:
             max_norm=cfg.optim.clip_grad,
             name="reward_model",
         )
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.trained.model
 
     def _scores(self, seqs: Sequence[Sequence[int]]) -> torch.Tensor:
         """Scores ``[N]`` (float32, on the device) of right-padded sequences, in one forward."""
@@ -191,19 +184,3 @@ class RewardModel:
         gathered = ctx.all_gather(local).cpu()  # [W * per_rank, 2]: rank-major
         order = gathered.reshape(ctx.world_size, per_rank, 2).transpose(0, 1).reshape(-1, 2)[:n]  # pair i = k*W + r
         return PairScores(order[:, 0].contiguous(), order[:, 1].contiguous())
-
-    def save_checkpoint(self, root: str | Path, *, step: int, extra: dict[str, Any], keep_last: int | None) -> Path:
-        """Model, optimizer, schedule, guard and RNG states after ``step`` steps, with the caller's ``extra`` (the data
-        cursor), as ``<root>/step_<step>`` (:func:`~async_rl.learner.checkpoint.save_trained`); every rank calls it."""
-        return save_trained(
-            self.ctx, {"reward_model": self.trained}, root, step=step, fields={"extra": extra}, keep_last=keep_last
-        )
-
-    def load_checkpoint(self, path: str | Path) -> tuple[int, dict[str, Any]]:
-        """Restore from a committed checkpoint (every rank); returns its step and the saved ``extra``."""
-        meta = load_trained(self.ctx, {"reward_model": self.trained}, path)
-        return int(meta["version"]), dict(meta["extra"])
-
-    def export(self, out_dir: str | Path) -> Path:
-        """The full model as a Hugging Face sequence-classification directory (fp32); call on every rank."""
-        return export_hf(self.model, self.ctx, out_dir, dtype=None)

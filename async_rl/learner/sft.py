@@ -17,8 +17,6 @@ step's gradient is then that of the token mean over the whole batch, whatever th
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -26,20 +24,19 @@ from async_rl import metric_catalog as mc
 from async_rl.algorithms import sft_loss
 from async_rl.config.sft import SFTConfig
 from async_rl.learner.batching import RolloutBatch
-from async_rl.learner.checkpoint import load_trained, save_trained
 from async_rl.learner.dist import DistContext
-from async_rl.learner.export import export_hf
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer, guarded_step
 from async_rl.learner.policy import build_micro_inputs, response_log_probs
 from async_rl.learner.precision import resolve_compute_dtype
+from async_rl.learner.supervised import SupervisedModel
 from async_rl.learner.update import TrainedModel
 from async_rl.peft_format import LoRASpec
 
 __all__ = ["SFTModel"]
 
 
-class SFTModel:
+class SFTModel(SupervisedModel):
     """One rank's model under SFT: ``train_step`` on a batch, ``nll`` for validation, checkpoints, ``export``."""
 
     def __init__(self, cfg: SFTConfig, ctx: DistContext, source: ModelSource, *, run_steps: int) -> None:
@@ -73,10 +70,6 @@ class SFTModel:
             max_norm=cfg.optim.clip_grad,
             name="sft",
         )
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.trained.model
 
     def _log_probs(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs ``[b, T]`` of the rows' response tokens (packed), and their loss mask on the same device."""
@@ -146,19 +139,3 @@ class SFTModel:
         self.model.train()
         total = ctx.all_reduce(sums, "sum")
         return float(total[0]), float(total[1])
-
-    def save_checkpoint(self, root: str | Path, *, step: int, extra: dict[str, Any], keep_last: int | None) -> Path:
-        """Model, optimizer, schedule, guard and RNG states after ``step`` steps, with the caller's ``extra`` (the data
-        cursor), as ``<root>/step_<step>`` (:func:`~async_rl.learner.checkpoint.save_trained`); every rank calls it."""
-        return save_trained(
-            self.ctx, {"sft": self.trained}, root, step=step, fields={"extra": extra}, keep_last=keep_last
-        )
-
-    def load_checkpoint(self, path: str | Path) -> tuple[int, dict[str, Any]]:
-        """Restore from a committed checkpoint (every rank); returns its step and the saved ``extra``."""
-        meta = load_trained(self.ctx, {"sft": self.trained}, path)
-        return int(meta["version"]), dict(meta["extra"])
-
-    def export(self, out_dir: str | Path) -> Path:
-        """The full model as a Hugging Face causal-LM directory (fp32; LoRA adapters merged); every rank calls it."""
-        return export_hf(self.model, self.ctx, out_dir, dtype=None)

@@ -10,7 +10,7 @@ empty, a model that stopped at once, is left out and counted), and written to th
 ``async_rl.entrypoints.sft`` reads as they are::
 
     {"prompt": <the prompt: its text, or its chat messages>, "response": "<the sample's text>", "score": 1.0,
-     "prompt_id": 17, "sample": 3, "ground_truth": "71"}
+     "prompt_id": 17, "sample": 3, "finish_reason": "stop", "ground_truth": "71"}
 
 **Exactly once, across restarts.** After every ``async_training.checkpoint.save_every_n_steps`` batches (and at the
 end, and on SIGTERM) a checkpoint holds the coordinator's ledger and the number of rows written
@@ -178,6 +178,7 @@ class RejectionSampler:
                     "score": scores[j],
                     "prompt_id": group.prompt_id,
                     "sample": j,
+                    "finish_reason": group.completions[j].finish_reason,  # "length": cut at max_response_length
                     "ground_truth": extras.get("ground_truth"),
                 }
             )

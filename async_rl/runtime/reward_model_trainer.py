@@ -31,7 +31,7 @@ from async_rl.rewards.model_score import REWARD_STATS_FILE, TURN_END_KEY
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop
 from async_rl.runtime.rank_run import run_rank
-from async_rl.runtime.supervised import EXPORT_DIR, SupervisedLoop, load_tokenizer, supervised_run_dir
+from async_rl.runtime.supervised import EXPORT_DIR, SupervisedLoop, console_line, load_tokenizer, supervised_run_dir
 
 if TYPE_CHECKING:
     from async_rl.learner.reward_model import PairScores
@@ -55,9 +55,7 @@ _CONSOLE: tuple[tuple[str, str, str], ...] = (
 
 def format_rm_line(step: int, total: int, metrics: dict[str, float]) -> str:
     """``step 3/20 | loss 0.6931 | acc 0.500 | ...`` (keys a step does not have are left out)."""
-    parts = [f"step {step}/{total}"]
-    parts += [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in _CONSOLE if key in metrics]
-    return " | ".join(parts)
+    return console_line(step, total, metrics, _CONSOLE)
 
 
 def run_dir(cfg: RewardModelTrainConfig) -> Path:

@@ -22,7 +22,7 @@ from async_rl.config.sft import SFTConfig
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop
 from async_rl.runtime.rank_run import run_rank
-from async_rl.runtime.supervised import EXPORT_DIR, SupervisedLoop, load_tokenizer, supervised_run_dir
+from async_rl.runtime.supervised import EXPORT_DIR, SupervisedLoop, console_line, load_tokenizer, supervised_run_dir
 
 __all__ = ["SFTTrainer", "format_sft_line", "run_sft"]
 
@@ -41,9 +41,7 @@ _CONSOLE: tuple[tuple[str, str, str], ...] = (
 
 def format_sft_line(step: int, total: int, metrics: dict[str, float]) -> str:
     """``step 3/20 | loss 1.2345 | ...`` (keys a step does not have are left out)."""
-    parts = [f"step {step}/{total}"]
-    parts += [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in _CONSOLE if key in metrics]
-    return " | ".join(parts)
+    return console_line(step, total, metrics, _CONSOLE)
 
 
 class SFTTrainer(SupervisedLoop):

@@ -33,7 +33,7 @@ from async_rl.config.sft import SFTDataConfig
 from async_rl.config.supervised import SupervisedTrainerConfig
 from async_rl.runtime.graceful_stop import GracefulStop
 
-__all__ = ["CHECKPOINT_DIR", "EXPORT_DIR", "SupervisedLoop", "load_tokenizer", "supervised_run_dir"]
+__all__ = ["CHECKPOINT_DIR", "EXPORT_DIR", "SupervisedLoop", "console_line", "load_tokenizer", "supervised_run_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,16 @@ class _Checkpointed(Protocol):
     def save_checkpoint(self, root: str | Path, *, step: int, extra: dict[str, Any], keep_last: int | None) -> Path: ...
 
     def load_checkpoint(self, path: str | Path) -> tuple[int, dict[str, Any]]: ...
+
+
+Column = tuple[str, str, str]  # (label, metric key, format) of one column of a step's console line
+
+
+def console_line(step: int, total: int, metrics: dict[str, float], columns: tuple[Column, ...]) -> str:
+    """``step 3/20 | loss 0.6931 | ...``: the ``columns`` the step's metrics have (the others are left out)."""
+    parts = [f"step {step}/{total}"]
+    parts += [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in columns if key in metrics]
+    return " | ".join(parts)
 
 
 def supervised_run_dir(trainer: SupervisedTrainerConfig) -> Path:

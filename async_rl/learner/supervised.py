@@ -1,0 +1,44 @@
+"""What the supervised jobs' models share (the reward model, the SFT model): one trained model (``self.trained``, a
+:class:`~async_rl.learner.update.TrainedModel`) saved and restored through the learner's checkpoint code under one
+name, with the job's data cursor as ``extra``, and exported as a Hugging Face directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from async_rl.learner.checkpoint import load_trained, save_trained
+from async_rl.learner.dist import DistContext
+from async_rl.learner.export import export_hf
+from async_rl.learner.update import TrainedModel
+
+__all__ = ["SupervisedModel"]
+
+
+class SupervisedModel:
+    """Base of a supervised job's model: a subclass sets ``ctx`` and ``trained`` (``trained.name`` names it in the
+    checkpoint)."""
+
+    ctx: DistContext
+    trained: TrainedModel
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trained.model
+
+    def save_checkpoint(self, root: str | Path, *, step: int, extra: dict[str, Any], keep_last: int | None) -> Path:
+        """Model, optimizer, schedule, guard and RNG states after ``step`` steps, with the caller's ``extra`` (the data
+        cursor), as ``<root>/step_<step>`` (:func:`~async_rl.learner.checkpoint.save_trained`); every rank calls it."""
+        trained = {self.trained.name: self.trained}
+        return save_trained(self.ctx, trained, root, step=step, fields={"extra": extra}, keep_last=keep_last)
+
+    def load_checkpoint(self, path: str | Path) -> tuple[int, dict[str, Any]]:
+        """Restore from a committed checkpoint (every rank); returns its step and the saved ``extra``."""
+        meta = load_trained(self.ctx, {self.trained.name: self.trained}, path)
+        return int(meta["version"]), dict(meta["extra"])
+
+    def export(self, out_dir: str | Path) -> Path:
+        """The full model as a Hugging Face directory (fp32; LoRA adapters merged); every rank calls it."""
+        return export_hf(self.model, self.ctx, out_dir, dtype=None)

@@ -544,6 +544,13 @@ def collect_warnings(cfg: Config) -> list[str]:
             f"algorithm.rollout_correction.bypass_mode=true replaces {ARR}.actor.policy_loss.loss_mode"
             f"={actor.policy_loss.loss_mode!r} by PPO clip or REINFORCE (loss_type), as verl does"
         )
+    if cfg.rejection_sampling.enable and (
+        cfg.trainer.total_training_steps is not None or cfg.trainer.total_epochs != 1
+    ):
+        warnings.append(
+            "trainer.total_training_steps and trainer.total_epochs are ignored by a rejection-sampling job: it"
+            " generates one pass over data.train_files"
+        )
     shaped = ro.temperature != 1.0 or ro.top_p < 1.0 or ro.top_k != -1
     if at.actor.logprobs_mode == "raw" and (weighted or rc.bypass_mode) and shaped:
         warnings.append(
@@ -568,6 +575,11 @@ def _check_rejection_sampling(cfg: Config, errors: list[str]) -> None:
         errors.append("rejection_sampling.enable=true writes single exchanges: multi_turn.enable=true is not supported")
     if rs.output is not None and not rs.output.endswith(".jsonl"):
         errors.append(f"rejection_sampling.output must be a .jsonl file, got {rs.output!r}")
+    if cfg.trainer.resume_mode == "resume_path":
+        errors.append(
+            "rejection_sampling.enable=true resumes from its own run directory only: set trainer.resume_mode=auto"
+            " (or disable)"
+        )
 
 
 def validate_config(cfg: Config) -> list[str]:

@@ -86,7 +86,8 @@ class Trainer:
         if ctx.rank == 0:
             arr = cfg.actor_rollout_ref
             logger.info(
-                "%s; shared prompts %s",
+                "policy %s; %s; shared prompts %s",
+                policy_path,
                 precision_line(
                     arr.actor.fsdp_config.mixed_precision.param_dtype,
                     arr.rollout.dtype,

@@ -117,7 +117,9 @@ def test_sft_then_rl_from_the_sft_model_end_to_end(tmp_path: Path) -> None:
     rl_lines = [json.loads(x) for x in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rl_lines if "val/version" not in r] == [1, 2]
     learner_log = (run / "rl" / "logs" / "learner.log").read_text()
-    assert str(run / "sft" / "hf") in learner_log  # the RL stage's policy is the SFT stage's export
+    actor_log = (run / "rl" / "logs" / "actor-0.log").read_text()
+    assert f"policy {run / 'sft' / 'hf'};" in learner_log  # the RL stage's policy is the SFT stage's export ...
+    assert f"Starting to load model {run / 'sft' / 'hf'}" in actor_log  # ... on the learner and in vLLM
     for name in ("sft", "rl"):
         record = json.loads((run / name / pipeline.DONE_FILE).read_text())
         assert Path(record["export"], "config.json").is_file() and record["seconds"] > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from async_rl.config import load_config
+from async_rl.config import load_config, load_config_with_warnings
 from async_rl.config.errors import ConfigError
 from async_rl.runtime.rejection_sampling import select_samples
 
@@ -25,8 +25,20 @@ def test_samples_at_the_threshold_are_kept_best_k_highest_first_in_sample_order(
         (["trainer.n_gpus_per_node=2"], r"runs one learner process .* \(got 2 processes\)"),
         (["actor_rollout_ref.rollout.multi_turn.enable=true"], "multi_turn.enable=true is not supported"),
         (["rejection_sampling.output=kept.parquet"], "rejection_sampling.output must be a .jsonl file"),
+        (
+            ["trainer.resume_mode=resume_path", "trainer.resume_from_path=x"],
+            "resumes from its own run directory only",
+        ),
     ],
 )
 def test_a_generation_job_refuses_what_it_cannot_do_naming_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["rejection_sampling.enable=true", "trainer.n_gpus_per_node=1", *overrides])
+
+
+def test_run_length_keys_warn_that_a_generation_job_ignores_them() -> None:
+    base = ["rejection_sampling.enable=true", "trainer.n_gpus_per_node=1"]
+    _, quiet = load_config_with_warnings(None, base)
+    _, warned = load_config_with_warnings(None, [*base, "trainer.total_training_steps=16"])
+    assert not [w for w in quiet if "rejection-sampling job" in w]
+    assert [w for w in warned if w.startswith("trainer.total_training_steps and trainer.total_epochs are ignored")]

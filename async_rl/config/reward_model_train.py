@@ -17,12 +17,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from async_rl.config.common import MixedPrecisionConfig
 from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegFloat, PosInt, doc
 from async_rl.config.loader import load_tree_with_warnings
 from async_rl.config.resolve import resolve_optim
-from async_rl.config.supervised import SupervisedOptimConfig, SupervisedTrainerConfig
+from async_rl.config.supervised import SupervisedModelConfig, SupervisedOptimConfig, SupervisedTrainerConfig
 from async_rl.config.validate import model_path_error, optim_errors, resume_error
 
 BUILTIN_PREFERENCES = "builtin:arith-prefs"
@@ -81,7 +80,7 @@ class RewardDataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     seed: Annotated[int, doc("Seed of the shuffle.")] = 1
 
 
-class RewardModelModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class RewardModelModelConfig(SupervisedModelConfig, kw_only=True, forbid_unknown_fields=True):
     """The reward model: a causal-LM checkpoint's trunk plus a fresh one-output score head."""
 
     path: Annotated[
@@ -91,13 +90,6 @@ class RewardModelModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
             " the tiny model built in code, 'builtin:smollm2-135m-instruct' = SmolLM2-135M-Instruct."
         ),
     ] = "builtin:tiny-arith"
-    custom_chat_template: Annotated[
-        str | None, doc("Jinja chat template replacing the tokenizer's (null = the tokenizer's own).")
-    ] = None
-    enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward (less memory).")] = False
-    mixed_precision: Annotated[
-        MixedPrecisionConfig, doc("Compute precision (param_dtype: 'auto', 'bf16' or 'fp32'; as the RL learner's).")
-    ] = msgspec.field(default_factory=MixedPrecisionConfig)
 
 
 class RewardModelOptimConfig(SupervisedOptimConfig, kw_only=True, forbid_unknown_fields=True):

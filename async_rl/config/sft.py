@@ -16,13 +16,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from async_rl.config.common import MixedPrecisionConfig
 from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegFloat, NonNegInt, PosFloat, PosInt, Prob, doc
 from async_rl.config.loader import load_tree_with_warnings
 from async_rl.config.names import LRSchedule
 from async_rl.config.resolve import resolve_optim
-from async_rl.config.supervised import SupervisedOptimConfig, SupervisedTrainerConfig
+from async_rl.config.supervised import SupervisedModelConfig, SupervisedOptimConfig, SupervisedTrainerConfig
 from async_rl.config.validate import model_path_error, optim_errors, resume_error
 
 BUILTIN_ARITH_SFT = "builtin:arith-sft"
@@ -95,7 +94,7 @@ class SFTDataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seed: Annotated[int, doc("Seed of the shuffle and of the builtin sets.")] = 1
 
 
-class SFTModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class SFTModelConfig(SupervisedModelConfig, kw_only=True, forbid_unknown_fields=True):
     """The model to fine-tune, and how."""
 
     partial_pretrain: Annotated[
@@ -105,10 +104,6 @@ class SFTModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             " tiny model built in code, 'builtin:smollm2-135m-instruct' = SmolLM2-135M-Instruct."
         ),
     ] = "builtin:tiny-arith"
-    custom_chat_template: Annotated[
-        str | None, doc("Jinja chat template replacing the tokenizer's (null = the tokenizer's own).")
-    ] = None
-    enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward (less memory).")] = False
     lora_rank: Annotated[
         NonNegInt, doc("LoRA rank: > 0 trains low-rank adapters on the frozen model; 0 = full fine-tuning.")
     ] = 0
@@ -117,9 +112,6 @@ class SFTModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str | list[str],
         doc("Linear layers that get adapters: 'all-linear' (every one but the output layer) or module names."),
     ] = "all-linear"
-    mixed_precision: Annotated[
-        MixedPrecisionConfig, doc("Compute precision (param_dtype: 'auto', 'bf16' or 'fp32'; as the RL learner's).")
-    ] = msgspec.field(default_factory=MixedPrecisionConfig)
 
 
 class SFTOptimConfig(SupervisedOptimConfig, kw_only=True, forbid_unknown_fields=True):

@@ -12,9 +12,21 @@ from typing import Annotated
 
 import msgspec
 
-from async_rl.config.common import OptimConfig
+from async_rl.config.common import MixedPrecisionConfig, OptimConfig
 from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, doc
 from async_rl.config.names import LoggerBackend, ResumeMode
+
+
+class SupervisedModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How the model is run: its chat template, activation checkpointing and precision (a job adds which model)."""
+
+    custom_chat_template: Annotated[
+        str | None, doc("Jinja chat template replacing the tokenizer's (null = the tokenizer's own).")
+    ] = None
+    enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward (less memory).")] = False
+    mixed_precision: Annotated[
+        MixedPrecisionConfig, doc("Compute precision (param_dtype: 'auto', 'bf16' or 'fp32'; as the RL learner's).")
+    ] = msgspec.field(default_factory=MixedPrecisionConfig)
 
 
 class SupervisedOptimConfig(OptimConfig, kw_only=True, forbid_unknown_fields=True):
@@ -90,4 +102,4 @@ class SupervisedTrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_field
     collective_timeout_s: Annotated[PosFloat, doc("How long a collective may wait for the other ranks.")] = 600.0
 
 
-__all__ = ["SupervisedOptimConfig", "SupervisedTrainerConfig"]
+__all__ = ["SupervisedModelConfig", "SupervisedOptimConfig", "SupervisedTrainerConfig"]

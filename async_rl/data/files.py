@@ -8,6 +8,7 @@ The result is a list of plain dicts ``{"prompt", "ground_truth", "extra"}``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,23 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
 def load_prompt_records(path: str | Path, prompt_key: str) -> list[dict[str, Any]]:
     """Read a jsonl or parquet prompt file; errors name the file, line (or row) and missing key."""
     return [_record(raw, prompt_key, where) for where, raw in read_rows(path)]
+
+
+Messages = list[dict[str, str]]
+
+
+def read_messages(value: Any, where: str, key: str) -> Messages:
+    """Field ``key`` of the record at ``where`` as chat messages: a non-empty list of objects with string ``role`` and
+    ``content`` (other fields dropped); a ``ValueError`` naming the place otherwise."""
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            f"{where}: field {key!r} is an empty message list"
+            if value == []
+            else f"{where}: field {key!r} must be a non-empty list of messages"
+        )
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}: field {key!r} message {i} must be an object with string 'role' and 'content'")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out

@@ -26,12 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from async_rl.config.reward_model_train import BUILTIN_PREFERENCES, BUILTIN_PREFERENCES_CHAT, RewardDataConfig
-from async_rl.data.files import read_rows
+from async_rl.data.files import Messages, read_messages, read_rows
 from async_rl.data.toy_preferences import make_toy_preferences
 
 __all__ = ["PreferencePair", "TokenizedPairs", "load_pairs", "parse_pair", "tokenize_pairs", "turn_end_ids"]
-
-Messages = list[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -60,17 +58,6 @@ class TokenizedPairs:
         return len(self.chosen)
 
 
-def _messages(value: Any, where: str, key: str) -> Messages:
-    if not value:
-        raise ValueError(f"{where}: field {key!r} is an empty message list")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: field {key!r} message {i} must be an object with string 'role' and 'content'")
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
-
-
 def _response(value: Any, where: str, key: str, chat_prompt: bool) -> str | Messages:
     if value is None:
         raise ValueError(f"{where}: record has no field {key!r}")
@@ -82,7 +69,7 @@ def _response(value: Any, where: str, key: str, chat_prompt: bool) -> str | Mess
         raise ValueError(f"{where}: field {key!r} must be a string or a list of messages, got {type(value).__name__}")
     if not chat_prompt:
         raise ValueError(f"{where}: field {key!r} is a message list but the prompt is plain text; use one form")
-    messages = _messages(value, where, key)
+    messages = read_messages(value, where, key)
     if messages[-1]["role"] != "assistant":
         raise ValueError(f"{where}: field {key!r} must end with an assistant message, got {messages[-1]['role']!r}")
     return messages
@@ -98,7 +85,7 @@ def parse_pair(raw: Mapping[str, Any], where: str, d: RewardDataConfig) -> Prefe
     elif isinstance(value, str):
         prompt = value
     elif isinstance(value, list):
-        prompt = _messages(value, where, d.prompt_key)
+        prompt = read_messages(value, where, d.prompt_key)
     else:
         raise ValueError(
             f"{where}: field {d.prompt_key!r} must be a string or a list of messages, got {type(value).__name__}"

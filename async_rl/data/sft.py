@@ -32,12 +32,10 @@ from async_rl.actor.chat_render import ChatRenderer
 from async_rl.config.actor_rollout_ref import MultiTurnConfig
 from async_rl.config.sft import BUILTIN_ARITH_SFT, BUILTIN_ARITH_SFT_CHAT, BUILTIN_CALCULATOR_SFT, SFTDataConfig
 from async_rl.data.arith import ARITH_EVAL_SIZE, ARITH_TRAIN_SIZE, make_arith_problems, make_chat_arith_problems
-from async_rl.data.files import read_rows
+from async_rl.data.files import Messages, read_messages, read_rows
 from async_rl.envs.calculator import CalculatorEnv, make_calculator_transcripts
 
 __all__ = ["SFTExample", "TokenizedSFT", "load_sft_records", "render_conversation", "tokenize_sft"]
-
-Messages = list[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -72,23 +70,12 @@ class _Record:
     where: str
 
 
-def _messages(value: Any, where: str, key: str) -> Messages:
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: field {key!r} must be a non-empty list of messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}: field {key!r} message {i} must be an object with string 'role' and 'content'")
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
-
-
 def _parse(raw: Mapping[str, Any], where: str, d: SFTDataConfig) -> _Record:
     if d.multiturn.enable:
         key = d.multiturn.messages_key
         if key not in raw:
             raise ValueError(f"{where}: record has no field {key!r} (data.multiturn.messages_key)")
-        messages = _messages(raw[key], where, key)
+        messages = read_messages(raw[key], where, key)
         if not any(m["role"] == "assistant" for m in messages):
             raise ValueError(f"{where}: field {key!r} has no assistant message to train on")
         if messages[0]["role"] == "assistant":
@@ -103,7 +90,7 @@ def _parse(raw: Mapping[str, Any], where: str, d: SFTDataConfig) -> _Record:
     prompt = raw[d.prompt_key]
     if isinstance(prompt, str):
         return _Record(prompt, response, where)
-    messages = _messages(prompt, where, d.prompt_key)
+    messages = read_messages(prompt, where, d.prompt_key)
     if messages[-1]["role"] == "assistant":
         raise ValueError(f"{where}: field {d.prompt_key!r} ends with an assistant message; the response is its reply")
     return _Record([*messages, {"role": "assistant", "content": response}], None, where)

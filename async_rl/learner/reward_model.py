@@ -28,10 +28,9 @@ from async_rl.algorithms import bradley_terry_loss, pair_stats
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.learner.dist import DistContext
 from async_rl.learner.model import ModelSource, build_model
-from async_rl.learner.optim import NonFiniteGuard, build_optimizer, guarded_step
+from async_rl.learner.optim import guarded_step
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.supervised import SupervisedModel
-from async_rl.learner.update import TrainedModel
 
 __all__ = ["PairScores", "RewardModel", "pad_right"]
 
@@ -93,15 +92,7 @@ class RewardModel(SupervisedModel):
         if config is not None:  # FSDP2 subclasses the model as FSDP<name>; the export names the HF class
             config.architectures = [type(model).__name__.removeprefix("FSDP")]
             config.pad_token_id = pad_token_id
-        optimizer, scheduler = build_optimizer(model, cfg.optim, run_steps=run_steps, section="optim")
-        self.trained = TrainedModel(
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            guard=NonFiniteGuard(cfg.trainer.max_consecutive_nonfinite),
-            max_norm=cfg.optim.clip_grad,
-            name="reward_model",
-        )
+        self._train(model, cfg.optim, cfg.trainer, run_steps=run_steps, name="reward_model")
 
     def _scores(self, seqs: Sequence[Sequence[int]]) -> torch.Tensor:
         """Scores ``[N]`` (float32, on the device) of right-padded sequences, in one forward."""

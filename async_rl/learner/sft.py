@@ -26,11 +26,10 @@ from async_rl.config.sft import SFTConfig
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
 from async_rl.learner.model import ModelSource, build_model
-from async_rl.learner.optim import NonFiniteGuard, build_optimizer, guarded_step
+from async_rl.learner.optim import guarded_step
 from async_rl.learner.policy import build_micro_inputs, response_log_probs
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.supervised import SupervisedModel
-from async_rl.learner.update import TrainedModel
 from async_rl.peft_format import LoRASpec
 
 __all__ = ["SFTModel"]
@@ -61,15 +60,7 @@ class SFTModel(SupervisedModel):
             gradient_checkpointing=m.enable_gradient_checkpointing,
             lora=lora,
         )
-        optimizer, scheduler = build_optimizer(model, cfg.optim, run_steps=run_steps, section="optim")
-        self.trained = TrainedModel(
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            guard=NonFiniteGuard(cfg.trainer.max_consecutive_nonfinite),
-            max_norm=cfg.optim.clip_grad,
-            name="sft",
-        )
+        self._train(model, cfg.optim, cfg.trainer, run_steps=run_steps, name="sft")
 
     def _log_probs(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs ``[b, T]`` of the rows' response tokens (packed), and their loss mask on the same device."""

@@ -9,20 +9,43 @@ from typing import Any
 
 import torch
 
+from async_rl.config.supervised import SupervisedOptimConfig, SupervisedTrainerConfig
 from async_rl.learner.checkpoint import load_trained, save_trained
 from async_rl.learner.dist import DistContext
 from async_rl.learner.export import export_hf
+from async_rl.learner.optim import NonFiniteGuard, build_optimizer
 from async_rl.learner.update import TrainedModel
 
 __all__ = ["SupervisedModel"]
 
 
 class SupervisedModel:
-    """Base of a supervised job's model: a subclass sets ``ctx`` and ``trained`` (``trained.name`` names it in the
-    checkpoint)."""
+    """Base of a supervised job's model: a subclass sets ``ctx`` and builds its model, then calls :meth:`_train`
+    (``name`` names it in the checkpoint)."""
 
     ctx: DistContext
     trained: TrainedModel
+
+    def _train(
+        self,
+        model: torch.nn.Module,
+        optim: SupervisedOptimConfig,
+        trainer: SupervisedTrainerConfig,
+        *,
+        run_steps: int,
+        name: str,
+    ) -> None:
+        """Make ``model`` the trained one: the learner's AdamW and schedule from ``optim`` over ``run_steps``, its
+        gradient clip (``optim.clip_grad``) and non-finite guard (``trainer.max_consecutive_nonfinite``)."""
+        optimizer, scheduler = build_optimizer(model, optim, run_steps=run_steps, section="optim")
+        self.trained = TrainedModel(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            guard=NonFiniteGuard(trainer.max_consecutive_nonfinite),
+            max_norm=optim.clip_grad,
+            name=name,
+        )
 
     @property
     def model(self) -> torch.nn.Module:

@@ -1,11 +1,14 @@
-"""Helpers shared by the end-to-end tests: the launcher command line, reading a run's JSONL files, free ports, and the
-checks every run's metrics.jsonl must pass (conftest.py runs them after each test): every key is in the metric
-catalog, and the weight-sync metrics carry real values."""
+"""Helpers shared by the end-to-end tests: the launcher command line, killing a job, reading a run's JSONL files, free
+ports, and the checks every run's metrics.jsonl must pass (conftest.py runs them after each test): every key is in
+the metric catalog, and the weight-sync metrics carry real values."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,3 +102,17 @@ def check_run_metrics(path: Path) -> None:
     metrics = read_jsonl(path)
     assert_catalogued(metrics)
     assert_sync_moved_weights(metrics)
+
+
+def kill_job(job: subprocess.Popen) -> None:
+    """SIGKILL a ``launchers/local.py`` job: every part's process group first (each part runs in a session of its
+    own), then the launcher's. Learner ranks, in sessions of their own, leave because their parent died."""
+    for line in subprocess.run(["ps", "-eo", "pid,pgid,ppid"], capture_output=True, text=True).stdout.split("\n"):
+        fields = line.split()
+        if len(fields) == 3 and fields[2] == str(job.pid):
+            try:
+                os.killpg(int(fields[1]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(timeout=60)

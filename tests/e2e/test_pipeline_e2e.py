@@ -12,9 +12,7 @@ the logs. Uses the builtin tiny model: this checks the wiring and the guarantees
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _e2e_helpers import ROOT, launcher_command, read_jsonl
+from _e2e_helpers import ROOT, kill_job, launcher_command, read_jsonl
 
 K = 1
 BATCH = 8
@@ -133,16 +131,7 @@ def killed(shared_run: Any, first: Launch) -> Launch:
             assert time.monotonic() < deadline
             time.sleep(0.2)
     finally:
-        # The launcher keeps every part in its own process group: kill those first, then the launcher's.
-        for line in subprocess.run(["ps", "-eo", "pid,pgid,ppid"], capture_output=True, text=True).stdout.split("\n"):
-            fields = line.split()
-            if len(fields) == 3 and fields[2] == str(job.pid):
-                try:
-                    os.killpg(int(fields[1]), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=60)
+        kill_job(job)  # every part's process group, then the launcher's
     # No orphan: the ranks stop (a stop checkpoint if a step was trained since the last one) and exit.
     return _read(run_dir, None, "", shared_run.processes.wait_gone(15.0))
 

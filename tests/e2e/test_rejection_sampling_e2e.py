@@ -5,8 +5,6 @@ the threshold and best_k, carry the reward's score, and are SFT data as they are
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from _e2e_helpers import ROOT, read_jsonl
+from _e2e_helpers import ROOT, kill_job, read_jsonl
 
 PROMPTS = 24
 N = 6  # smoke_grpo.yaml's rollout.n
@@ -35,19 +33,6 @@ def _data(tmp_path: Path) -> Path:
     rows = [{"prompt": f"{a}+{a % 7}=", "ground_truth": str(a + a % 7)} for a in range(10, 10 + PROMPTS)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def _kill_job(job: subprocess.Popen) -> None:
-    """SIGKILL the launcher and every part's process group (each part runs in a session of its own)."""
-    for line in subprocess.run(["ps", "-eo", "pid,pgid,ppid"], capture_output=True, text=True).stdout.split("\n"):
-        fields = line.split()
-        if len(fields) == 3 and fields[2] == str(job.pid):
-            try:
-                os.killpg(int(fields[1]), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait(timeout=60)
 
 
 BEST_K = 5
@@ -72,7 +57,7 @@ def test_every_prompt_once_across_a_kill_and_a_rerun_into_rows_sft_reads(tmp_pat
             assert time.monotonic() < deadline
             time.sleep(0.2)
     finally:
-        _kill_job(job)
+        kill_job(job)
     assert e2e_processes.wait_gone(20.0) == {}
     written_before = len(read_jsonl(out))
     assert 8 * (BEST_K - 1) <= written_before < BEST_K * PROMPTS

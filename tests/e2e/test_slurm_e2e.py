@@ -102,7 +102,8 @@ def _stopped_at(run_dir: Path) -> int:
     """The step of the last 'stopped by signal' line, checking that its checkpoint was committed."""
     logs = "".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("learner-node*.log")))
     assert "did not stop within" not in logs
-    lines = [ln for ln in logs.splitlines() if "stopped by signal after step" in ln]
+    # the newest by its timestamp: rank 0, which logs it, may run on another node in each life of the job
+    lines = sorted(ln for ln in logs.splitlines() if "stopped by signal after step" in ln)
     assert lines, logs[-3000:]
     step = int(lines[-1].split("after step ")[1].split(";")[0])
     assert (run_dir / "out" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()

@@ -17,12 +17,15 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegFloat, PosInt, doc
 from async_rl.config.loader import load_tree_with_warnings
-from async_rl.config.resolve import resolve_optim
-from async_rl.config.supervised import SupervisedModelConfig, SupervisedOptimConfig, SupervisedTrainerConfig
-from async_rl.config.validate import model_path_error, optim_errors, resume_error
+from async_rl.config.supervised import (
+    SupervisedModelConfig,
+    SupervisedOptimConfig,
+    SupervisedTrainerConfig,
+    finish_supervised,
+    supervised_errors,
+)
 
 BUILTIN_PREFERENCES = "builtin:arith-prefs"
 """The generated toy preference pairs (a correct sum chosen over a wrong one): train split for ``data.train_files``,
@@ -132,31 +135,21 @@ class RewardModelTrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
 
 def validate_reward_model_config(cfg: RewardModelTrainConfig) -> list[str]:
     """Check cross-field rules (ConfigError naming the keys) and resolve aliases in place; returns warnings."""
-    errors = optim_errors(cfg.optim, "optim")
-    path_error = model_path_error("model.path", cfg.model.path)
-    if path_error is not None:
-        errors.append(path_error)
     d = cfg.data
-    if d.micro_batch_size_per_gpu > d.train_batch_size:
-        errors.append(
-            f"data.micro_batch_size_per_gpu ({d.micro_batch_size_per_gpu}) must be <= data.train_batch_size"
-            f" ({d.train_batch_size})"
-        )
+    errors = supervised_errors(
+        cfg.optim,
+        cfg.trainer,
+        model_key="model.path",
+        model_path=cfg.model.path,
+        train_batch_size=d.train_batch_size,
+        micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
+    )
     keys = {"prompt_key": d.prompt_key, "chosen_key": d.chosen_key, "rejected_key": d.rejected_key}
     if len(set(keys.values())) < 3:
         errors.append(f"data.prompt_key, data.chosen_key and data.rejected_key must differ, got {keys}")
     if d.margin_key in keys.values():
         errors.append(f"data.margin_key={d.margin_key!r} is also the field of the prompt or a response")
-    resume = resume_error(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
-    if resume is not None:
-        errors.append(resume)
-    if errors:
-        raise ConfigError("\n".join(errors))
-    resolve_optim(cfg.optim, cfg.trainer.total_training_steps)
-    warnings = []
-    if cfg.trainer.test_freq > 0 and d.val_files is None:
-        warnings.append("trainer.test_freq is set but data.val_files is null: nothing is evaluated")
-    return warnings
+    return finish_supervised(errors, cfg.optim, cfg.trainer, has_held_out=d.val_files is not None)
 
 
 def load_reward_model_config(

@@ -16,13 +16,16 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegFloat, NonNegInt, PosFloat, PosInt, Prob, doc
 from async_rl.config.loader import load_tree_with_warnings
 from async_rl.config.names import LRSchedule
-from async_rl.config.resolve import resolve_optim
-from async_rl.config.supervised import SupervisedModelConfig, SupervisedOptimConfig, SupervisedTrainerConfig
-from async_rl.config.validate import model_path_error, optim_errors, resume_error
+from async_rl.config.supervised import (
+    SupervisedModelConfig,
+    SupervisedOptimConfig,
+    SupervisedTrainerConfig,
+    finish_supervised,
+    supervised_errors,
+)
 
 BUILTIN_ARITH_SFT = "builtin:arith-sft"
 """The tiny model's arithmetic task as demonstrations (``"23+48="`` -> ``"71"``): train split for
@@ -150,28 +153,18 @@ class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def validate_sft_config(cfg: SFTConfig) -> list[str]:
     """Check cross-field rules (ConfigError naming the keys) and resolve the schedule in place; returns warnings."""
-    errors = optim_errors(cfg.optim, "optim")
-    path_error = model_path_error("model.partial_pretrain", cfg.model.partial_pretrain)
-    if path_error is not None:
-        errors.append(path_error)
     d = cfg.data
-    if d.micro_batch_size_per_gpu > d.train_batch_size:
-        errors.append(
-            f"data.micro_batch_size_per_gpu ({d.micro_batch_size_per_gpu}) must be <= data.train_batch_size"
-            f" ({d.train_batch_size})"
-        )
+    errors = supervised_errors(
+        cfg.optim,
+        cfg.trainer,
+        model_key="model.partial_pretrain",
+        model_path=cfg.model.partial_pretrain,
+        train_batch_size=d.train_batch_size,
+        micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
+    )
     if not d.multiturn.enable and d.prompt_key == d.response_key:
         errors.append(f"data.prompt_key and data.response_key must differ, both are {d.prompt_key!r}")
-    resume = resume_error(cfg.trainer.resume_mode, cfg.trainer.resume_from_path)
-    if resume is not None:
-        errors.append(resume)
-    if errors:
-        raise ConfigError("\n".join(errors))
-    resolve_optim(cfg.optim, cfg.trainer.total_training_steps)
-    warnings = []
-    if cfg.trainer.test_freq > 0 and d.val_files is None:
-        warnings.append("trainer.test_freq is set but data.val_files is null: nothing is validated")
-    return warnings
+    return finish_supervised(errors, cfg.optim, cfg.trainer, has_held_out=d.val_files is not None)
 
 
 def load_sft_config(paths: Sequence[str] | str | None, overrides: Sequence[str]) -> tuple[SFTConfig, list[str]]:

@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from async_rl.config.common import MixedPrecisionConfig, OptimConfig
+from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegFloat, PosFloat, PosInt, doc
 from async_rl.config.names import LoggerBackend, ResumeMode
 
@@ -102,4 +103,52 @@ class SupervisedTrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_field
     collective_timeout_s: Annotated[PosFloat, doc("How long a collective may wait for the other ranks.")] = 600.0
 
 
-__all__ = ["SupervisedModelConfig", "SupervisedOptimConfig", "SupervisedTrainerConfig"]
+def supervised_errors(
+    optim: SupervisedOptimConfig,
+    trainer: SupervisedTrainerConfig,
+    *,
+    model_key: str,
+    model_path: str,
+    train_batch_size: int,
+    micro_batch_size_per_gpu: int,
+) -> list[str]:
+    """The rules every supervised job's tree keeps: the optimizer's, the model path (under ``model_key``), a
+    micro-batch no larger than the batch, and the resume keys. A job adds its data's own rules."""
+    from async_rl.config.validate import model_path_error, optim_errors, resume_error
+
+    errors = optim_errors(optim, "optim")
+    path_error = model_path_error(model_key, model_path)
+    if path_error is not None:
+        errors.append(path_error)
+    if micro_batch_size_per_gpu > train_batch_size:
+        errors.append(
+            f"data.micro_batch_size_per_gpu ({micro_batch_size_per_gpu}) must be <= data.train_batch_size"
+            f" ({train_batch_size})"
+        )
+    resume = resume_error(trainer.resume_mode, trainer.resume_from_path)
+    if resume is not None:
+        errors.append(resume)
+    return errors
+
+
+def finish_supervised(
+    errors: list[str], optim: SupervisedOptimConfig, trainer: SupervisedTrainerConfig, *, has_held_out: bool
+) -> list[str]:
+    """Raise the errors (one ConfigError naming the keys), resolve the schedule in place, return the warnings."""
+    from async_rl.config.resolve import resolve_optim
+
+    if errors:
+        raise ConfigError("\n".join(errors))
+    resolve_optim(optim, trainer.total_training_steps)
+    if trainer.test_freq > 0 and not has_held_out:
+        return ["trainer.test_freq is set but data.val_files is null: nothing is evaluated"]
+    return []
+
+
+__all__ = [
+    "SupervisedModelConfig",
+    "SupervisedOptimConfig",
+    "SupervisedTrainerConfig",
+    "finish_supervised",
+    "supervised_errors",
+]

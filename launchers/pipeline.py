@@ -54,8 +54,12 @@ def stage_command(cfg: PipelineConfig, stage: StageConfig, exports: dict[str, Pa
     out = stage_dir(cfg, stage)
     inputs = [f"{key}={exports[source]}" for key, source in stage.inputs.items()]
     keys = [*stage.overrides, *inputs, f"trainer.default_local_dir={out}"]
-    if stage.kind == "generate":
-        keys += ["rejection_sampling.enable=true", f"rejection_sampling.output={out / EXPORT['generate']}"]
+    if stage.kind == "generate":  # one learner process whatever the RL config it reuses says
+        keys += [
+            "rejection_sampling.enable=true",
+            f"rejection_sampling.output={out / EXPORT['generate']}",
+            "trainer.n_gpus_per_node=1",
+        ]
     if stage.kind in ("rl", "generate"):
         actors = ["--actors", str(stage.actors)] if stage.actors else []
         return [

@@ -93,6 +93,8 @@ def validate_pipeline(cfg: PipelineConfig) -> list[str]:
         for key, source in stage.inputs.items():
             if source not in seen:
                 errors.append(f"{where}: inputs.{key} names {source!r}, which is not an earlier stage")
+        if stage.kind == "generate" and stage.nproc_per_node != 1:
+            errors.append(f"{where}: a 'generate' stage runs one learner process; nproc_per_node must be 1")
         if stage.actors and stage.kind not in ("rl", "generate"):
             errors.append(f"{where}: actors is set but a {stage.kind!r} stage runs no actors")
         seen.append(stage.name)

@@ -66,12 +66,37 @@ def test_each_stage_runs_its_entry_point_with_the_models_of_earlier_stages(tmp_p
     ]  # fmt: skip
 
 
+def test_a_generate_stage_runs_the_rl_launcher_as_one_rejection_sampling_process(tmp_path: Path) -> None:
+    gen = {"name": "rs", "kind": "generate", "config": "configs/smollm2_arith_grpo.yaml", "inputs": {}}
+    sft = {**SFT, "inputs": {"data.train_files": "rs"}}
+    cfg, _ = load_pipeline_config([str(_write(tmp_path / "p.yaml", tmp_path / "run", [gen, sft]))], [])
+    rs_dir = tmp_path / "run" / "rs"
+    command = pipeline.stage_command(cfg, cfg.stages[0], {})
+    assert command[1:8] == [
+        str(REPO / "launchers" / "local.py"), "--config", "configs/smollm2_arith_grpo.yaml", "--run-dir", str(rs_dir),
+        "--nproc-per-node", "1",
+    ]  # fmt: skip
+    assert command[8:] == [
+        f"trainer.default_local_dir={rs_dir}",
+        "rejection_sampling.enable=true",
+        f"rejection_sampling.output={rs_dir / 'rejection_sampling.jsonl'}",
+        "trainer.n_gpus_per_node=1",  # the recipe says 2: a generation job is one process
+    ]
+    exports = {"rs": rs_dir / pipeline.EXPORT["generate"]}
+    assert f"data.train_files={exports['rs']}" in pipeline.stage_command(cfg, cfg.stages[1], exports)
+    from async_rl.config import load_config
+
+    cfg_rs = load_config([str(REPO / "configs" / "smollm2_arith_grpo.yaml")], command[8:])  # the stage's config loads
+    assert cfg_rs.rejection_sampling.enable and cfg_rs.trainer.n_gpus_per_node == 1
+
+
 @pytest.mark.parametrize(
     ("stages", "message"),
     [
         ([RL, SFT], r"stages\[0\] \('rl'\): inputs.actor_rollout_ref.model.path names 'sft', which is not an earlier"),
         ([SFT, SFT], r"stages\[1\] \('sft'\): the name is used by an earlier stage"),
         ([{**SFT, "actors": 2}], r"actors is set but a 'sft' stage runs no actors"),
+        ([{**SFT, "kind": "generate"}], r"a 'generate' stage runs one learner process; nproc_per_node must be 1"),
         ([], "a pipeline needs at least one stage"),
     ],
 )

@@ -28,7 +28,6 @@ from async_rl.algorithms import bradley_terry_loss, pair_stats
 from async_rl.config.reward_model_train import RewardModelTrainConfig
 from async_rl.learner.dist import DistContext
 from async_rl.learner.model import ModelSource, build_model
-from async_rl.learner.optim import guarded_step
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.supervised import SupervisedModel
 
@@ -133,11 +132,7 @@ class RewardModel(SupervisedModel):
                 ]
             )
         total = ctx.all_reduce(sums, "sum")
-        tr = self.trained
-        lr = tr.lr
-        stepped, norm = guarded_step(
-            tr.model, tr.optimizer, tr.scheduler, max_norm=tr.max_norm, loss=total[0], guard=tr.guard, what=tr.name
-        )
+        lr, stepped, norm = self._step(total[0])
         loss_sum, correct, margin, reward, reward_sq, pairs, tokens = total.tolist()
         mean = reward / (2 * pairs)
         elapsed = time.monotonic() - started

@@ -26,7 +26,6 @@ from async_rl.config.sft import SFTConfig
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
 from async_rl.learner.model import ModelSource, build_model
-from async_rl.learner.optim import guarded_step
 from async_rl.learner.policy import build_micro_inputs, response_log_probs
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.supervised import SupervisedModel
@@ -92,11 +91,7 @@ class SFTModel(SupervisedModel):
             seen = float((batch.prompt_lengths[idx] + batch.response_lengths[idx]).sum())
             sums += torch.tensor([float(loss.detach()), trained, seen], dtype=torch.float64)
         total = ctx.all_reduce(sums, "sum")
-        tr = self.trained
-        lr = tr.lr
-        stepped, norm = guarded_step(
-            tr.model, tr.optimizer, tr.scheduler, max_norm=tr.max_norm, loss=total[0], guard=tr.guard, what=tr.name
-        )
+        lr, stepped, norm = self._step(total[0])
         loss_mean, trained_tokens, tokens = total.tolist()
         elapsed = time.monotonic() - started
         return {

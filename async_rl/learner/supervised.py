@@ -13,7 +13,7 @@ from async_rl.config.supervised import SupervisedOptimConfig, SupervisedTrainerC
 from async_rl.learner.checkpoint import load_trained, save_trained
 from async_rl.learner.dist import DistContext
 from async_rl.learner.export import export_hf
-from async_rl.learner.optim import NonFiniteGuard, build_optimizer
+from async_rl.learner.optim import NonFiniteGuard, build_optimizer, guarded_step
 from async_rl.learner.update import TrainedModel
 
 __all__ = ["SupervisedModel"]
@@ -46,6 +46,16 @@ class SupervisedModel:
             max_norm=optim.clip_grad,
             name=name,
         )
+
+    def _step(self, loss: torch.Tensor) -> tuple[float, bool, float]:
+        """The optimizer step after the step's backward passes: (the learning rate it used, whether it stepped, the
+        gradient norm); a non-finite ``loss`` or gradient skips it (the guard counts it)."""
+        tr = self.trained
+        lr = tr.lr
+        stepped, norm = guarded_step(
+            tr.model, tr.optimizer, tr.scheduler, max_norm=tr.max_norm, loss=loss, guard=tr.guard, what=tr.name
+        )
+        return lr, stepped, norm
 
     @property
     def model(self) -> torch.nn.Module:

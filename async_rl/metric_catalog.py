@@ -49,6 +49,7 @@ __all__ = [
     "histogram_mean",
     "lag_histogram",
     "learner_actor_key",
+    "learner_distillation_key",
     "learner_key",
     "learner_rollout_corr_key",
     "markdown",
@@ -279,6 +280,24 @@ LEARNER_REWARD_KL_PENALTY = _m(
 LEARNER_REWARD_KL_PENALTY_COEFF = _m(
     "learner/reward_kl_penalty_coeff", "step", "the coefficient of that penalty this step"
 )
+# on-policy distillation (algorithms/distillation.py), per micro-batch; reverse_kl over the whole batch
+LEARNER_DISTILLATION_REVERSE_KL = _m(
+    "learner/distillation/reverse_kl",
+    "batch",
+    "mean of log pi_behaviour - log pi_teacher over the sampled tokens: k1 estimate of KL(student || teacher)",
+)
+LEARNER_DISTILLATION_LOSS = _m("learner/distillation/loss", "mean", "the distillation term of the actor's loss")
+LEARNER_DISTILLATION_ABS_ESTIMATE = _m(
+    "learner/distillation/abs_estimate", "mean", "mean |per-token estimate| of KL(student || teacher) (loss_mode)"
+)
+LEARNER_DISTILLATION_ESTIMATE_MAX = _m("learner/distillation/estimate_max", "max", "largest per-token estimate")
+LEARNER_DISTILLATION_ESTIMATE_MIN = _m("learner/distillation/estimate_min", "min", "smallest per-token estimate")
+LEARNER_DISTILLATION_PG_CLIPFRAC = _m(
+    "learner/distillation/pg_clipfrac", "mean", "share of tokens clipped in the distillation term (policy gradient)"
+)
+LEARNER_DISTILLATION_PPO_KL = _m(
+    "learner/distillation/ppo_kl", "mean", "the distillation term's ppo_kl (as learner/actor/ppo_kl)"
+)
 # rollout correction (algorithms/rollout_correction.py): whole batch, or per micro-batch without a proximal pass
 LEARNER_ROLLOUT_CORR_ROLLOUT_IS_MEAN = _m(
     "learner/rollout_corr/rollout_is_mean", "mean", "mean importance weight pi_old / pi_rollout"
@@ -475,7 +494,7 @@ transport_drops_invalid_reason_key = _f(
     "cumulative",
     "groups refused by validation, their prompts granted again, by reason: malformed, wrong_completion_count, "
     "bad_version, empty_response, response_too_long, token_out_of_vocab, bad_logprobs, bad_loss_mask, bad_turns, "
-    "missing_filter_metric",
+    "missing_filter_metric, bad_teacher_logprobs",
 )
 TRANSPORT_DROPS_TOTAL = _m("transport/drops_total", "cumulative", "all of transport/drops/*")
 transport_decode_errors_reason_key = _f(
@@ -726,6 +745,15 @@ ACTOR_REWARD_MODEL_SECONDS = _m(
     "actor/reward_model/seconds", "cumulative", "wall-clock seconds of answered reward-model requests", "actor"
 )
 ACTOR_GENERATED_TOKENS = _m("actor/generated_tokens", "cumulative", "tokens generated", "actor")
+ACTOR_TEACHER_REQUESTS = _m(
+    "actor/teacher/requests", "cumulative", "completions the teacher engine scored (distillation)", "actor"
+)
+ACTOR_TEACHER_TOKENS = _m(
+    "actor/teacher/tokens", "cumulative", "tokens the teacher engine prefilled (prompt and completion)", "actor"
+)
+ACTOR_TEACHER_SECONDS = _m(
+    "actor/teacher/seconds", "cumulative", "wall-clock seconds groups waited for the teacher's scores", "actor"
+)
 ACTOR_POLICY_VERSION = _m("actor/policy_version", "last", "policy version loaded at exit", "actor")
 ACTOR_EPISODES = _m("actor/episodes", "cumulative", "multi-turn episodes played", "actor")
 ACTOR_TEMPLATE_MISMATCHES = _m(
@@ -799,6 +827,11 @@ def learner_key(name: str) -> str:
 def learner_actor_key(name: str) -> str:
     """``learner/actor/<name>``: the policy metrics an objective reports (``pg_clipfrac``, ``ppo_kl``, ...)."""
     return _under("learner/actor/", name)
+
+
+def learner_distillation_key(name: str) -> str:
+    """``learner/distillation/<name>``: the distillation term's metrics (``loss``, ``abs_estimate``, ...)."""
+    return _under("learner/distillation/", name)
 
 
 def learner_rollout_corr_key(name: str) -> str:

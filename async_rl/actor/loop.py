@@ -11,7 +11,8 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
         each finished group: score its completions in the reward worker and, with a learned reward model
         (``reward_model``), by the reward server or in-process (the two combined by ``reward_weights``), then the
         optional length shaping (``reward_shaping``: DAPO's overlong penalty, so the reward on the wire is the shaped
-        one), send it (tracked until acked; the send never blocks the loop)
+        one); with on-policy distillation (``teacher``) the teacher engine scores each training completion's tokens;
+        send it (tracked until acked; the send never blocks the loop)
 
 A reward model that does not answer in time (``RewardModelUnavailable``: a stopped, dead or restarting server) costs
 the group a wait: it is scored again after a back-off (1 s, doubling to 30 s) until ``give_up_s`` after its start,
@@ -48,6 +49,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+import numpy as np
+
 from async_rl import metric_catalog as mc
 from async_rl.actor.engine import EngineDead, EngineOutput, EngineStats, UpdateMode
 from async_rl.actor.episodes import EpisodeRunner
@@ -63,6 +67,7 @@ from async_rl.transport.protocol import (
     ServedCheck,
     WeightSyncPlan,
     make_completion,
+    pack_array,
     unpack_array,
 )
 from async_rl.weight_sync.errors import WeightMismatchError
@@ -128,6 +133,19 @@ class Engine(Protocol):
         ...
 
 
+class Teacher(Protocol):
+    """What the loop needs from on-policy distillation's teacher (``actor.teacher.TeacherEngine``)."""
+
+    stats: Any  # TeacherStats
+
+    @property
+    def dead(self) -> bool: ...
+
+    async def score(self, prompt_ids: list[int], completions: list[list[int]]) -> list[np.ndarray]:
+        """The teacher's log-prob of each token of each completion, aligned to its tokens."""
+        ...
+
+
 class WeightSync(Protocol):
     """What the loop needs from the weight-sync driver (``AsyncEngineWeightSync``, ``ReceiveOnlyWeightSync``)."""
 
@@ -181,6 +199,7 @@ class ActorLoop:
         reward_weights: RewardWeights | None = None,
         give_up_s: float | None = None,
         episodes: EpisodeRunner | None = None,
+        teacher: Teacher | None = None,
         max_concurrent_groups: int,
         update_mode: UpdateMode,
         poll_interval_s: float = 0.01,
@@ -199,6 +218,7 @@ class ActorLoop:
         self.reward_weights = reward_weights
         self.give_up_s = give_up_s
         self.episodes = episodes
+        self.teacher = teacher
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
         self.update_mode = update_mode
@@ -401,11 +421,12 @@ class ActorLoop:
 
         # One scoring thread: the reward worker is a single child process and is not thread-safe.
         rewards = await asyncio.get_running_loop().run_in_executor(self._score_pool, score_group)
+        wire = [_wire_completion(c, r) for c, r in zip(completions, rewards, strict=True)]
         group = RolloutGroup(
             prompt_id=grant.prompt_id,
             lease_id=grant.lease_id,
             actor_id=self.actor_id,
-            completions=[_wire_completion(c, r) for c, r in zip(completions, rewards, strict=True)],
+            completions=await self._teacher_scored(grant, wire),
             timings={"generate_s": generated - started, "reward_s": time.time() - generated},
             eval_round=grant.eval_round,
         )
@@ -489,11 +510,25 @@ class ActorLoop:
             prompt_id=grant.prompt_id,
             lease_id=grant.lease_id,
             actor_id=self.actor_id,
-            completions=completions,
+            completions=await self._teacher_scored(grant, completions),
             timings={"generate_s": time.time() - started},
             eval_round=grant.eval_round,
         )
         await self._finished.put(group)
+
+    async def _teacher_scored(self, grant: PromptGrant, completions: list[Completion]) -> list[Completion]:
+        """On-policy distillation: the completions with the teacher's log-prob of each token (0 on a multi-turn
+        episode's observation tokens, as their behaviour log-probs). Validation groups are not scored."""
+        if self.teacher is None or grant.is_eval:
+            return completions
+        prompt = unpack_array(grant.prompt_token_ids).tolist()
+        scores = await self.teacher.score(prompt, [unpack_array(c.token_ids).tolist() for c in completions])
+        scored = []
+        for c, teacher in zip(completions, scores, strict=True):
+            if c.loss_mask is not None:
+                teacher = np.where(unpack_array(c.loss_mask) != 0, teacher, 0.0)
+            scored.append(msgspec.structs.replace(c, teacher_logprobs=pack_array(teacher, "<f4")))
+        return scored
 
     def _launch(self, grant: PromptGrant) -> None:
         if self.stats.groups_started == 0:
@@ -519,7 +554,7 @@ class ActorLoop:
         while not self._stop and not self.client.shutdown_requested:
             self.client.poll()
             await self._maybe_update_weights()
-            if self._fatal is not None or self.engine.dead:
+            if self._fatal is not None or self.engine.dead or (self.teacher is not None and self.teacher.dead):
                 await self._fail()
             while not self._finished.empty():
                 finished = self._finished.get_nowait()
@@ -575,7 +610,8 @@ class ActorLoop:
 
     async def _fail(self) -> None:
         """Stop everything and raise the fatal error; leases of unfinished work expire and are granted again."""
-        fatal = self._fatal or ActorFailed(f"actor {self.actor_id}: the vLLM engine died")
+        which = "the teacher's vLLM engine" if self.teacher is not None and self.teacher.dead else "the vLLM engine"
+        fatal = self._fatal or ActorFailed(f"actor {self.actor_id}: {which} died")
         logger.error("%s", fatal)
         for task in list(self._tasks):
             task.cancel()
@@ -622,6 +658,11 @@ class ActorLoop:
         }
         if self.episodes is not None:
             out.update(self.episodes.metrics())
+        if self.teacher is not None:
+            ts = self.teacher.stats
+            out[mc.ACTOR_TEACHER_REQUESTS] = float(ts.requests)
+            out[mc.ACTOR_TEACHER_TOKENS] = float(ts.tokens)
+            out[mc.ACTOR_TEACHER_SECONDS] = ts.seconds
         if self.reward_model is not None:
             rm = self.reward_model.stats
             out.update(

@@ -10,7 +10,12 @@
   log-probs, and ``ppo_clip`` (PPO clip against the rollout, no weight) or ``reinforce`` (``-w * A * log pi``, the
   weights from the current log-probs) picks the loss;
 * minus ``entropy_coeff`` x the aggregated entropy (when non-zero);
-* plus ``kl_loss_coef`` x the aggregated KL penalty to the reference (``spec.kl_loss_coef`` set).
+* plus ``kl_loss_coef`` x the aggregated KL penalty to the reference (``spec.kl_loss_coef`` set);
+* with on-policy distillation (``spec.distill`` set), the distillation term
+  (:func:`~async_rl.algorithms.distillation.distillation_loss`, against the same old log-probs, importance weights and
+  mask as the policy-gradient term): ``task_loss_coef`` x policy-gradient term + ``distillation_loss_coef`` x
+  distillation term with ``use_task_rewards``, the distillation term alone without (it replaces the policy-gradient
+  term; the entropy and KL terms stay).
 
 Every aggregation uses ``spec.loss_agg_mode`` with the step's global token and sequence counts, so micro-batches
 sum to the mini-batch's loss. No module, no process group, no config: the learner builds the spec once from its
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from async_rl.algorithms.distillation import DistillSpec, distillation_loss
 from async_rl.algorithms.kl import kl_penalty
 from async_rl.algorithms.losses import agg_loss
 from async_rl.algorithms.policy_loss import policy_loss, reinforce_loss
@@ -53,6 +59,7 @@ class ObjectiveSpec:
     is_batch_normalize: bool
     rs_bounds: RSBounds | None
     bypass_loss_type: str | None
+    distill: DistillSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -71,13 +78,14 @@ class ActorMicroBatch:
     ref_log_prob: torch.Tensor | None
     global_num_tokens: float
     global_num_seqs: float
+    teacher_log_prob: torch.Tensor | None = None  # on-policy distillation: the teacher's log-prob of each token
 
 
 @dataclass(frozen=True)
 class ObjectiveOutput:
     """``loss`` (with its graph); the detached ``pg_loss`` and ``kl_loss`` (None without a KL loss) terms; the
     ``mask`` the loss used (the loss mask after bypass-mode rejection sampling); the policy loss's metrics and the
-    rollout correction's (0-d tensors, verl's names without a prefix)."""
+    rollout correction's and the distillation term's (0-d tensors, verl's names without a prefix)."""
 
     loss: torch.Tensor
     pg_loss: torch.Tensor
@@ -85,6 +93,7 @@ class ObjectiveOutput:
     mask: torch.Tensor
     policy_metrics: dict[str, torch.Tensor]
     correction_metrics: dict[str, torch.Tensor]
+    distill_metrics: dict[str, torch.Tensor]
 
 
 def correction_weights(
@@ -132,6 +141,7 @@ def actor_objective(batch: ActorMicroBatch, spec: ObjectiveSpec) -> ObjectiveOut
     mask = b.loss_mask
     corr: dict[str, torch.Tensor] = {}
     weights: torch.Tensor | None = None
+    old = b.old_log_prob  # what the policy-gradient term (and the distillation term) measures the ratio against
     if s.bypass_loss_type is None:
         if s.rollout_is is not None:
             weights = b.is_weights
@@ -139,6 +149,7 @@ def actor_objective(batch: ActorMicroBatch, spec: ObjectiveSpec) -> ObjectiveOut
                 weights, corr = correction_weights(b.old_log_prob, b.rollout_log_prob, mask, s)
         pg_loss, metrics = ppo(b.old_log_prob, s.loss_mode, weights, mask)
     else:
+        old = b.rollout_log_prob
         current = b.log_prob.detach()
         if s.rs_bounds is not None:
             mask, corr = rejection_mask(current, b.rollout_log_prob, mask, bounds=s.rs_bounds)
@@ -159,6 +170,27 @@ def actor_objective(batch: ActorMicroBatch, spec: ObjectiveSpec) -> ObjectiveOut
                 **counts,
             )
     loss = pg_loss
+    distill_metrics: dict[str, torch.Tensor] = {}
+    if s.distill is not None:
+        if b.teacher_log_prob is None:
+            raise ValueError("on-policy distillation needs the teacher's log-probs (teacher_log_prob)")
+        d = s.distill
+        distill, distill_metrics = distillation_loss(
+            b.log_prob,
+            old,
+            b.teacher_log_prob,
+            mask,
+            d,
+            loss_agg_mode=s.loss_agg_mode,
+            loss_scale_factor=s.loss_scale_factor,
+            is_weights=weights,
+            global_num_tokens=b.global_num_tokens,
+            global_num_seqs=b.global_num_seqs,
+        )
+        if d.use_task_rewards:
+            loss = d.task_loss_coef * pg_loss + d.distillation_loss_coef * distill
+        else:
+            loss = distill
     if s.entropy_coeff != 0:
         loss = loss - s.entropy_coeff * agg_loss(b.entropy, mask, s.loss_agg_mode, **counts)
     kl_loss = None
@@ -168,4 +200,4 @@ def actor_objective(batch: ActorMicroBatch, spec: ObjectiveSpec) -> ObjectiveOut
         kl_loss = agg_loss(kl_penalty(b.log_prob, b.ref_log_prob, s.kl_loss_type), mask, s.loss_agg_mode, **counts)
         loss = loss + s.kl_loss_coef * kl_loss
         kl_loss = kl_loss.detach()
-    return ObjectiveOutput(loss, pg_loss.detach(), kl_loss, mask, metrics, corr)
+    return ObjectiveOutput(loss, pg_loss.detach(), kl_loss, mask, metrics, corr, distill_metrics)

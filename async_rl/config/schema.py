@@ -16,6 +16,7 @@ from async_rl.config.algorithm import AlgorithmConfig
 from async_rl.config.async_training import AsyncTrainingConfig
 from async_rl.config.critic import CriticConfig
 from async_rl.config.data_reward import CustomRewardFunctionConfig, DataConfig, RewardConfig, RewardModelConfig
+from async_rl.config.distillation import DistillationConfig
 from async_rl.config.fields import doc, noop
 from async_rl.config.rejection_sampling import RejectionSamplingConfig
 from async_rl.config.trainer import RayInitConfig, TrainerConfig
@@ -44,6 +45,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     async_training: Annotated[AsyncTrainingConfig, doc("Asynchronous actor-learner settings.")] = msgspec.field(
         default_factory=AsyncTrainingConfig
     )
+    distillation: Annotated[
+        DistillationConfig, doc("On-policy distillation from a teacher served next to the actors.")
+    ] = msgspec.field(default_factory=DistillationConfig)
     rejection_sampling: Annotated[
         RejectionSamplingConfig, doc("A generation job that writes the best samples as an SFT dataset.")
     ] = msgspec.field(default_factory=RejectionSamplingConfig)

@@ -21,6 +21,7 @@ from async_rl.config.common import OptimConfig
 from async_rl.config.correction import check_rollout_correction
 from async_rl.config.critic import CriticConfig
 from async_rl.config.data_reward import RewardKwargsConfig
+from async_rl.config.distillation import distillation_errors
 from async_rl.config.errors import ConfigError
 from async_rl.config.introspect import changed_keys
 from async_rl.config.names import GROUP_ESTIMATORS, MAX_NAME_LENGTH, VLLM_MAX_LORA_RANK, needs_critic
@@ -582,6 +583,20 @@ def _check_rejection_sampling(cfg: Config, errors: list[str]) -> None:
         )
 
 
+def _check_distillation(cfg: Config, errors: list[str]) -> None:
+    dist = cfg.distillation
+    if not dist.enabled:
+        return
+    errors.extend(
+        distillation_errors(dist, rollout_gpu_memory_utilization=cfg.actor_rollout_ref.rollout.gpu_memory_utilization)
+    )
+    error = model_path_error("distillation.teacher_model.model_path", dist.teacher_model.model_path)
+    if error is not None:
+        errors.append(error)
+    if cfg.rejection_sampling.enable:
+        errors.append("distillation.enabled=true trains, rejection_sampling.enable=true trains nothing: set one")
+
+
 def validate_config(cfg: Config) -> list[str]:
     """Check every cross-field rule (one ConfigError listing all violations), then fill in derived values in place
     (null "inherit"/"derived" keys, deprecated aliases; idempotent) and return the start-up warnings."""
@@ -603,6 +618,7 @@ def validate_config(cfg: Config) -> list[str]:
     _check_multi_turn(cfg, errors)
     _check_async(cfg, errors)
     _check_rejection_sampling(cfg, errors)
+    _check_distillation(cfg, errors)
     if len(errors) == 1:
         raise ConfigError(errors[0])
     if errors:

@@ -69,6 +69,7 @@ class RolloutBatch:
     truncated: torch.Tensor  # [B] bool: generation stopped at the length limit
     prompt_lengths: torch.Tensor  # [B] int64
     response_lengths: torch.Tensor  # [B] int64
+    teacher_log_probs: torch.Tensor | None = None  # float32: the teacher's (on-policy distillation; 0 on padding)
     sampled_mask: torch.Tensor | None = None  # bool: the tokens the model sampled, before any left the update
     old_log_probs: torch.Tensor | None = None  # the proximal policy's (None: the pass was skipped)
     ref_log_probs: torch.Tensor | None = None  # the reference policy's (a KL term only)
@@ -112,6 +113,7 @@ class Row(NamedTuple):
     version: int
     truncated: bool
     loss_mask: Sequence[int] | np.ndarray | None = None  # 1: sampled, 0: observation token; None: all sampled
+    teacher_logprobs: Sequence[float] | np.ndarray | None = None  # on-policy distillation: the teacher's, per token
 
 
 def local_group(prompt_id: int, completions: Sequence[Completion]) -> RolloutGroup:
@@ -146,8 +148,9 @@ def collate_groups(
         for c in g.completions:
             tokens, logprobs = unpack_array(c.token_ids), unpack_array(c.logprobs)
             mask = None if c.loss_mask is None else unpack_array(c.loss_mask)
+            teacher = None if c.teacher_logprobs is None else unpack_array(c.teacher_logprobs)
             truncated = c.finish_reason == "length"
-            rows.append(Row(gi, prompt, tokens, logprobs, float(c.reward), c.version_min, truncated, mask))
+            rows.append(Row(gi, prompt, tokens, logprobs, float(c.reward), c.version_min, truncated, mask, teacher))
     return collate_rows(
         rows,
         group_ids=[g.prompt_id for g in groups],
@@ -170,10 +173,11 @@ def collate_rows(
     The batch's collated fields: ``input_ids``/``attention_mask``/``position_ids`` ``[B, P+T]``; ``responses``/
     ``response_mask``/``loss_mask``/``rollout_log_probs``/``token_level_scores`` ``[B, T]``; ``index``/
     ``prompt_lengths``/``response_lengths``/``versions`` ``[B]``; ``truncated`` ``[B]`` bool. ``loss_mask`` is a
-    row's own mask where it has one (a multi-turn episode's sampled tokens), else its ``response_mask``. ``P``/``T``
+    row's own mask where it has one (a multi-turn episode's sampled tokens), else its ``response_mask``.
+    ``teacher_log_probs`` ``[B, T]`` when the rows carry the teacher's log-probs (all of them or none). ``P``/``T``
     are ``max_prompt_length``/``max_response_length`` (None: the longest prompt/response); a longer one raises
-    ``ValueError``, as do empty prompts or responses and log-probs or a loss mask that do not match the tokens
-    (``group_ids`` names the group in those errors).
+    ``ValueError``, as do empty prompts or responses, log-probs, a loss mask or teacher log-probs that do not match
+    the tokens, and teacher log-probs on some rows only (``group_ids`` names the group in those errors).
     """
     if not rows:
         raise ValueError("rows must not be empty")
@@ -194,6 +198,13 @@ def collate_rows(
             raise ValueError(
                 f"group {name(row.group)!r}: loss_mask has {len(row.loss_mask)} entries for {len(row.token_ids)} tokens"
             )
+        if (row.teacher_logprobs is None) != (rows[0].teacher_logprobs is None):
+            raise ValueError(f"group {name(row.group)!r}: teacher log-probs on some rows of the batch only")
+        if row.teacher_logprobs is not None and len(row.teacher_logprobs) != len(row.token_ids):
+            raise ValueError(
+                f"group {name(row.group)!r}: teacher_logprobs has {len(row.teacher_logprobs)} entries for"
+                f" {len(row.token_ids)} tokens"
+            )
     longest_p = max(len(r.prompt_ids) for r in rows)
     longest_t = max(len(r.token_ids) for r in rows)
     p_width = longest_p if max_prompt_length is None else max_prompt_length
@@ -210,6 +221,7 @@ def collate_rows(
     loss_mask = np.zeros((b, t_width), dtype=np.int64)
     logprobs = np.zeros((b, t_width), dtype=np.float32)
     scores = np.zeros((b, t_width), dtype=np.float32)
+    teacher = np.zeros((b, t_width), dtype=np.float32) if rows[0].teacher_logprobs is not None else None
     p_lens = np.fromiter((len(r.prompt_ids) for r in rows), dtype=np.int64, count=b)
     t_lens = np.fromiter((len(r.token_ids) for r in rows), dtype=np.int64, count=b)
     for i, r in enumerate(rows):
@@ -220,6 +232,8 @@ def collate_rows(
         response_mask[i, :tl] = 1
         loss_mask[i, :tl] = 1 if r.loss_mask is None else r.loss_mask
         logprobs[i, :tl] = r.logprobs
+        if teacher is not None:
+            teacher[i, :tl] = r.teacher_logprobs
         scores[i, tl - 1] = r.reward
     attention_mask = torch.from_numpy(np.concatenate([prompt_mask, response_mask], axis=1))
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -237,6 +251,7 @@ def collate_rows(
         truncated=torch.tensor([r.truncated for r in rows], dtype=torch.bool),
         prompt_lengths=torch.from_numpy(p_lens),
         response_lengths=torch.from_numpy(t_lens),
+        teacher_log_probs=None if teacher is None else torch.from_numpy(teacher),
     )
 
 

@@ -19,6 +19,10 @@ Per step, on every rank with the same batch (rank 0 collates the groups it pulle
    accumulated micro-batch gradients (see ``update.py`` for the scaling), guarded against non-finite values;
 5. metrics reduced over ranks, namespaced ``learner/...``; ``version`` increments.
 
+On-policy distillation (``distillation.enabled``) adds one term to the actor's loss from the teacher's log-probs the
+actors sent with each completion (``teacher_log_probs``, see :mod:`async_rl.algorithms.distillation`); the learner
+runs no teacher model.
+
 When the step is a single optimizer step (``ppo_epochs`` 1, one mini-batch) and no KL enters the reward, the
 proximal pass of step 2 is skipped: the proximal policy *is* the current weights, so ``old_log_probs`` equal the
 update pass's own log-probs, detached (ratio exactly 1, the same loss and gradient as with a separate pass). That
@@ -103,7 +107,7 @@ class Learner:
         self.algo = cfg.algorithm
         self.data_cfg = cfg.data
         self.seed = cfg.trainer.seed
-        self.objective = objective_spec(arr.actor, cfg.algorithm.rollout_correction)
+        self.objective = objective_spec(arr.actor, cfg.algorithm.rollout_correction, cfg.distillation)
         self.lora = lora_spec(arr.model)
         # only a KL term reads reference log-probs
         self.needs_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -335,6 +339,7 @@ class Learner:
                     ref_log_prob=sel(batch.ref_log_probs) if spec.kl_loss_coef is not None else None,
                     global_num_tokens=tokens,
                     global_num_seqs=seqs,
+                    teacher_log_prob=sel(batch.teacher_log_probs) if spec.distill is not None else None,
                 ),
                 spec,
             )
@@ -349,6 +354,7 @@ class Learner:
             for key_of, values in (
                 (mc.learner_actor_key, out.policy_metrics),
                 (mc.learner_rollout_corr_key, out.correction_metrics),
+                (mc.learner_distillation_key, out.distill_metrics),
             ):
                 for key, value in values.items():
                     kind = next((k for suf, k in _EXTREME_SUFFIXES.items() if key.endswith(suf)), "mean")
@@ -379,6 +385,8 @@ class Learner:
         ``i`` in log lines). Returns ``learner/...`` metrics."""
         ctx, actor_cfg, spec = self.ctx, self.actor_cfg, self.objective
         t_start = time.perf_counter()
+        if spec.distill is not None and batch.teacher_log_probs is None:
+            raise ValueError("distillation.enabled=true, but the batch carries no teacher log-probs")
         out: dict[str, float] = {}
         # the tokens the model sampled, before any leaves the loss: behaviour log-probs exist only there (an
         # observation token's is 0), so the off-policy metrics compare the policies over them
@@ -492,6 +500,10 @@ class Learner:
             count, w_sum = offpolicy["_offpolicy/count"], offpolicy["_offpolicy/w_sum"]
             w2_sum, abs_sum = offpolicy["_offpolicy/w2_sum"], offpolicy["_offpolicy/abs_sum"]
         ess = w_sum**2 / (count * w2_sum) if count else 1.0
+        distill: dict[str, float] = {}
+        if batch.teacher_log_probs is not None:
+            gap = (batch.rollout_log_probs - batch.teacher_log_probs)[mask]
+            distill[mc.LEARNER_DISTILLATION_REVERSE_KL] = float(gap.mean()) if gap.numel() else 0.0
         scores = batch.token_level_scores.sum(-1)
         groups = batch.index
         informative = sum(
@@ -511,6 +523,7 @@ class Learner:
             mc.LEARNER_STALENESS_MAX: float(max(lags, default=0)),
             mc.LEARNER_OFFPOLICY_ESS: ess,
             mc.LEARNER_OFFPOLICY_ABS_LOG_RATIO_MEAN: abs_sum / count if count else 0.0,
+            **distill,
         }
 
 

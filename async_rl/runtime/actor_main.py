@@ -126,6 +126,22 @@ def environment_kwargs(cfg: Config) -> dict[str, Any]:
     return {**options, **mt.environment_kwargs}
 
 
+def build_teacher(cfg: Config, model_path: str, workdir: Path) -> Any:
+    """On-policy distillation's teacher engine (not started yet), None when distillation is off; refuses a teacher
+    whose vocabulary is not the student's (at ``model_path``)."""
+    if not cfg.distillation.enabled:
+        return None
+    from async_rl.actor.engine import actor_device
+    from async_rl.actor.teacher import TeacherEngine, check_same_vocabulary
+    from async_rl.config.resolve import engine_start, resolved
+
+    spec = resolved(cfg.distillation.teacher_model.model_path, "distillation.teacher_model.model_path")
+    teacher_path = resources.resolve_model_path(spec, workdir)
+    student, teacher = resources.load_tokenizer(cfg, model_path), resources.load_tokenizer(cfg, teacher_path)
+    check_same_vocabulary(student, teacher, teacher_path=spec)
+    return TeacherEngine(cfg, engine_start(cfg, model_path=teacher_path, device_type=actor_device()))
+
+
 def build_engine(cfg: Config, model_path: str) -> Any:
     """The actor's vLLM engine (not started yet) for the policy at ``model_path``, with the weight-sync extension."""
     from async_rl.actor.engine import GenerationEngine, actor_device
@@ -146,9 +162,12 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
     model_scorer = reward_model(cfg, coordinator)
     client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
     engine = build_engine(cfg, model_path)
+    teacher = build_teacher(cfg, model_path, workdir)
     episodes = None
     try:
         await engine.start()
+        if teacher is not None:
+            await teacher.start()
         episodes = episode_runner(cfg, engine, model_path)
         loop = ActorLoop(
             actor_id=actor_id,
@@ -160,6 +179,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             reward_weights=reward_weights(cfg),
             give_up_s=cfg.async_training.transport.lease_timeout_s,
             episodes=episodes,
+            teacher=teacher,
             weight_sync=AsyncEngineWeightSync(
                 engine.vllm, verify_rotation=cfg.async_training.weight_sync.verify_rotation
             ),
@@ -175,6 +195,8 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             model_scorer.close()
         if episodes is not None:
             episodes.close()
+        if teacher is not None:
+            await teacher.shutdown()
         await engine.shutdown()
 
 
@@ -229,4 +251,6 @@ def run_emulated_actor(
     """
     if not tokens_per_s > 0:
         raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
+    if cfg.distillation.enabled:
+        raise ValueError("distillation.enabled=true needs a teacher engine: an emulated actor has none")
     return asyncio.run(_run_emulated(cfg, coordinator, actor_id, tokens_per_s, response_len))

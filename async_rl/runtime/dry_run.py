@@ -87,7 +87,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
 
     run_length = _run_length(cfg)
     arr, algo = cfg.actor_rollout_ref, cfg.algorithm
-    spec = objective_spec(arr.actor, algo.rollout_correction)  # parses the correction's thresholds
+    spec = objective_spec(arr.actor, algo.rollout_correction, cfg.distillation)  # parses the correction's thresholds
     lora = lora_spec(arr.model)
     # Without the data the horizon is unknown until start-up; 1 stands in so the schedules still check.
     run_steps = run_length["total_training_steps"] or 1

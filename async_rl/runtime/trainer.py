@@ -153,6 +153,7 @@ class Trainer:
             autostart=False,
             vocab_size=self.learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
             filter_groups=cfg.algorithm.filter_groups,  # DAPO dynamic sampling (transport/filtering.py)
+            teacher_required=cfg.distillation.enabled,  # on-policy distillation: groups carry the teacher's scores
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
         return coordinator

@@ -86,6 +86,7 @@ class Coordinator:
         vocab_size: int | None = None,
         trust_claimed_versions: bool = False,
         filter_groups: FilterGroupsConfig | None = None,
+        teacher_required: bool = False,
     ) -> None:
         """``async_training``: the staleness bound, the stale policy and the rollout plane (``transport``).
         ``groups_per_step``: prompt groups the learner takes per step (``data.train_batch_size``); sizes admission.
@@ -93,7 +94,10 @@ class Coordinator:
         benchmarked without a weight sync. By default an actor's version counts only up to what the learner
         confirmed sending it (:meth:`confirm_weights`), starting from ``initial_version``.
         ``sampling``: how every training group is sampled; None: the config's defaults (``GroupSampling.defaults()``).
-        ``filter_groups``: DAPO dynamic sampling of training groups (transport.filtering); None: off."""
+        ``filter_groups``: DAPO dynamic sampling of training groups (transport.filtering); None: off.
+        ``teacher_required``: on-policy distillation; a training group whose completions lack the teacher's log-probs
+        is invalid (``bad_teacher_logprobs``)."""
+        self.teacher_required = teacher_required
         self.transport = async_training.transport
         self._regrant = async_training.stale_policy == "regrant"
         if vocab_size is not None and (
@@ -599,6 +603,7 @@ class Coordinator:
             min_version=min_version,
             vocab_size=self.vocab_size,
             required_component=self._filter.required_component,
+            teacher_required=self.teacher_required,
         )
         if reason is not None:
             self._ledger.reject_invalid(group.prompt_id)

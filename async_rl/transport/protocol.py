@@ -188,6 +188,8 @@ class Completion(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     loss_mask: WireArray | None = None  # None: every token sampled (single-turn)
     turns: list[TurnSpan] | None = None  # None: not told (single-turn)
     episode: EpisodeStats | None = None  # multi-turn only
+    # on-policy distillation: the teacher's log-prob of each token (0 on observation tokens), float; None: not scored
+    teacher_logprobs: WireArray | None = None
 
 
 class AdapterPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, gc=False):
@@ -378,14 +380,18 @@ def make_completion(
     loss_mask: np.ndarray | list[int] | None = None,
     turns: list[TurnSpan] | None = None,
     episode: EpisodeStats | None = None,
+    teacher_logprobs: np.ndarray | list[float] | None = None,
 ) -> Completion:
-    """Build a Completion from arrays; one behaviour log-prob per token is required, and one ``loss_mask`` entry per
-    token when given (1: sampled, 0: observation). Whether the mask and ``turns`` agree is transport.validation's
-    to judge, as for a completion an actor sent."""
+    """Build a Completion from arrays; one behaviour log-prob per token is required, and one ``loss_mask`` entry and
+    one teacher log-prob per token when given (mask 1: sampled, 0: observation). Whether the mask and ``turns`` agree
+    is transport.validation's to judge, as for a completion an actor sent."""
     tokens = pack_array(token_ids, token_dtype)
     lps = pack_array(logprobs, logprob_dtype)
     if tokens.length != lps.length:
         raise ValueError(f"logprobs length {lps.length} != token_ids length {tokens.length}")
+    teacher = None if teacher_logprobs is None else pack_array(teacher_logprobs, logprob_dtype)
+    if teacher is not None and teacher.length != tokens.length:
+        raise ValueError(f"teacher_logprobs length {teacher.length} != token_ids length {tokens.length}")
     mask = None if loss_mask is None else pack_array(loss_mask, "|u1")
     if mask is not None and mask.length != tokens.length:
         raise ValueError(f"loss_mask length {mask.length} != token_ids length {tokens.length}")
@@ -403,4 +409,5 @@ def make_completion(
         loss_mask=mask,
         turns=None if turns is None else list(turns),
         episode=episode,
+        teacher_logprobs=teacher,
     )

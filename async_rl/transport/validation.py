@@ -48,6 +48,7 @@ InvalidReason = Literal[
     "bad_loss_mask",
     "bad_turns",
     "missing_filter_metric",
+    "bad_teacher_logprobs",
 ]
 INVALID_REASONS: tuple[InvalidReason, ...] = get_args(InvalidReason)
 LOGPROB_EPS = 1e-4  # a log-prob may exceed 0 by this much (float rounding of a probability of 1)
@@ -62,12 +63,15 @@ def check_group(
     min_version: int | None = None,
     vocab_size: int | None = None,
     required_component: str | None = None,
+    teacher_required: bool = False,
 ) -> InvalidReason | None:
     """Why ``group`` cannot be trained (None: it can), judged against the grant's ``sampling`` (``n``, ``max_tokens``)
     and ``min_version``, the newest published ``policy_version``, the learner's ``vocab_size`` and the reward
     component group filtering reads (``required_component``); each of the last four is not checked when None.
     ``max_response_length`` bounds a multi-turn completion's total length (the learner's
-    ``data.max_response_length``)."""
+    ``data.max_response_length``). ``teacher_required`` (a distillation run's training groups): every completion
+    carries one finite teacher log-prob ``<= 0`` per token; teacher log-probs are checked the same way wherever they
+    are sent."""
     if len(group.completions) != sampling.n:
         return "wrong_completion_count"
     for c in group.completions:
@@ -95,6 +99,13 @@ def check_group(
             return "bad_loss_mask"
         if c.turns is not None and not _turns_ok(c, mask, tokens.shape[0]):
             return "bad_turns"
+        if c.teacher_logprobs is None:
+            if teacher_required:
+                return "bad_teacher_logprobs"
+        else:
+            teacher = _as_array(c.teacher_logprobs, FLOAT_DTYPES)
+            if teacher is None or teacher.shape[0] != tokens.shape[0] or not _logprobs_ok(teacher):
+                return "bad_teacher_logprobs"
     if required_component is not None and any(
         required_component not in (c.reward_components or {}) for c in group.completions
     ):

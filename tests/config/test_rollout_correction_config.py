@@ -31,7 +31,7 @@ def rc_of(*overrides: str):
 
 
 def spec_of(cfg: Config) -> ObjectiveSpec:
-    return objective_spec(cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction)
+    return objective_spec(cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction, cfg.distillation)
 
 
 def test_a_verl_command_line_ports_with_the_same_meaning() -> None:

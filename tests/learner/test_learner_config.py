@@ -98,7 +98,7 @@ def test_objective_spec_reads_the_actor_and_correction_sections() -> None:
             f"{RC}.rollout_rs_threshold=0.5_2.0",
         ],
     )
-    spec = objective_spec(cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction)
+    spec = objective_spec(cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction, cfg.distillation)
     assert (spec.loss_mode, spec.clip_ratio, spec.clip_ratio_low, spec.clip_ratio_high, spec.clip_ratio_c) == (
         "geo_mean",
         0.2,
@@ -113,10 +113,10 @@ def test_objective_spec_reads_the_actor_and_correction_sections() -> None:
     assert spec.rs_bounds == {"token_k1": (0.5, 2.0)}
     assert spec.bypass_loss_type is None
     default = default_config()
-    plain = objective_spec(default.actor_rollout_ref.actor, default.algorithm.rollout_correction)
+    plain = objective_spec(default.actor_rollout_ref.actor, default.algorithm.rollout_correction, default.distillation)
     assert (plain.kl_loss_coef, plain.rs_bounds, plain.is_upper, plain.is_lower) == (None, None, 2.0, None)
     bypass = load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"])
-    assert objective_spec(bypass.actor_rollout_ref.actor, bypass.algorithm.rollout_correction).bypass_loss_type == (
+    assert objective_spec(bypass.actor_rollout_ref.actor, bypass.algorithm.rollout_correction, bypass.distillation).bypass_loss_type == (
         "reinforce"
     )
 

@@ -181,3 +181,32 @@ def test_masking_a_multi_turn_batch_keeps_the_observation_tokens_out() -> None:
     batch = collate(groups, {0: [5], 1: [5]})
     assert mask_out_of_vocab(batch, vocab_size=50, pad_token_id=0) == [1]  # id 99: group b is made inert
     assert batch.loss_mask.tolist() == [[1, 1, 0, 0, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]
+
+
+def test_teacher_log_probs_are_collated_beside_the_behaviour_ones() -> None:
+    groups = [
+        local_group(
+            0,
+            [
+                make_completion([8, 9], [-1.0, -2.0], version_min=3, teacher_logprobs=[-0.5, -0.25]),
+                make_completion([10], [-0.5], version_min=4, teacher_logprobs=[-3.0]),
+            ],
+        )
+    ]
+    batch = collate(groups, PROMPTS, max_response_length=3)
+    assert batch.teacher_log_probs is not None
+    torch.testing.assert_close(batch.teacher_log_probs, torch.tensor([[-0.5, -0.25, 0.0], [-3.0, 0.0, 0.0]]))
+    assert batch.select([1]).teacher_log_probs.tolist() == [[-3.0, 0.0, 0.0]]  # type: ignore[union-attr]
+    assert collate(two_groups(), PROMPTS).teacher_log_probs is None  # no teacher: no field
+
+
+def test_teacher_log_probs_on_some_rows_only_are_refused() -> None:
+    rows = [
+        Row(0, [5], [8, 9], [-1.0, -2.0], 1.0, 0, False, None, [-0.5, -0.5]),
+        Row(1, [5], [8], [-1.0], 1.0, 0, False, None, None),
+    ]
+    with pytest.raises(ValueError, match="teacher log-probs on some rows"):
+        collate_rows(rows, group_ids=["a", "b"], max_prompt_length=None, max_response_length=None)
+    short = [Row(0, [5], [8, 9], [-1.0, -2.0], 1.0, 0, False, None, [-0.5])]
+    with pytest.raises(ValueError, match="teacher_logprobs has 1 entries for 2 tokens"):
+        collate_rows(short, group_ids=["a"], max_prompt_length=None, max_response_length=None)

@@ -131,6 +131,7 @@ def test_every_reason_is_reachable_and_a_metric_name() -> None:
         check_group(group(), GRANT, policy_version=2, required_component="acc", max_response_length=GRANT.max_tokens),
         check_episode(episode(mask=[1, 1, 0, 0, 0, 1, 0], turns=None)),
         check_episode(episode(turns=[])),
+        check_group(group(), GRANT, policy_version=2, max_response_length=GRANT.max_tokens, teacher_required=True),
     }
     assert seen == set(INVALID_REASONS)
     assert all(r.isidentifier() and r == r.lower() for r in INVALID_REASONS)
@@ -281,3 +282,32 @@ def test_turns_that_disagree_with_the_tokens_or_the_mask_are_refused(turns: list
 
 def test_turns_without_a_mask_must_cover_every_token() -> None:
     assert check_episode(episode(mask=None, turns=[_turn(0, 2, 1, 2), _turn(3, 1, 1, 2)])) == "bad_turns"  # token 2
+
+
+def _taught(teacher: list[float] | None, tokens: list[int] | None = None) -> Completion:
+    tokens = [3, 99, 0] if tokens is None else tokens
+    c = make_completion(tokens, [-0.5] * len(tokens), version_min=1, version_max=2)
+    return c if teacher is None else msgspec.structs.replace(c, teacher_logprobs=pack_array(teacher, "<f4"))
+
+
+def check_taught(g: RolloutGroup, required: bool) -> str | None:
+    return check_group(
+        g, GRANT, policy_version=2, min_version=1, vocab_size=VOCAB, max_response_length=4, teacher_required=required
+    )
+
+
+def test_teacher_log_probs_one_finite_non_positive_per_token() -> None:
+    good = _taught([-1.0, -0.25, 0.0])
+    assert check_taught(group(good, good), required=True) is None
+    assert check_taught(group(good, good), required=False) is None  # sent unasked: checked all the same, and fine
+    for bad in ([-1.0, -0.25], [-1.0, math.nan, -1.0], [-1.0, -math.inf, -1.0], [-1.0, 0.5, -1.0]):
+        assert check_taught(group(good, _taught(bad)), required=True) == "bad_teacher_logprobs"
+        assert check_taught(group(good, _taught(bad)), required=False) == "bad_teacher_logprobs"
+    wrong_dtype = msgspec.structs.replace(good, teacher_logprobs=pack_array([1, 2, 3], "<i4"))
+    assert check_taught(group(good, wrong_dtype), required=True) == "bad_teacher_logprobs"
+
+
+def test_a_distillation_run_refuses_a_completion_without_teacher_log_probs() -> None:
+    good = _taught([-1.0, -0.25, -2.0])
+    assert check_taught(group(good, _taught(None)), required=True) == "bad_teacher_logprobs"
+    assert check_taught(group(_taught(None), _taught(None)), required=False) is None

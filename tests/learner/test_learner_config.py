@@ -116,9 +116,10 @@ def test_objective_spec_reads_the_actor_and_correction_sections() -> None:
     plain = objective_spec(default.actor_rollout_ref.actor, default.algorithm.rollout_correction, default.distillation)
     assert (plain.kl_loss_coef, plain.rs_bounds, plain.is_upper, plain.is_lower) == (None, None, 2.0, None)
     bypass = load_config(None, [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"])
-    assert objective_spec(bypass.actor_rollout_ref.actor, bypass.algorithm.rollout_correction, bypass.distillation).bypass_loss_type == (
-        "reinforce"
+    bypass_spec = objective_spec(
+        bypass.actor_rollout_ref.actor, bypass.algorithm.rollout_correction, bypass.distillation
     )
+    assert bypass_spec.bypass_loss_type == "reinforce" and bypass_spec.distill is None
 
 
 def test_lora_spec_from_the_model_section() -> None:

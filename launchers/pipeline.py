@@ -1,12 +1,12 @@
-"""Run training stages one after another from one config: SFT, reward-model training, RL and rejection-sampling
-generation, each stage's export (a model, or a generated dataset) the input of the next ones.
+"""Run training stages one after another from one config: SFT, reward-model training, RL, on-policy distillation and
+rejection-sampling generation, each stage's export (a model, or a generated dataset) the input of the next ones.
 
     python launchers/pipeline.py --config configs/pipelines/smollm2_calculator_sft_rl.yaml [--dry-run] [key=value ...]
 
 The file's format is ``async_rl.config.pipeline.PipelineConfig``: a ``run_dir`` and a list of ``stages``, each with a
-``kind`` (``sft``, ``rm``, ``rl``, ``generate``), its own ``config`` and ``overrides``, and ``inputs`` mapping a key of
-its config to an earlier stage whose export it gets (a model directory; a ``generate`` stage's jsonl of kept
-samples). Each stage runs in ``<run_dir>/<name>`` through its own entry point (``async_rl.entrypoints.sft`` or
+``kind`` (``sft``, ``rm``, ``rl``, ``opd``, ``generate``), its own ``config`` and ``overrides``, and ``inputs``
+mapping a key of its config to an earlier stage whose export it gets (a model directory; a ``generate`` stage's jsonl
+of kept samples). Each stage runs in ``<run_dir>/<name>`` through its own entry point (``async_rl.entrypoints.sft`` or
 ``train_reward_model`` under torchrun, ``launchers/local.py`` for RL and for generation), so its logs, metrics and
 checkpoints are where that entry point puts them.
 
@@ -41,7 +41,7 @@ logger = logging.getLogger("pipeline")
 
 DONE_FILE = "stage_done.json"
 # where each kind's run writes what it hands on: a model directory, or the generated dataset
-EXPORT = {"sft": "hf", "rm": "hf", "rl": "final_hf", "generate": "rejection_sampling.jsonl"}
+EXPORT = {"sft": "hf", "rm": "hf", "rl": "final_hf", "opd": "final_hf", "generate": "rejection_sampling.jsonl"}
 ENTRY = {"sft": "async_rl.entrypoints.sft", "rm": "async_rl.entrypoints.train_reward_model"}
 
 
@@ -60,7 +60,9 @@ def stage_command(cfg: PipelineConfig, stage: StageConfig, exports: dict[str, Pa
             f"rejection_sampling.output={out / EXPORT['generate']}",
             "trainer.n_gpus_per_node=1",
         ]
-    if stage.kind in ("rl", "generate"):
+    if stage.kind == "opd":
+        keys.append("distillation.enabled=true")
+    if stage.kind in ("rl", "opd", "generate"):
         actors = ["--actors", str(stage.actors)] if stage.actors else []
         return [
             sys.executable,

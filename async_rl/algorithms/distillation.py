@@ -8,8 +8,8 @@ clamped to ``[-loss_max_clamp, loss_max_clamp]``. Then, as verl's ``distillation
 - ``use_policy_gradient``: the negated estimate, computed from the current log-probs and detached, is each token's
   advantage ``A_t = log pi_teacher(y_t) - log pi_student(y_t)`` (for k1) in a clipped PPO term (``policy_loss_mode``
   vanilla, against the same old log-probs and importance weights as the task's term): the reverse KL to the teacher
-  is minimised by the policy gradient, as in Thinking Machines' on-policy distillation and prime-rl's ``opd``. Where the student already
-  matches the teacher the advantage, and so the term and its gradient, is exactly 0.
+  is minimised by the policy gradient, as in Thinking Machines' on-policy distillation and prime-rl's ``opd``. Where
+  the student already matches the teacher the advantage, and so the term and its gradient, is exactly 0.
 - otherwise: the estimate itself, aggregated with ``loss_agg_mode``, is the loss (its gradient flows through the
   student's log-probs).
 """

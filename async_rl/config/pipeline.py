@@ -32,7 +32,7 @@ from async_rl.config.errors import ConfigError
 from async_rl.config.fields import NonNegInt, PosInt, doc
 from async_rl.config.loader import load_tree_with_warnings
 
-StageKind = Literal["sft", "rm", "rl", "generate"]
+StageKind = Literal["sft", "rm", "rl", "opd", "generate"]
 
 STAGE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
@@ -47,8 +47,10 @@ class StageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         StageKind,
         doc(
             "'sft' = async_rl.entrypoints.sft, 'rm' = async_rl.entrypoints.train_reward_model (both under torchrun),"
-            " 'rl' = launchers/local.py (the learner group and its actors), 'generate' = the same with"
-            " rejection_sampling.enable=true (its export is the kept samples' jsonl, an SFT stage's data)."
+            " 'rl' = launchers/local.py (the learner group and its actors), 'opd' = the same with"
+            " distillation.enabled=true (on-policy distillation; the teacher is distillation.teacher_model.model_path,"
+            " e.g. an input from an earlier stage), 'generate' = the same with rejection_sampling.enable=true (its"
+            " export is the kept samples' jsonl, an SFT stage's data)."
         ),
     ]
     config: Annotated[str, doc("The stage's YAML config (that kind's tree).")]
@@ -59,12 +61,13 @@ class StageConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         dict[str, str],
         doc(
             "Config key -> earlier stage whose export it gets: a model directory (e.g. actor_rollout_ref.model.path:"
-            " sft, or reward.reward_model.path: rm), or a 'generate' stage's dataset (data.train_files: rs)."
+            " sft, distillation.teacher_model.model_path: rl, or reward.reward_model.path: rm), or a 'generate'"
+            " stage's dataset (data.train_files: rs)."
         ),
     ] = msgspec.field(default_factory=dict)
     nproc_per_node: Annotated[PosInt, doc("Learner ranks (torchrun --nproc-per-node).")] = 1
     actors: Annotated[
-        NonNegInt, doc("vLLM actor processes of an 'rl' or 'generate' stage (0 = the config's num_actors).")
+        NonNegInt, doc("vLLM actor processes of an 'rl', 'opd' or 'generate' stage (0 = the config's num_actors).")
     ] = 0
 
 
@@ -95,7 +98,7 @@ def validate_pipeline(cfg: PipelineConfig) -> list[str]:
                 errors.append(f"{where}: inputs.{key} names {source!r}, which is not an earlier stage")
         if stage.kind == "generate" and stage.nproc_per_node != 1:
             errors.append(f"{where}: a 'generate' stage runs one learner process; nproc_per_node must be 1")
-        if stage.actors and stage.kind not in ("rl", "generate"):
+        if stage.actors and stage.kind not in ("rl", "opd", "generate"):
             errors.append(f"{where}: actors is set but a {stage.kind!r} stage runs no actors")
         seen.append(stage.name)
     if errors:

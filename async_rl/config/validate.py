@@ -553,6 +553,12 @@ def collect_warnings(cfg: Config) -> list[str]:
             " generates one pass over data.train_files"
         )
     shaped = ro.temperature != 1.0 or ro.top_p < 1.0 or ro.top_k != -1
+    if cfg.distillation.enabled and shaped:
+        warnings.append(
+            "distillation.enabled=true with temperature/top-p/top-k sampling: the teacher scores at temperature 1 over"
+            " the whole vocabulary, the student's log-probs are of the shaped distribution, so even a student equal to"
+            " the teacher gets a signal (sample with temperature 1.0, top_p 1.0, top_k -1)"
+        )
     if at.actor.logprobs_mode == "raw" and (weighted or rc.bypass_mode) and shaped:
         warnings.append(
             "async_training.actor.logprobs_mode='raw' with temperature/top-p/top-k sampling: behaviour log-probs do not"

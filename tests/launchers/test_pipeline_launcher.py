@@ -66,6 +66,27 @@ def test_each_stage_runs_its_entry_point_with_the_models_of_earlier_stages(tmp_p
     ]  # fmt: skip
 
 
+def test_an_opd_stage_runs_the_rl_launcher_with_distillation_from_an_earlier_stages_model(tmp_path: Path) -> None:
+    opd = {
+        "name": "opd",
+        "kind": "opd",
+        "config": "configs/smollm2_arith_opd.yaml",
+        "inputs": {"distillation.teacher_model.model_path": "rl"},
+        "nproc_per_node": 2,
+    }
+    grpo = {"name": "rl", "kind": "rl", "config": "configs/smollm2_arith_grpo.yaml"}
+    cfg, _ = load_pipeline_config([str(_write(tmp_path / "p.yaml", tmp_path / "run", [grpo, opd]))], [])
+    teacher = tmp_path / "run" / "rl" / pipeline.EXPORT["rl"]
+    command = pipeline.stage_command(cfg, cfg.stages[1], {"rl": teacher})
+    assert command[1:] == [
+        str(REPO / "launchers" / "local.py"), "--config", "configs/smollm2_arith_opd.yaml", "--run-dir",
+        str(tmp_path / "run" / "opd"), "--nproc-per-node", "2",
+        f"distillation.teacher_model.model_path={teacher}", f"trainer.default_local_dir={tmp_path / 'run' / 'opd'}",
+        "distillation.enabled=true",
+    ]  # fmt: skip
+    assert pipeline.EXPORT["opd"] == "final_hf"
+
+
 def test_a_generate_stage_runs_the_rl_launcher_as_one_rejection_sampling_process(tmp_path: Path) -> None:
     gen = {"name": "rs", "kind": "generate", "config": "configs/smollm2_arith_grpo.yaml", "inputs": {}}
     sft = {**SFT, "inputs": {"data.train_files": "rs"}}
@@ -160,7 +181,12 @@ def test_every_shipped_pipeline_loads_with_stage_configs_that_validate(path: Pat
     from async_rl.config.sft import load_sft_config
 
     cfg, _ = load_pipeline_config([str(path)], [])
-    loaders = {"sft": load_sft_config, "rm": load_reward_model_config, "rl": lambda p, o: (load_config(p, o), [])}
+    loaders = {
+        "sft": load_sft_config,
+        "rm": load_reward_model_config,
+        "rl": lambda p, o: (load_config(p, o), []),
+        "opd": lambda p, o: (load_config(p, [*o, "distillation.enabled=true"]), []),
+    }
     for stage in cfg.stages:
         inputs = [f"{key}=builtin:tiny-arith" for key in stage.inputs]  # any model path parses
         loaders[stage.kind]([str(REPO / stage.config)], [*stage.overrides, *inputs])

@@ -60,8 +60,8 @@ class TeacherEngine:
         # prompt + the whole completion + the one token vLLM generates after it
         max_model_len = resolved(r.max_model_len, "actor_rollout_ref.rollout.max_model_len") + 1
         chunked, budget = scheduler_budget(r, on_cpu=not has_cuda())
-        if not chunked:
-            budget = max(budget or 0, max_model_len)
+        if not chunked and budget is not None:  # null: vLLM's default, which fits max_model_len
+            budget = max(budget, max_model_len)
         args = AsyncEngineArgs(
             model=start.model_path,
             enable_chunked_prefill=chunked,

@@ -131,15 +131,4 @@ class TeacherEngine:
             self._engine = None
 
 
-def check_same_vocabulary(student: Any, teacher: Any, *, teacher_path: str) -> None:
-    """Raise ValueError naming ``distillation.teacher_model.model_path`` unless the two tokenizers map every token to
-    the same id: the teacher scores the student's token ids as they are."""
-    if student.get_vocab() != teacher.get_vocab():
-        raise ValueError(
-            f"distillation.teacher_model.model_path={teacher_path!r} has another tokenizer than the student's"
-            f" ({len(teacher.get_vocab())} vs {len(student.get_vocab())} tokens, or other ids): the teacher must"
-            " score the student's token ids, so it needs the student's vocabulary"
-        )
-
-
-__all__ = ["TeacherEngine", "TeacherStats", "check_same_vocabulary"]
+__all__ = ["TeacherEngine", "TeacherStats"]

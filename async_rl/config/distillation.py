@@ -1,10 +1,12 @@
 """The ``distillation`` section: on-policy distillation from a frozen teacher, alone or with the task rewards.
 
 verl's key names and defaults (``distillation.enabled``, ``distillation.teacher_model.model_path``,
-``distillation.distillation_loss.*``). The student samples as usual; a teacher vLLM engine next to each actor's
-prefill-scores the exact tokens sampled (prompt log-probs, temperature 1), and the log-prob of each sampled token under
-the teacher rides on the group like the behaviour log-probs. The learner's loss then adds, per token, a divergence
-between the student and the teacher on the student's own samples (see :mod:`async_rl.algorithms.distillation`):
+``distillation.distillation_loss.*``). The student samples as usual; the teacher scores the exact tokens sampled, at
+temperature 1: with ``teacher_model.placement: actor`` a vLLM engine next to each actor's prefills them (prompt
+log-probs) and the teacher's log-prob of each sampled token rides on the group like the behaviour log-probs; with
+``learner`` a frozen copy on the learner computes them in one no-grad pass per step, as the reference model does. The
+learner's loss then adds, per token, a divergence between the student and the teacher on the student's own samples
+(see :mod:`async_rl.algorithms.distillation`):
 
 - ``use_policy_gradient=true`` (Thinking Machines' on-policy distillation, prime-rl's ``opd``): the signal
   ``log pi_teacher(y_t) - log pi_student(y_t)`` (the negative k1 estimate, no gradient through it) is each token's
@@ -17,7 +19,7 @@ between the student and the teacher on the student's own samples (see :mod:`asyn
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -30,7 +32,8 @@ DISTILL_TOPK_MODES: tuple[str, ...] = ("forward_kl_topk", "reverse_kl_topk", "js
 
 
 class TeacherInferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The teacher's vLLM engine (it shares each actor's device; every other engine setting is the rollout's)."""
+    """The teacher's vLLM engine with ``placement: actor`` (it shares each actor's device; every other engine setting is
+    the rollout's)."""
 
     gpu_memory_utilization: Annotated[
         UnitInterval,
@@ -42,16 +45,26 @@ class TeacherInferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
     ] = 0.3
 
 
+TeacherPlacement = Literal["actor", "learner"]
+
+
 class TeacherModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The frozen teacher."""
 
     model_path: Annotated[
         str | None,
-        doc(
-            "The teacher: a Hugging Face directory or a builtin: model with the student's tokenizer. Each actor"
-            " serves it in a second vLLM engine (dtype, max_model_len and the rest as actor_rollout_ref.rollout)."
-        ),
+        doc("The teacher: a Hugging Face directory or a builtin: model with the student's tokenizer."),
     ] = None
+    placement: Annotated[
+        TeacherPlacement,
+        doc(
+            "Where the teacher scores the samples. 'actor': each actor serves it in a second vLLM engine (dtype,"
+            " max_model_len and the rest as actor_rollout_ref.rollout; prompt log-probs of every completion) and the"
+            " scores ride on the groups. 'learner': a frozen FSDP2 copy on the learner, one no-grad pass per step"
+            " like the reference model's (shared prompts, the learner's precision). Not a verl key (verl serves"
+            " teachers in a pool of their own); docs/distillation.md has the numbers."
+        ),
+    ] = "actor"
     inference: Annotated[TeacherInferenceConfig, doc("The teacher engine.")] = msgspec.field(
         default_factory=TeacherInferenceConfig
     )
@@ -151,7 +164,7 @@ def distillation_errors(cfg: DistillationConfig, *, rollout_gpu_memory_utilizati
         if value is not None and not 0 < value < 1:
             errors.append(f"{key}.distillation_loss.{name} must be in (0, 1), got {value}")
     total = rollout_gpu_memory_utilization + cfg.teacher_model.inference.gpu_memory_utilization
-    if total > 0.95:
+    if cfg.teacher_model.placement == "actor" and total > 0.95:
         errors.append(
             f"actor_rollout_ref.rollout.gpu_memory_utilization + {key}.teacher_model.inference.gpu_memory_utilization"
             f" = {total:.2f} > 0.95: both engines share each actor's device"
@@ -160,6 +173,7 @@ def distillation_errors(cfg: DistillationConfig, *, rollout_gpu_memory_utilizati
 
 
 __all__ = [
+    "TeacherPlacement",
     "DISTILL_ESTIMATORS",
     "DISTILL_TOPK_MODES",
     "DistillationConfig",

@@ -19,9 +19,9 @@ Per step, on every rank with the same batch (rank 0 collates the groups it pulle
    accumulated micro-batch gradients (see ``update.py`` for the scaling), guarded against non-finite values;
 5. metrics reduced over ranks, namespaced ``learner/...``; ``version`` increments.
 
-On-policy distillation (``distillation.enabled``) adds one term to the actor's loss from the teacher's log-probs the
-actors sent with each completion (``teacher_log_probs``, see :mod:`async_rl.algorithms.distillation`); the learner
-runs no teacher model.
+On-policy distillation (``distillation.enabled``) adds one term to the actor's loss from the teacher's log-probs
+(``teacher_log_probs``, see :mod:`async_rl.algorithms.distillation`): sent by the actors with each completion
+(``teacher_model.placement: actor``), or computed in step 2 by a frozen teacher beside the reference (``learner``).
 
 When the step is a single optimizer step (``ppo_epochs`` 1, one mini-batch) and no KL enters the reward, the
 proximal pass of step 2 is skipped: the proximal policy *is* the current weights, so ``old_log_probs`` equal the
@@ -94,10 +94,12 @@ class Learner:
         *,
         ref: ModelSource | None = None,
         critic: ModelSource | None = None,
+        teacher: ModelSource | None = None,
     ) -> None:
         """``cfg``: a validated config, whose sections the learner keeps and reads; ``start``: what the config
         cannot say (:func:`async_rl.config.resolve.learner_start`). ``critic``: the value model (GAE only; by
-        default ``critic.model.path``)."""
+        default ``critic.model.path``). ``teacher``: on-policy distillation's teacher, required with
+        ``distillation.teacher_model.placement: learner`` (frozen, like the reference)."""
         self.ctx = ctx
         self.start = start
         arr = cfg.actor_rollout_ref
@@ -122,6 +124,7 @@ class Learner:
         self.vocab_size = embedding_rows(self.actor.model)
         # with LoRA the reference policy is the actor's frozen base (adapters off): no second copy of the model
         self.ref = self._build_ref(ref if ref is not None else policy) if self.needs_ref and self.lora is None else None
+        self.teacher = self._teacher(cfg, teacher)
         self.critic: Critic | None = None
         if needs_critic(cfg.algorithm.adv_estimator):
             source = critic if critic is not None else (cfg.critic.model.path or None)
@@ -168,12 +171,21 @@ class Learner:
         guard = NonFiniteGuard(actor_cfg.max_consecutive_nonfinite)
         return TrainedModel(actor, optimizer, scheduler, guard, actor_cfg.grad_clip, "actor")
 
-    def _build_ref(self, source: ModelSource) -> torch.nn.Module:
-        """The frozen reference policy, in the actor's precision and layout."""
+    def _teacher(self, cfg: Config, source: ModelSource | None) -> torch.nn.Module | None:
+        """Distillation's teacher when the learner computes it (``placement: learner``), else None."""
+        dist = cfg.distillation
+        if not (dist.enabled and dist.teacher_model.placement == "learner"):
+            return None
+        if source is None:
+            raise ValueError("distillation.teacher_model.placement=learner: the learner needs the teacher (teacher=)")
+        return self._build_ref(source, role="teacher")
+
+    def _build_ref(self, source: ModelSource, role: str = "ref") -> torch.nn.Module:
+        """A frozen model (the reference policy, or the distillation teacher), in the actor's precision and layout."""
         ref = build_model(
             source,
             self.ctx,
-            role="ref",
+            role=role,
             seed=self.seed,
             trainable=False,
             compute_dtype=self.compute_dtype,
@@ -181,7 +193,7 @@ class Learner:
         )
         if self.layout == "shared" and not shared_prompt_enabled(ref):
             raise ValueError(
-                "the reference model cannot compute shared prompts while the policy does: use models of one"
+                f"the {role} model cannot compute shared prompts while the policy does: use models of one"
                 " family, or set actor_rollout_ref.model.use_shared_prompt=false"
             )
         return ref
@@ -242,8 +254,9 @@ class Learner:
         return load_learner(self, path)
 
     # ------------------------------------------------------------------ passes
-    def _log_probs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-        temperature = self.rollout_cfg.temperature
+    def _log_probs(self, model: torch.nn.Module, batch: RolloutBatch, temperature: float | None = None) -> torch.Tensor:
+        """Log-probs of every response token under ``model`` (at the rollout's temperature unless ``temperature``)."""
+        temperature = self.rollout_cfg.temperature if temperature is None else temperature
         return forward_full_batch(
             self.ctx,
             batch,
@@ -385,8 +398,6 @@ class Learner:
         ``i`` in log lines). Returns ``learner/...`` metrics."""
         ctx, actor_cfg, spec = self.ctx, self.actor_cfg, self.objective
         t_start = time.perf_counter()
-        if spec.distill is not None and batch.teacher_log_probs is None:
-            raise ValueError("distillation.enabled=true, but the batch carries no teacher log-probs")
         out: dict[str, float] = {}
         # the tokens the model sampled, before any leaves the loss: behaviour log-probs exist only there (an
         # observation token's is 0), so the off-policy metrics compare the policies over them
@@ -412,6 +423,10 @@ class Learner:
         elif self.needs_ref:
             with adapters_disabled(self.model):
                 batch.ref_log_probs = self._log_probs(self.model, batch)
+        if self.teacher is not None:  # at temperature 1, as a teacher engine on the actors scores
+            batch.teacher_log_probs = self._log_probs(self.teacher, batch, temperature=1.0)
+        if spec.distill is not None and batch.teacher_log_probs is None:
+            raise ValueError("distillation.enabled=true, but the batch carries no teacher log-probs")
         if self.critic is not None:
             batch.values = self.critic.values(batch)
         self.model.train()

@@ -127,18 +127,18 @@ def environment_kwargs(cfg: Config) -> dict[str, Any]:
 
 
 def build_teacher(cfg: Config, model_path: str, workdir: Path) -> Any:
-    """On-policy distillation's teacher engine (not started yet), None when distillation is off; refuses a teacher
-    whose vocabulary is not the student's (at ``model_path``)."""
-    if not cfg.distillation.enabled:
+    """On-policy distillation's teacher engine (not started yet), None unless distillation is on with the teacher
+    on the actors; refuses a teacher whose vocabulary is not the student's (at ``model_path``)."""
+    if not cfg.distillation.enabled or cfg.distillation.teacher_model.placement != "actor":
         return None
     from async_rl.actor.engine import actor_device
-    from async_rl.actor.teacher import TeacherEngine, check_same_vocabulary
+    from async_rl.actor.teacher import TeacherEngine
     from async_rl.config.resolve import engine_start, resolved
 
     spec = resolved(cfg.distillation.teacher_model.model_path, "distillation.teacher_model.model_path")
     teacher_path = resources.resolve_model_path(spec, workdir)
     student, teacher = resources.load_tokenizer(cfg, model_path), resources.load_tokenizer(cfg, teacher_path)
-    check_same_vocabulary(student, teacher, teacher_path=spec)
+    resources.check_same_vocabulary(student, teacher, teacher_path=spec)
     return TeacherEngine(cfg, engine_start(cfg, model_path=teacher_path, device_type=actor_device()))
 
 
@@ -251,6 +251,8 @@ def run_emulated_actor(
     """
     if not tokens_per_s > 0:
         raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
-    if cfg.distillation.enabled:
-        raise ValueError("distillation.enabled=true needs a teacher engine: an emulated actor has none")
+    if cfg.distillation.enabled and cfg.distillation.teacher_model.placement == "actor":
+        raise ValueError(
+            "distillation.teacher_model.placement=actor needs a teacher engine: an emulated actor has none"
+        )
     return asyncio.run(_run_emulated(cfg, coordinator, actor_id, tokens_per_s, response_len))

@@ -22,7 +22,7 @@ from async_rl import metric_catalog as mc
 from async_rl.config import Config
 from async_rl.config.names import needs_critic
 from async_rl.config.precision import precision_line
-from async_rl.config.resolve import learner_start, served_check_tolerance
+from async_rl.config.resolve import learner_start, resolved, served_check_tolerance
 from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop, StopRequested, step_outlasts_deadline
 from async_rl.runtime.metrics import ActorActivity
@@ -66,6 +66,15 @@ def load_prompts(cfg: Config, ctx: Any, tokenizer: Any) -> tuple[list[Any] | Non
     return records, int(shared["steps"])
 
 
+def learner_teacher(cfg: Config) -> str | None:
+    """The teacher model the learner computes (``distillation.teacher_model.model_path`` with ``placement: learner``),
+    None otherwise."""
+    teacher = cfg.distillation.teacher_model
+    if not cfg.distillation.enabled or teacher.placement != "learner":
+        return None
+    return resolved(teacher.model_path, "distillation.teacher_model.model_path")
+
+
 class Trainer:
     """One learner rank's run (see the module docstring); :meth:`train` runs it and returns rank 0's summary."""
 
@@ -76,9 +85,12 @@ class Trainer:
 
         self.cfg, self.ctx, self.stop = cfg, ctx, stop
         self.out_dir = resources.run_dir(cfg)
+        teacher_spec = learner_teacher(cfg)
         if ctx.rank == 0:  # rank 0 builds builtin models once; the others then find them on disk
             self.out_dir.mkdir(parents=True, exist_ok=True)
             resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
+            if teacher_spec is not None:
+                resources.resolve_model_path(teacher_spec, self.out_dir)
         ctx.barrier()
         policy_path = resources.resolve_model_path(cfg.actor_rollout_ref.model.path, self.out_dir)
         self.tokenizer = resources.load_tokenizer(cfg, policy_path)
@@ -102,7 +114,12 @@ class Trainer:
         critic_path = None
         if needs_critic(cfg.algorithm.adv_estimator):
             critic_path = resources.resolve_model_path(cfg.critic.model.path or policy_path, self.out_dir)
-        self.learner = Learner(cfg, start, ctx, policy_path, critic=critic_path)
+        teacher_path = None
+        if teacher_spec is not None:  # on-policy distillation with the teacher on the learner
+            teacher_path = resources.resolve_model_path(teacher_spec, self.out_dir)
+            teacher_tokenizer = resources.load_tokenizer(cfg, teacher_path)
+            resources.check_same_vocabulary(self.tokenizer, teacher_tokenizer, teacher_path=teacher_spec)
+        self.learner = Learner(cfg, start, ctx, policy_path, critic=critic_path, teacher=teacher_path)
         self.coordinator = self._coordinator(records) if records is not None else None
         ws = cfg.async_training.weight_sync
         self.publisher = WeightPublisher.from_config(
@@ -153,7 +170,8 @@ class Trainer:
             autostart=False,
             vocab_size=self.learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
             filter_groups=cfg.algorithm.filter_groups,  # DAPO dynamic sampling (transport/filtering.py)
-            teacher_required=cfg.distillation.enabled,  # on-policy distillation: groups carry the teacher's scores
+            # on-policy distillation with the teacher on the actors: groups carry its scores
+            teacher_required=cfg.distillation.enabled and cfg.distillation.teacher_model.placement == "actor",
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
         return coordinator

@@ -67,3 +67,11 @@ def test_the_top_k_size_is_accepted_and_warned_about() -> None:
 def test_nothing_is_checked_while_disabled() -> None:
     cfg = load_config([], ["distillation.distillation_loss.loss_mode=forward_kl_topk"])
     assert not cfg.distillation.enabled
+
+
+def test_the_memory_rule_is_the_actor_placements_only() -> None:
+    big = "distillation.teacher_model.inference.gpu_memory_utilization=0.6"
+    assert "gpu_memory_utilization = 1.10" in _error(*ON, big)
+    cfg = load_config([], [*ON, big, "distillation.teacher_model.placement=learner"])
+    assert cfg.distillation.teacher_model.placement == "learner"
+    assert "placement" in _error(*ON, "distillation.teacher_model.placement=gpu")

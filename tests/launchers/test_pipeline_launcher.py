@@ -143,7 +143,9 @@ def test_a_finished_stage_is_skipped_and_a_failing_one_stops_the_pipeline(tmp_pa
 
 
 @pytest.mark.slow
-def test_sft_then_rl_from_the_sft_model_end_to_end(tmp_path: Path) -> None:
+def test_sft_then_rl_from_the_sft_model_then_distillation_of_it_end_to_end(tmp_path: Path) -> None:
+    """SFT, GRPO from the SFT model, then on-policy distillation of the GRPO model into the base model (an 'opd'
+    stage, its teacher on the learner)."""
     run = tmp_path / "run"
     sft = {**SFT, "nproc_per_node": 1, "overrides": ["trainer.total_training_steps=20", "trainer.logger=[jsonl]"]}
     rl = {
@@ -154,9 +156,23 @@ def test_sft_then_rl_from_the_sft_model_end_to_end(tmp_path: Path) -> None:
         "overrides": ["trainer.total_training_steps=2", "data.train_batch_size=4"],
         "actors": 1,
     }
-    path = _write(tmp_path / "p.yaml", run, [sft, rl])
+    opd = {
+        "name": "opd",
+        "kind": "opd",
+        "config": "configs/smoke_grpo.yaml",
+        "inputs": {"distillation.teacher_model.model_path": "rl"},
+        "overrides": [
+            "trainer.total_training_steps=2",
+            "data.train_batch_size=4",
+            "distillation.teacher_model.placement=learner",
+            "distillation.distillation_loss.loss_mode=k1",
+            "distillation.distillation_loss.use_task_rewards=false",
+        ],
+        "actors": 1,
+    }
+    path = _write(tmp_path / "p.yaml", run, [sft, rl, opd])
     cmd = [sys.executable, str(LAUNCHER), "--config", str(path)]
-    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-4000:]
     sft_lines = [json.loads(x) for x in (run / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in sft_lines] == list(range(1, 21))
@@ -166,12 +182,24 @@ def test_sft_then_rl_from_the_sft_model_end_to_end(tmp_path: Path) -> None:
     actor_log = (run / "rl" / "logs" / "actor-0.log").read_text()
     assert f"policy {run / 'sft' / 'hf'};" in learner_log  # the RL stage's policy is the SFT stage's export ...
     assert f"Starting to load model {run / 'sft' / 'hf'}" in actor_log  # ... on the learner and in vLLM
-    for name in ("sft", "rl"):
+    opd_lines = [json.loads(x) for x in (run / "opd" / "metrics.jsonl").read_text().splitlines()]
+    opd_steps = [r for r in opd_lines if "val/version" not in r]
+    assert [r["step"] for r in opd_steps] == [1, 2]
+    # the SFT-and-GRPO teacher is far from the untrained student: the signal is there, finite, and trained on
+    assert all(
+        r["learner/distillation/reverse_kl"] > 0.1 and r["learner/distillation/abs_estimate"] > 0.1 for r in opd_steps
+    )
+    assert all(r["learner/actor/pg_loss"] == 0.0 for r in opd_steps)  # the teacher's signal alone
+    opd_learner = (run / "opd" / "logs" / "learner.log").read_text()
+    assert "teacher: " in opd_learner and "FSDP2 units" in opd_learner  # built on the learner ...
+    assert "teacher engine up" not in (run / "opd" / "logs" / "actor-0.log").read_text()  # ... not on the actor
+    for name in ("sft", "rl", "opd"):
         record = json.loads((run / name / pipeline.DONE_FILE).read_text())
         assert Path(record["export"], "config.json").is_file() and record["seconds"] > 0
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0
-    assert "stage 1/2 sft: finished before" in again.stderr and "stage 2/2 rl: finished before" in again.stderr
+    assert "stage 1/3 sft: finished before" in again.stderr and "stage 2/3 rl: finished before" in again.stderr
+    assert "stage 3/3 opd: finished before" in again.stderr
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "pipelines").glob("*.yaml")), ids=lambda p: p.name)

@@ -125,6 +125,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         "policy": {"path": cfg.actor_rollout_ref.model.path, "status": _path_status(cfg.actor_rollout_ref.model.path)},
         "critic": ({"path": cfg.critic.model.path, "status": _path_status(cfg.critic.model.path)} if critic else None),
         "reward_model": _reward_model_report(cfg),
+        "distillation": _distillation_report(cfg, spec),
         "reference_model": (("the frozen base (adapters off)" if lora is not None else True) if needs_ref else False),
         "lora": (
             None
@@ -164,6 +165,20 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         },
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},
         "reward": reward,
+    }
+
+
+def _distillation_report(cfg: Config, spec: Any) -> dict[str, Any] | None:
+    """On-policy distillation's teacher (where it runs, whether its directory exists yet) and its loss term."""
+    if spec.distill is None:
+        return None
+    teacher = cfg.distillation.teacher_model
+    d = spec.distill
+    return {
+        "teacher": {"path": teacher.model_path, "status": _path_status(teacher.model_path), "on": teacher.placement},
+        "loss_mode": d.loss_mode,
+        "policy_gradient": d.use_policy_gradient,
+        "with_task_rewards": d.use_task_rewards,
     }
 
 

@@ -32,6 +32,10 @@ def test_dry_run_report_for_every_config(path):
     if "qwen" in path.name:
         assert report["policy"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct"
         assert report["reward"] == "async_rl.rewards.gsm8k:compute_score"
+    assert (report["distillation"] is not None) == cfg.distillation.enabled
+    if path.name == "smollm2_arith_opd.yaml":
+        assert report["distillation"]["teacher"]["path"] == "outputs/smollm2/final_hf"
+        assert (report["distillation"]["loss_mode"], report["distillation"]["with_task_rewards"]) == ("k1", False)
 
 
 ENTRYPOINTS = ["async_rl.entrypoints.train", "async_rl.entrypoints.actor"]

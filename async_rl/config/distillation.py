@@ -2,9 +2,10 @@
 
 verl's key names and defaults (``distillation.enabled``, ``distillation.teacher_model.model_path``,
 ``distillation.distillation_loss.*``). The student samples as usual; the teacher scores the exact tokens sampled, at
-temperature 1: with ``teacher_model.placement: actor`` a vLLM engine next to each actor's prefills them (prompt
-log-probs) and the teacher's log-prob of each sampled token rides on the group like the behaviour log-probs; with
-``learner`` a frozen copy on the learner computes them in one no-grad pass per step, as the reference model does. The
+temperature 1: with ``teacher_model.placement: learner`` (the default) a frozen copy on the learner computes them in
+one no-grad pass per step, as the reference model does; with ``actor`` a vLLM engine next to each actor's prefills
+them (prompt log-probs) and the teacher's log-prob of each sampled token rides on the group like the behaviour
+log-probs. The
 learner's loss then adds, per token, a divergence between the student and the teacher on the student's own samples
 (see :mod:`async_rl.algorithms.distillation`):
 
@@ -58,13 +59,13 @@ class TeacherModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     placement: Annotated[
         TeacherPlacement,
         doc(
-            "Where the teacher scores the samples. 'actor': each actor serves it in a second vLLM engine (dtype,"
-            " max_model_len and the rest as actor_rollout_ref.rollout; prompt log-probs of every completion) and the"
-            " scores ride on the groups. 'learner': a frozen FSDP2 copy on the learner, one no-grad pass per step"
-            " like the reference model's (shared prompts, the learner's precision). Not a verl key (verl serves"
-            " teachers in a pool of their own); docs/distillation.md has the numbers."
+            "Where the teacher scores the samples. 'learner': a frozen FSDP2 copy on the learner, one no-grad pass"
+            " per step like the reference model's (shared prompts, the learner's precision). 'actor': each actor"
+            " serves it in a second vLLM engine (dtype, max_model_len and the rest as actor_rollout_ref.rollout;"
+            " prompt log-probs of every completion) and the scores ride on the groups. Not a verl key (verl serves"
+            " teachers in a pool of their own); docs/distillation.md has the numbers behind the default."
         ),
-    ] = "actor"
+    ] = "learner"
     inference: Annotated[TeacherInferenceConfig, doc("The teacher engine.")] = msgspec.field(
         default_factory=TeacherInferenceConfig
     )
@@ -118,13 +119,13 @@ class DistillationLossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
 
 
 class DistillationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """On-policy distillation from a teacher served next to the actors."""
+    """On-policy distillation from a frozen teacher."""
 
     enabled: Annotated[
         bool,
         doc(
-            "Score every training completion with the teacher (teacher_model.model_path) on the actors and add the"
-            " distillation term to the actor's loss. Validation rounds are not scored."
+            "Score every training completion with the teacher (teacher_model.model_path) and add the distillation"
+            " term to the actor's loss. Validation rounds are not scored."
         ),
     ] = False
     teacher_model: Annotated[TeacherModelConfig, doc("The teacher.")] = msgspec.field(

@@ -45,9 +45,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     async_training: Annotated[AsyncTrainingConfig, doc("Asynchronous actor-learner settings.")] = msgspec.field(
         default_factory=AsyncTrainingConfig
     )
-    distillation: Annotated[
-        DistillationConfig, doc("On-policy distillation from a teacher served next to the actors.")
-    ] = msgspec.field(default_factory=DistillationConfig)
+    distillation: Annotated[DistillationConfig, doc("On-policy distillation from a frozen teacher.")] = msgspec.field(
+        default_factory=DistillationConfig
+    )
     rejection_sampling: Annotated[
         RejectionSamplingConfig, doc("A generation job that writes the best samples as an SFT dataset.")
     ] = msgspec.field(default_factory=RejectionSamplingConfig)

@@ -15,6 +15,7 @@ from _e2e_helpers import ROOT, launcher_command, read_jsonl
 STEPS = 3
 TEACHER = [
     "distillation.enabled=true",
+    "distillation.teacher_model.placement=actor",  # a teacher engine on the actor (the learner's: the pipeline test)
     "distillation.distillation_loss.loss_mode=k1",
     "distillation.distillation_loss.use_task_rewards=false",  # the teacher's signal alone
 ]

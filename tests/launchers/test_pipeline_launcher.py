@@ -164,7 +164,6 @@ def test_sft_then_rl_from_the_sft_model_then_distillation_of_it_end_to_end(tmp_p
         "overrides": [
             "trainer.total_training_steps=2",
             "data.train_batch_size=4",
-            "distillation.teacher_model.placement=learner",
             "distillation.distillation_loss.loss_mode=k1",
             "distillation.distillation_loss.use_task_rewards=false",
         ],

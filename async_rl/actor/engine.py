@@ -117,21 +117,14 @@ class GenerationEngine:
         return str(self._adapter_root / f"v{version}")
 
     async def start(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         r, start = self.rollout_cfg, self.startup
-        chunked, budget = scheduler_budget(r, on_cpu=not has_cuda())
-        args = AsyncEngineArgs(
-            model=start.model_path,
-            enable_chunked_prefill=chunked,
-            max_num_batched_tokens=budget,
-            tensor_parallel_size=r.tensor_model_parallel_size,
-            dtype=start.dtype,  # type: ignore[arg-type]
+        args = engine_args(
+            r,
+            start,
             max_model_len=resolved(r.max_model_len, "actor_rollout_ref.rollout.max_model_len"),
             gpu_memory_utilization=r.gpu_memory_utilization,
-            max_num_seqs=r.max_num_seqs,
-            enforce_eager=r.enforce_eager,
             enable_prefix_caching=r.enable_prefix_caching,
             logprobs_mode="processed_logprobs" if self.actor_cfg.logprobs_mode == "processed" else "raw_logprobs",
             seed=self.seed,
@@ -347,6 +340,31 @@ class GenerationEngine:
         if self._adapter_root is not None:
             shutil.rmtree(self._adapter_root, ignore_errors=True)
             self._adapter_root = None
+
+
+def engine_args(
+    rollout: RolloutConfig, start: EngineStart, *, max_model_len: int, gpu_memory_utilization: float, **kwargs: Any
+) -> Any:
+    """vLLM's ``AsyncEngineArgs`` for an engine of this actor: the model and dtype of ``start``, the rollout's
+    parallelism, batch and eager settings, its scheduler budget (:func:`scheduler_budget`, extended to
+    ``max_model_len`` when chunked prefill is off), and ``kwargs`` (prefix caching, log-prob mode, seed, LoRA, ...)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    chunked, budget = scheduler_budget(rollout, on_cpu=not has_cuda())
+    if not chunked and budget is not None:  # null: vLLM's default, which fits max_model_len
+        budget = max(budget, max_model_len)
+    return AsyncEngineArgs(
+        model=start.model_path,
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=budget,
+        tensor_parallel_size=rollout.tensor_model_parallel_size,
+        dtype=start.dtype,  # type: ignore[arg-type]
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=rollout.max_num_seqs,
+        enforce_eager=rollout.enforce_eager,
+        **kwargs,
+    )
 
 
 def lora_engine_kwargs(lora_rank: int, max_loras: int) -> dict[str, Any]:

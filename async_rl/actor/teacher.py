@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from async_rl.actor.engine import EngineDead, has_cuda, scheduler_budget
+from async_rl.actor.engine import EngineDead, engine_args
 from async_rl.config import Config
 from async_rl.config.resolve import EngineStart, resolved
 
@@ -53,30 +53,20 @@ class TeacherEngine:
         self._next_request = 0
 
     async def start(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        r, start = self.rollout_cfg, self.startup
-        # prompt + the whole completion + the one token vLLM generates after it
-        max_model_len = resolved(r.max_model_len, "actor_rollout_ref.rollout.max_model_len") + 1
-        chunked, budget = scheduler_budget(r, on_cpu=not has_cuda())
-        if not chunked and budget is not None:  # null: vLLM's default, which fits max_model_len
-            budget = max(budget, max_model_len)
-        args = AsyncEngineArgs(
-            model=start.model_path,
-            enable_chunked_prefill=chunked,
-            max_num_batched_tokens=budget,
-            tensor_parallel_size=r.tensor_model_parallel_size,
-            dtype=start.dtype,  # type: ignore[arg-type]
-            max_model_len=max_model_len,
+        r = self.rollout_cfg
+        args = engine_args(
+            r,
+            self.startup,
+            # prompt + the whole completion + the one token vLLM generates after it
+            max_model_len=resolved(r.max_model_len, "actor_rollout_ref.rollout.max_model_len") + 1,
             gpu_memory_utilization=self.inference_cfg.gpu_memory_utilization,
-            max_num_seqs=r.max_num_seqs,
-            enforce_eager=r.enforce_eager,
             enable_prefix_caching=False,
             logprobs_mode="raw_logprobs",
         )
         self._engine = AsyncLLM.from_engine_args(args)
-        logger.info("teacher engine up: %s", start.model_path)
+        logger.info("teacher engine up: %s", self.startup.model_path)
 
     @property
     def dead(self) -> bool:

@@ -254,9 +254,11 @@ class Learner:
         return load_learner(self, path)
 
     # ------------------------------------------------------------------ passes
-    def _log_probs(self, model: torch.nn.Module, batch: RolloutBatch, temperature: float | None = None) -> torch.Tensor:
-        """Log-probs of every response token under ``model`` (at the rollout's temperature unless ``temperature``)."""
-        temperature = self.rollout_cfg.temperature if temperature is None else temperature
+    def _log_probs(self, model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+        """Log-probs of every response token under ``model``, at the rollout's temperature."""
+        return self._log_probs_at(model, batch, self.rollout_cfg.temperature)
+
+    def _log_probs_at(self, model: torch.nn.Module, batch: RolloutBatch, temperature: float) -> torch.Tensor:
         return forward_full_batch(
             self.ctx,
             batch,
@@ -424,7 +426,7 @@ class Learner:
             with adapters_disabled(self.model):
                 batch.ref_log_probs = self._log_probs(self.model, batch)
         if self.teacher is not None:  # at temperature 1, as a teacher engine on the actors scores
-            batch.teacher_log_probs = self._log_probs(self.teacher, batch, temperature=1.0)
+            batch.teacher_log_probs = self._log_probs_at(self.teacher, batch, 1.0)
         if spec.distill is not None and batch.teacher_log_probs is None:
             raise ValueError("distillation.enabled=true, but the batch carries no teacher log-probs")
         if self.critic is not None:

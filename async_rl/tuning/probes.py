@@ -244,9 +244,10 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _synthetic_groups(
-    records: list[Any], lengths: list[int], num: int, n: int, vocab: int, seed: int
+    records: list[Any], lengths: list[int], num: int, n: int, vocab: int, seed: int, *, teacher_scored: bool
 ) -> tuple[list[Any], dict[int, list[int]]]:
-    """``num`` groups of ``n`` random completions and their prompts (drawn from ``records``) by prompt id."""
+    """``num`` groups of ``n`` random completions and their prompts (drawn from ``records``) by prompt id; with
+    ``teacher_scored`` each completion carries teacher log-probs, as a teacher engine's actor sends them."""
     from async_rl.learner.batching import local_group
     from async_rl.transport.protocol import make_completion
 
@@ -258,9 +259,17 @@ def _synthetic_groups(
         for _ in range(n):
             length = max(1, rng.choice(lengths))
             tokens = [rng.randrange(3, vocab) for _ in range(length)]
-            completions.append(make_completion(tokens, [-1.0] * length, version_min=0, reward=rng.random()))
+            teacher = [-1.5] * length if teacher_scored else None
+            completions.append(
+                make_completion(tokens, [-1.0] * length, version_min=0, reward=rng.random(), teacher_logprobs=teacher)
+            )
         groups.append(local_group(g, completions))
     return groups, prompts
+
+
+def _distills_on(cfg: Any, placement: str) -> bool:
+    """Whether ``cfg`` runs on-policy distillation with its teacher at ``placement`` ("learner" or "actor")."""
+    return bool(cfg.distillation.enabled and cfg.distillation.teacher_model.placement == placement)
 
 
 def _timed_step(ctx: Any, learner: Any, groups: list[Any], prompts: dict[int, list[int]]) -> float:
@@ -293,7 +302,10 @@ class _Bench:
         from async_rl.learner.step import Learner
 
         # synthetic groups: pad id 0 (the probe's token ids are drawn from the vocabulary, never padded by a tokenizer)
-        return Learner(cfg, learner_start(cfg, pad_token_id=0, total_training_steps=None), self.ctx, self.model_path)
+        start = learner_start(cfg, pad_token_id=0, total_training_steps=None)
+        # distillation with the teacher on the learner: the policy stands in for it (a teacher of its size)
+        teacher = self.model_path if _distills_on(cfg, "learner") else None
+        return Learner(cfg, start, self.ctx, self.model_path, teacher=teacher)
 
     def batch(self, cfg: Any, size: int) -> tuple[list[Any], dict[int, list[int]], int]:
         """``size`` synthetic groups (the same for the same size), their prompts and their tokens; sets ``cfg``'s
@@ -301,7 +313,15 @@ class _Bench:
         mini = size // self.minis_per_step if size % self.minis_per_step == 0 else size
         cfg.actor_rollout_ref.actor.ppo_mini_batch_size = mini
         n = cfg.actor_rollout_ref.rollout.n
-        groups, prompts = _synthetic_groups(self.records, self.params["response_lengths"], size, n, self.vocab, size)
+        groups, prompts = _synthetic_groups(
+            self.records,
+            self.params["response_lengths"],
+            size,
+            n,
+            self.vocab,
+            size,
+            teacher_scored=_distills_on(cfg, "actor"),
+        )
         tokens = sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
         return groups, prompts, tokens
 

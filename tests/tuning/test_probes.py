@@ -121,3 +121,32 @@ def test_a_trial_is_decided_early_only_when_every_step_of_one_side_is_twice_the_
     assert not clear_winner([15.4, 40.0], [60.0, 70.0])  # one fast step of the slower side does not decide
     assert not clear_winner([10.0], [19.9])
     assert not clear_winner([], [5.0])
+
+
+@pytest.mark.parametrize("placement", ["learner", "actor"])
+def test_a_learner_probe_of_a_distillation_config_times_a_real_step(tmp_path: Path, placement: str) -> None:
+    """The tuner's learner probe builds the config's learner: with the teacher on the learner the policy stands in
+    for it, with a teacher engine the synthetic groups carry teacher log-probs as an actor's would."""
+    from async_rl.learner import local_context
+
+    params = {
+        "config": [],
+        "overrides": [
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=2",
+            "distillation.enabled=true",
+            "distillation.teacher_model.model_path=builtin:tiny-arith",
+            f"distillation.teacher_model.placement={placement}",
+            "distillation.distillation_loss.loss_mode=k1",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        ],
+        "response_lengths": [3, 5],
+    }
+    cfg = probes._config(params)
+    model_path, records = probes._model_and_records(cfg, tmp_path)
+    bench = probes._Bench(params, local_context(), model_path, records, vocab=50, minis_per_step=1)
+    groups, prompts, _ = bench.batch(cfg, 4)
+    learner = bench.build(cfg)
+    assert (learner.teacher is not None) == (placement == "learner")
+    assert all((c.teacher_logprobs is not None) == (placement == "actor") for g in groups for c in g.completions)
+    assert probes._timed_step(bench.ctx, learner, groups, prompts) > 0

@@ -35,6 +35,14 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str | list[str] | None,
         doc(f"Validation prompt file(s); '{BUILTIN_DATA}' = the arithmetic task's eval split; null = no validation."),
     ] = BUILTIN_DATA
+    train_max_samples: Annotated[
+        int,
+        doc(
+            "Training prompts: -1 = all; N = N of them (drawn with data.seed when data.shuffle, else the first N),"
+            " as verl's data.train_max_samples.",
+            ge=-1,
+        ),
+    ] = -1
     val_max_samples: Annotated[
         int,
         doc(

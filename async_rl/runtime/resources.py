@@ -156,10 +156,12 @@ def tokenize_prompts(tokenizer: Any, prompts: list[Any]) -> list[list[int]]:
 
 
 def prompt_records(cfg: Config, tokenizer: Any) -> list[Any]:
-    """Tokenized training prompts as coordinator records (over-long ones filtered or rejected per config)."""
+    """Tokenized training prompts as coordinator records (over-long ones filtered or rejected per config);
+    ``data.train_max_samples`` = N keeps N of them (:func:`max_samples`)."""
     d = cfg.data
     raw = load_raw_records(d.train_files, d.prompt_key, "train", d.seed)
-    records = _records(raw, [f"prompt {i}" for i in range(len(raw))], tokenizer, cfg)
+    chosen = max_samples(len(raw), d.train_max_samples, shuffle=d.shuffle, seed=d.seed)
+    records = _records([raw[i] for i in chosen], [f"prompt {i}" for i in chosen], tokenizer, cfg)
     dropped = sum(r is None for r in records)
     if dropped:
         logger.warning("dropped %d prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
@@ -228,6 +230,19 @@ def _prompt_record(raw: dict[str, Any], ids: list[int], text: str, cfg: Config) 
     return PromptRecord.from_mapping(record)
 
 
+def max_samples(total: int, limit: int, *, shuffle: bool, seed: int) -> list[int]:
+    """The indices of the records a ``data.*_max_samples`` of ``limit`` keeps out of ``total``, as verl: all for -1
+    (or a limit of at least ``total``), else ``limit`` of them, drawn without replacement with ``seed`` when
+    ``shuffle``, else the first ``limit``."""
+    if not 0 < limit < total:
+        return list(range(total))
+    if not shuffle:
+        return list(range(limit))
+    import numpy as np
+
+    return [int(i) for i in np.random.default_rng(seed).choice(total, limit, replace=False)]
+
+
 def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
     """Tokenized validation prompts (``data.val_files``) as coordinator records, and each one's data source.
 
@@ -244,14 +259,7 @@ def val_records(cfg: Config, tokenizer: Any) -> tuple[list[Any], list[str]]:
         default = ARITH_SOURCE if f == BUILTIN_DATA else "unknown"
         raw.extend(rows)
         sources.extend(str(r["extra"].get("data_source", default)) for r in rows)
-    chosen: list[int] = list(range(len(raw)))
-    if 0 < d.val_max_samples < len(raw):
-        if d.shuffle:
-            import numpy as np
-
-            chosen = [int(i) for i in np.random.default_rng(d.seed).choice(len(raw), d.val_max_samples, replace=False)]
-        else:
-            chosen = chosen[: d.val_max_samples]
+    chosen = max_samples(len(raw), d.val_max_samples, shuffle=d.shuffle, seed=d.seed)
     made = _records([raw[i] for i in chosen], [f"validation prompt {i}" for i in chosen], tokenizer, cfg)
     records = [r for r in made if r is not None]
     kept_sources = [sources[i] for i, r in zip(chosen, made, strict=True) if r is not None]

@@ -213,6 +213,10 @@ def test_every_shipped_pipeline_loads_with_stage_configs_that_validate(path: Pat
         "rm": load_reward_model_config,
         "rl": lambda p, o: (load_config(p, o), []),
         "opd": lambda p, o: (load_config(p, [*o, "distillation.enabled=true"]), []),
+        "generate": lambda p, o: (
+            load_config(p, [*o, "rejection_sampling.enable=true", "trainer.n_gpus_per_node=1"]),
+            [],
+        ),
     }
     for stage in cfg.stages:
         inputs = [f"{key}=builtin:tiny-arith" for key in stage.inputs]  # any model path parses

@@ -244,3 +244,17 @@ def test_build_validator_loads_prompts_only_when_a_round_will_run(tmp_path: Any)
     with pytest.raises(ValueError, match="not found"):  # rank 0 broadcasts the error so every rank raises it
         build_validator(missing, ctx, _FakeCoordinator(), _CharTokenizer(), None)
     assert ctx.broadcasts[-1].startswith(b"data file not found")
+
+
+def test_train_records_capped_like_verl() -> None:
+    cfg = load_config(None, ["data.train_files=builtin:arith", "data.train_max_samples=16", "data.seed=5"])
+    records = resources.prompt_records(cfg, _CharTokenizer())
+    everything = resources.load_raw_records("builtin:arith", "prompt", "train", 5)
+    picked = np.random.default_rng(5).choice(len(everything), 16, replace=False)  # verl's draw with data.seed
+    assert [r.extras["prompt"] for r in records] == [everything[i]["prompt"] for i in picked]
+    first = resources.prompt_records(
+        load_config(None, ["data.train_max_samples=3", "data.shuffle=false"]), _CharTokenizer()
+    )
+    assert [r.extras["prompt"] for r in first] == [r["prompt"] for r in resources.load_raw_records(
+        "builtin:arith", "prompt", "train", 1)[:3]]  # fmt: skip
+    assert len(resources.prompt_records(load_config(None, []), _CharTokenizer())) == resources.ARITH_TRAIN_SIZE

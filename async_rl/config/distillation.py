@@ -136,6 +136,11 @@ class DistillationConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     )
 
 
+def teacher_at(cfg: DistillationConfig, placement: TeacherPlacement) -> bool:
+    """Whether distillation is on with its teacher at ``placement`` (``learner`` or ``actor``)."""
+    return cfg.enabled and cfg.teacher_model.placement == placement
+
+
 def distillation_errors(cfg: DistillationConfig, *, rollout_gpu_memory_utilization: float) -> list[str]:
     """The section's own rules (each error names its key); nothing when distillation is off."""
     if not cfg.enabled:
@@ -165,7 +170,7 @@ def distillation_errors(cfg: DistillationConfig, *, rollout_gpu_memory_utilizati
         if value is not None and not 0 < value < 1:
             errors.append(f"{key}.distillation_loss.{name} must be in (0, 1), got {value}")
     total = rollout_gpu_memory_utilization + cfg.teacher_model.inference.gpu_memory_utilization
-    if cfg.teacher_model.placement == "actor" and total > 0.95:
+    if teacher_at(cfg, "actor") and total > 0.95:
         errors.append(
             f"actor_rollout_ref.rollout.gpu_memory_utilization + {key}.teacher_model.inference.gpu_memory_utilization"
             f" = {total:.2f} > 0.95: both engines share each actor's device"
@@ -182,4 +187,5 @@ __all__ = [
     "TeacherInferenceConfig",
     "TeacherModelConfig",
     "distillation_errors",
+    "teacher_at",
 ]

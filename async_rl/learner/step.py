@@ -53,6 +53,7 @@ from async_rl.algorithms import (
 from async_rl.algorithms.objective import ActorMicroBatch, actor_objective, correction_weights
 from async_rl.config import Config
 from async_rl.config.algorithm import AlgorithmConfig
+from async_rl.config.distillation import teacher_at
 from async_rl.config.names import needs_critic
 from async_rl.config.resolve import LearnerStart, resolved
 from async_rl.learner.batching import RolloutBatch, collate_groups, mask_out_of_vocab, mask_truncated
@@ -173,8 +174,7 @@ class Learner:
 
     def _teacher(self, cfg: Config, source: ModelSource | None) -> torch.nn.Module | None:
         """Distillation's teacher when the learner computes it (``placement: learner``), else None."""
-        dist = cfg.distillation
-        if not (dist.enabled and dist.teacher_model.placement == "learner"):
+        if not teacher_at(cfg.distillation, "learner"):
             return None
         if source is None:
             raise ValueError("distillation.teacher_model.placement=learner: the learner needs the teacher (teacher=)")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from async_rl.config import Config
+from async_rl.config.distillation import teacher_at
 from async_rl.runtime import resources
 
 logger = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def environment_kwargs(cfg: Config) -> dict[str, Any]:
 def build_teacher(cfg: Config, model_path: str, workdir: Path) -> Any:
     """On-policy distillation's teacher engine (not started yet), None unless distillation is on with the teacher
     on the actors; refuses a teacher whose vocabulary is not the student's (at ``model_path``)."""
-    if not cfg.distillation.enabled or cfg.distillation.teacher_model.placement != "actor":
+    if not teacher_at(cfg.distillation, "actor"):
         return None
     from async_rl.actor.engine import actor_device
     from async_rl.actor.teacher import TeacherEngine
@@ -251,7 +252,7 @@ def run_emulated_actor(
     """
     if not tokens_per_s > 0:
         raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
-    if cfg.distillation.enabled and cfg.distillation.teacher_model.placement == "actor":
+    if teacher_at(cfg.distillation, "actor"):
         raise ValueError(
             "distillation.teacher_model.placement=actor needs a teacher engine: an emulated actor has none"
         )

@@ -20,6 +20,7 @@ import torch
 
 from async_rl import metric_catalog as mc
 from async_rl.config import Config
+from async_rl.config.distillation import teacher_at
 from async_rl.config.names import needs_critic
 from async_rl.config.precision import precision_line
 from async_rl.config.resolve import learner_start, resolved, served_check_tolerance
@@ -69,10 +70,9 @@ def load_prompts(cfg: Config, ctx: Any, tokenizer: Any) -> tuple[list[Any] | Non
 def learner_teacher(cfg: Config) -> str | None:
     """The teacher model the learner computes (``distillation.teacher_model.model_path`` with ``placement: learner``),
     None otherwise."""
-    teacher = cfg.distillation.teacher_model
-    if not cfg.distillation.enabled or teacher.placement != "learner":
+    if not teacher_at(cfg.distillation, "learner"):
         return None
-    return resolved(teacher.model_path, "distillation.teacher_model.model_path")
+    return resolved(cfg.distillation.teacher_model.model_path, "distillation.teacher_model.model_path")
 
 
 class Trainer:
@@ -171,7 +171,7 @@ class Trainer:
             vocab_size=self.learner.vocab_size,  # the embedding's rows: delivered token ids are checked against them
             filter_groups=cfg.algorithm.filter_groups,  # DAPO dynamic sampling (transport/filtering.py)
             # on-policy distillation with the teacher on the actors: groups carry its scores
-            teacher_required=cfg.distillation.enabled and cfg.distillation.teacher_model.placement == "actor",
+            teacher_required=teacher_at(cfg.distillation, "actor"),
         )
         logger.info("coordinator at %s with %d prompts", coordinator.address, len(records))
         return coordinator

@@ -267,11 +267,6 @@ def _synthetic_groups(
     return groups, prompts
 
 
-def _distills_on(cfg: Any, placement: str) -> bool:
-    """Whether ``cfg`` runs on-policy distillation with its teacher at ``placement`` ("learner" or "actor")."""
-    return bool(cfg.distillation.enabled and cfg.distillation.teacher_model.placement == placement)
-
-
 def _timed_step(ctx: Any, learner: Any, groups: list[Any], prompts: dict[int, list[int]]) -> float:
     """One step as a training run takes it (rank 0 collates, the ranks get the tensors, every rank trains); seconds."""
     from async_rl.learner.dist import share_batch
@@ -298,13 +293,14 @@ class _Bench:
     minis_per_step: int
 
     def build(self, cfg: Any) -> Any:
+        from async_rl.config.distillation import teacher_at
         from async_rl.config.resolve import learner_start
         from async_rl.learner.step import Learner
 
         # synthetic groups: pad id 0 (the probe's token ids are drawn from the vocabulary, never padded by a tokenizer)
         start = learner_start(cfg, pad_token_id=0, total_training_steps=None)
         # distillation with the teacher on the learner: the policy stands in for it (a teacher of its size)
-        teacher = self.model_path if _distills_on(cfg, "learner") else None
+        teacher = self.model_path if teacher_at(cfg.distillation, "learner") else None
         return Learner(cfg, start, self.ctx, self.model_path, teacher=teacher)
 
     def batch(self, cfg: Any, size: int) -> tuple[list[Any], dict[int, list[int]], int]:
@@ -312,6 +308,8 @@ class _Bench:
         mini-batch so a step has the config's number of optimizer steps (the learner reads that section per step)."""
         mini = size // self.minis_per_step if size % self.minis_per_step == 0 else size
         cfg.actor_rollout_ref.actor.ppo_mini_batch_size = mini
+        from async_rl.config.distillation import teacher_at
+
         n = cfg.actor_rollout_ref.rollout.n
         groups, prompts = _synthetic_groups(
             self.records,
@@ -320,7 +318,7 @@ class _Bench:
             n,
             self.vocab,
             size,
-            teacher_scored=_distills_on(cfg, "actor"),
+            teacher_scored=teacher_at(cfg.distillation, "actor"),
         )
         tokens = sum(len(prompts[g.prompt_id]) + c.token_ids.length for g in groups for c in g.completions)
         return groups, prompts, tokens

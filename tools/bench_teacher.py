@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import logging
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -35,23 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
-
-
-def make_groups(args: argparse.Namespace, vocab: int) -> tuple[list[Any], dict[int, list[int]]]:
-    from async_rl.learner.batching import local_group
-    from async_rl.transport.protocol import make_completion
-
-    rng = random.Random(0)
-    groups, prompts = [], {}
-    for g in range(args.groups):
-        prompts[g] = [rng.randrange(3, vocab) for _ in range(args.prompt_len)]
-        completions = [
-            make_completion([rng.randrange(3, vocab) for _ in range(args.response_len)], [-1.0] * args.response_len,
-                            version_min=0)
-            for _ in range(args.n)
-        ]  # fmt: skip
-        groups.append(local_group(g, completions))
-    return groups, prompts
 
 
 async def score_step(teacher: Any, groups: list[Any], prompts: dict[int, list[int]]) -> float:
@@ -81,7 +63,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from bench_learner import START, learner_config
-    from bench_precision import context
+    from bench_precision import context, make_groups
 
     from async_rl.actor.engine import actor_device
     from async_rl.actor.teacher import TeacherEngine

@@ -247,19 +247,14 @@ class GenerationEngine:
     async def probe(self, token_ids: Sequence[int]) -> list[float]:
         """log p(token_ids[i + 1] | token_ids[: i + 1]) with what this engine serves now (the current adapter in a
         LoRA run), at temperature 1: the served side of a served-weights check."""
-        import vllm
-        from vllm.inputs import TokensPrompt
-
         self._next_request += 1
-        request_id = f"probe{self._next_request}-v{self.version}"
-        params = vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        prompt = TokensPrompt(prompt_token_ids=list(token_ids), cache_salt=f"v{self.version}")
-        final = None
-        async for output in self.vllm.generate(prompt, params, request_id=request_id, lora_request=self._adapter):
-            final = output
-        if final is None or final.prompt_logprobs is None:
-            raise RuntimeError("vLLM returned no prompt log-probs for the served-weights probe")
-        return [float(pos[tok].logprob) for tok, pos in zip(token_ids[1:], final.prompt_logprobs[1:], strict=True)]
+        return await prompt_log_probs(
+            self.vllm,
+            token_ids,
+            request_id=f"probe{self._next_request}-v{self.version}",
+            cache_salt=f"v{self.version}",
+            lora_request=self._adapter,
+        )
 
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Swap in the weights of ``new_version`` without restarting the engine.
@@ -340,6 +335,29 @@ class GenerationEngine:
         if self._adapter_root is not None:
             shutil.rmtree(self._adapter_root, ignore_errors=True)
             self._adapter_root = None
+
+
+async def prompt_log_probs(
+    llm: Any, token_ids: Sequence[int], *, request_id: str, cache_salt: str | None = None, lora_request: Any = None
+) -> list[float]:
+    """log p(token_ids[i + 1] | token_ids[: i + 1]) for every i, at temperature 1, from ``llm`` (an ``AsyncLLM``):
+    one prefill with prompt log-probs (the given token's at each position) and one generated token, discarded."""
+    import vllm
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = vllm.SamplingParams(
+        max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+    )
+    prompt = TokensPrompt(prompt_token_ids=list(token_ids))
+    if cache_salt is not None:
+        prompt["cache_salt"] = cache_salt
+    final = None
+    async for output in llm.generate(prompt, params, request_id=request_id, lora_request=lora_request):
+        final = output
+    if final is None or final.prompt_logprobs is None or len(final.prompt_logprobs) != len(token_ids):
+        raise RuntimeError(f"vLLM returned no prompt log-probs for request {request_id}")
+    return [float(pos[tok].logprob) for tok, pos in zip(token_ids[1:], final.prompt_logprobs[1:], strict=True)]
 
 
 def engine_args(

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from async_rl.actor.engine import EngineDead, engine_args
+from async_rl.actor.engine import EngineDead, engine_args, prompt_log_probs
 from async_rl.config import Config
 from async_rl.config.resolve import EngineStart, resolved
 
@@ -90,30 +90,12 @@ class TeacherEngine:
         return scores
 
     async def _score_one(self, prompt: list[int], completion: list[int]) -> np.ndarray:
-        import vllm
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         self._next_request += 1
-        request_id = f"teacher{self._next_request}"
-        params = vllm.SamplingParams(
-            max_tokens=1,
-            temperature=1.0,
-            prompt_logprobs=0,
-            detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
         tokens = prompt + completion
-        final = None
-        async for output in self._engine.generate(TokensPrompt(prompt_token_ids=tokens), params, request_id=request_id):
-            final = output
-        if final is None or final.prompt_logprobs is None or len(final.prompt_logprobs) != len(tokens):
-            raise RuntimeError(f"the teacher engine returned no prompt log-probs for request {request_id}")
-        positions = final.prompt_logprobs[len(prompt) :]
-        scores = np.asarray([pos[tok].logprob for tok, pos in zip(completion, positions, strict=True)], np.float32)
+        scored = await prompt_log_probs(self._engine, tokens, request_id=f"teacher{self._next_request}")
         self.stats.requests += 1
         self.stats.tokens += len(tokens)
-        return scores
+        return np.asarray(scored[len(prompt) - 1 :], np.float32)  # scored[i] is token i + 1's
 
     async def shutdown(self) -> None:
         if self._engine is not None:

@@ -31,7 +31,14 @@ from async_rl.algorithms.kl import (
     apply_kl_in_reward,
     kl_penalty,
 )
-from async_rl.algorithms.losses import LOSS_AGG_MODES, agg_loss, entropy_from_logits, sft_loss, value_loss
+from async_rl.algorithms.losses import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    entropy_from_logits,
+    label_smoothed_nll,
+    sft_loss,
+    value_loss,
+)
 from async_rl.algorithms.masking import masked_mean, masked_sum, masked_var, masked_whiten
 from async_rl.algorithms.pairwise import bradley_terry_loss, pair_stats
 from async_rl.algorithms.policy_loss import POLICY_LOSSES, PolicyLossInputs, policy_loss, reinforce_loss
@@ -45,6 +52,7 @@ from async_rl.algorithms.rollout_correction import (
 from async_rl.algorithms.token_logprobs import (
     DEFAULT_LOGPROB_CHUNK_SIZE,
     ENTROPY_MODES,
+    masked_logit_mean,
     token_log_probs_and_entropy,
     token_log_probs_and_entropy_reference,
 )
@@ -90,6 +98,8 @@ __all__ = [
     "reinforce_loss",
     "rejection_mask",
     "rollout_is_weights",
+    "label_smoothed_nll",
+    "masked_logit_mean",
     "sft_loss",
     "token_log_probs_and_entropy",
     "token_log_probs_and_entropy_reference",

@@ -14,7 +14,7 @@ import torch
 from async_rl.algorithms._checks import check_2d, check_choice, check_positive_count, check_same_shape, float_mask
 from async_rl.algorithms.masking import masked_mean, masked_sum, safe_count
 
-__all__ = ["LOSS_AGG_MODES", "agg_loss", "entropy_from_logits", "sft_loss", "value_loss"]
+__all__ = ["LOSS_AGG_MODES", "agg_loss", "entropy_from_logits", "label_smoothed_nll", "sft_loss", "value_loss"]
 
 LOSS_AGG_MODES: frozenset[str] = frozenset(
     {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
@@ -85,11 +85,32 @@ def agg_loss(
     return total
 
 
-def sft_loss(log_probs: torch.Tensor, loss_mask: torch.Tensor, *, global_num_tokens: Count) -> torch.Tensor:
-    """Supervised fine-tuning's loss: the negative log-likelihood of the demonstrated tokens (``loss_mask``), summed
-    and divided by ``global_num_tokens`` (the step's demonstrated tokens over every micro-batch and rank), i.e.
-    ``token-mean`` of ``-log_probs`` under :func:`agg_loss`. Summed over micro-batches it is the batch's token mean."""
-    return agg_loss(-log_probs, loss_mask, "token-mean", loss_scale_factor=None, global_num_tokens=global_num_tokens)
+def sft_loss(token_nll: torch.Tensor, loss_mask: torch.Tensor, *, global_num_tokens: Count) -> torch.Tensor:
+    """Supervised fine-tuning's loss: each demonstrated token's negative log-likelihood ``token_nll`` (``-log_probs``,
+    or :func:`label_smoothed_nll`) where ``loss_mask`` is 1, summed and divided by ``global_num_tokens`` (the step's
+    demonstrated tokens over every micro-batch and rank), i.e. ``token-mean`` under :func:`agg_loss`. Summed over
+    micro-batches it is the batch's token mean."""
+    return agg_loss(token_nll, loss_mask, "token-mean", loss_scale_factor=None, global_num_tokens=global_num_tokens)
+
+
+def label_smoothed_nll(
+    log_probs: torch.Tensor, label_logits: torch.Tensor, smooth_logit_mean: torch.Tensor, *, label_smoothing: float
+) -> torch.Tensor:
+    """Per-token cross-entropy against ``(1 - eps) * one_hot(label) + eps * uniform(S)`` with ``eps =
+    label_smoothing``: ``(1 - eps) * (-log p_label) + eps * mean_{c in S}(-log p_c)``.
+
+    All inputs are per token and in fp32: the label's log-prob, the label's logit ``z_label`` and the mean logit over
+    the smoothing ids ``S`` (:func:`~async_rl.algorithms.masked_logit_mean`). Since ``log p_c = z_c - logsumexp(z)``
+    and ``logsumexp(z) = z_label - log p_label``, the uniform term is ``z_label - log p_label - mean_S z``: no second
+    softmax. Its gradient w.r.t. the logits is ``p - 1[S] / |S|``.
+    """
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    nll = -log_probs
+    if label_smoothing == 0.0:
+        return nll
+    uniform = (label_logits - log_probs) - smooth_logit_mean
+    return (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
 
 def value_loss(

@@ -31,6 +31,7 @@ from async_rl.algorithms.losses import entropy_from_logits
 __all__ = [
     "DEFAULT_LOGPROB_CHUNK_SIZE",
     "ENTROPY_MODES",
+    "masked_logit_mean",
     "token_log_probs_and_entropy",
     "token_log_probs_and_entropy_reference",
 ]
@@ -197,6 +198,63 @@ def token_log_probs_and_entropy(
             flat_logits.detach(), flat_labels, temperature, entropy != "none", chunk_size
         )
     return log_probs.reshape(labels.shape), None if ent is None else ent.reshape(labels.shape)
+
+
+def _masked_mean_chunks(logits: torch.Tensor, weights: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``logits [N, V] @ weights [V]`` in the weights' dtype, ``chunk_size`` rows at a time."""
+    out = torch.empty(logits.shape[0], dtype=weights.dtype, device=logits.device)
+    for start in range(0, logits.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        out[rows] = logits[rows].to(weights.dtype) @ weights
+    return out
+
+
+class _MaskedLogitMean(torch.autograd.Function):
+    """Row means of the logits over a fixed set of ids, a chunk of rows at a time; saves only the weights."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, weights: torch.Tensor, chunk_size: int) -> torch.Tensor:  # type: ignore[override]
+        out = _masked_mean_chunks(logits, weights, chunk_size)
+        ctx.save_for_backward(weights)
+        ctx.logits_shape, ctx.logits_dtype, ctx.chunk_size = logits.shape, logits.dtype, chunk_size
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        (weights,) = ctx.saved_tensors
+        grad = torch.empty(ctx.logits_shape, dtype=ctx.logits_dtype, device=grad_out.device)
+        for start in range(0, grad.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            grad[rows] = grad_out[rows].unsqueeze(1) * weights.unsqueeze(0)
+        return grad, None, None
+
+
+def masked_logit_mean(
+    logits: torch.Tensor, mask: torch.Tensor, *, chunk_size: int = DEFAULT_LOGPROB_CHUNK_SIZE
+) -> torch.Tensor:
+    """Each row's mean logit over the ids where ``mask [V]`` (bool) is true: ``[...]`` in fp32 (fp64 for fp64 logits).
+
+    Differentiable w.r.t. ``logits [..., V]``; both passes work ``chunk_size`` rows at a time, so no fp32 copy of the
+    whole matrix is made. With the label's log-prob it gives the cross-entropy against a uniform target over the ids:
+    ``-mean_c log p_c = logsumexp(z) - mean_c z_c`` (:func:`~async_rl.algorithms.label_smoothed_nll`).
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if mask.dtype != torch.bool or mask.shape != logits.shape[-1:]:
+        raise ValueError(
+            f"mask must be a bool tensor of shape [{logits.shape[-1]}], got {mask.dtype} {tuple(mask.shape)}"
+        )
+    count = int(mask.sum())
+    if count == 0:
+        raise ValueError("mask must select at least one id")
+    weights = mask.to(device=logits.device, dtype=_compute_dtype(logits)) / count
+    flat = logits.reshape(-1, logits.shape[-1])
+    if torch.is_grad_enabled() and logits.requires_grad:
+        out = _MaskedLogitMean.apply(flat, weights, chunk_size)
+    else:
+        out = _masked_mean_chunks(flat.detach(), weights, chunk_size)
+    return out.reshape(logits.shape[:-1])
 
 
 def token_log_probs_and_entropy_reference(

@@ -30,7 +30,10 @@ class RejectionSamplingConfig(msgspec.Struct, kw_only=True, forbid_unknown_field
     ] = False
     output: Annotated[
         str | None,
-        doc("The dataset written, jsonl (one row per kept sample); null = <run dir>/rejection_sampling.jsonl."),
+        doc(
+            "The dataset written, one row per kept sample: .jsonl (appended batch by batch) or .parquet (written at"
+            " the end, from the jsonl journal <run dir>/rejection_sampling.jsonl); null = that jsonl."
+        ),
     ] = None
     threshold: Annotated[float, doc("Keep samples whose score (the reward) is at or above this.")] = 1.0
     best_k: Annotated[

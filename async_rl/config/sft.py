@@ -134,6 +134,15 @@ class SFTTrainerConfig(SupervisedTrainerConfig, kw_only=True, forbid_unknown_fie
 
     experiment_name: Annotated[str, doc("Run name (logger run name, output path).")] = "sft"
     seed: Annotated[int, doc("Seed of the LoRA adapters' initialisation (the same on every rank).")] = 1
+    label_smoothing_factor: Annotated[
+        Prob,
+        doc(
+            "Label smoothing eps in [0, 1) (the transformers Trainer's name): the training target is"
+            " (1 - eps) * the demonstrated token + eps * uniform over the tokenizer's ordinary tokens (its special"
+            " tokens and any spare embedding rows get none, so sampling never learns to emit them). The training"
+            " loss reported includes it; the validation loss is the plain NLL. 0 = off."
+        ),
+    ] = 0.0
 
 
 class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -162,6 +171,8 @@ def validate_sft_config(cfg: SFTConfig) -> list[str]:
         train_batch_size=d.train_batch_size,
         micro_batch_size_per_gpu=d.micro_batch_size_per_gpu,
     )
+    if cfg.trainer.label_smoothing_factor >= 1.0:
+        errors.append(f"trainer.label_smoothing_factor must be below 1, got {cfg.trainer.label_smoothing_factor}")
     if not d.multiturn.enable and d.prompt_key == d.response_key:
         errors.append(f"data.prompt_key and data.response_key must differ, both are {d.prompt_key!r}")
     return finish_supervised(errors, cfg.optim, cfg.trainer, has_held_out=d.val_files is not None)

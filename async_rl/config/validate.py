@@ -580,8 +580,8 @@ def _check_rejection_sampling(cfg: Config, errors: list[str]) -> None:
         )
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         errors.append("rejection_sampling.enable=true writes single exchanges: multi_turn.enable=true is not supported")
-    if rs.output is not None and not rs.output.endswith(".jsonl"):
-        errors.append(f"rejection_sampling.output must be a .jsonl file, got {rs.output!r}")
+    if rs.output is not None and not rs.output.endswith((".jsonl", ".parquet")):
+        errors.append(f"rejection_sampling.output must be a .jsonl or .parquet file, got {rs.output!r}")
     if cfg.trainer.resume_mode == "resume_path":
         errors.append(
             "rejection_sampling.enable=true resumes from its own run directory only: set trainer.resume_mode=auto"

@@ -35,7 +35,14 @@ from async_rl.data.arith import ARITH_EVAL_SIZE, ARITH_TRAIN_SIZE, make_arith_pr
 from async_rl.data.files import Messages, read_messages, read_rows
 from async_rl.envs.calculator import CalculatorEnv, make_calculator_transcripts
 
-__all__ = ["SFTExample", "TokenizedSFT", "load_sft_records", "render_conversation", "tokenize_sft"]
+__all__ = [
+    "SFTExample",
+    "TokenizedSFT",
+    "load_sft_records",
+    "render_conversation",
+    "smoothing_token_ids",
+    "tokenize_sft",
+]
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,13 @@ class _Record:
     prompt: str | Messages  # plain text, or the whole conversation (chat and multi-turn)
     response: str | None  # plain text's response; None for a conversation
     where: str
+
+
+def smoothing_token_ids(tokenizer: Any) -> list[int]:
+    """The ids label smoothing spreads its mass over: every token of the tokenizer but its special ones (pad, bos,
+    eos, unk, the chat markers). Spare embedding rows past ``len(tokenizer)`` are not tokens and get none."""
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
 
 
 def _parse(raw: Mapping[str, Any], where: str, d: SFTDataConfig) -> _Record:

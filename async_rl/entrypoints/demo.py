@@ -2,8 +2,8 @@
 
 Nothing is downloaded. In order:
 
-1. build a tiny Qwen2 and its char-level tokenizer in code, and give it a short supervised warm-start on generated
-   arithmetic problems, so it starts imperfect but able;
+1. build a tiny Qwen2 and its char-level tokenizer in code, and give it a short supervised warm start on generated
+   arithmetic problems (the SFT entry point on ``configs/sft/demo_warmstart.yaml``), so it starts imperfect but able;
 2. measure greedy exact-match accuracy on held-out problems;
 3. train it with asynchronous GRPO through ``launchers/local.py``: one vLLM actor (CPU build) streaming rollout
    groups over ZeroMQ to a 2-rank FSDP2 learner (gloo), weights broadcast after every step, staleness bound K >= 1.
@@ -58,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     started = time.monotonic()
     out = Path(args.out).resolve()
-    model_dir = out / "warm_model"
     held_out = make_arith_problems(args.eval_problems, seed=0, digits=2, split="eval")
-    ws = prepare_warm_model(model_dir, steps=args.warmstart_steps, held_out=held_out, log_every=100)
+    model_dir, ws = prepare_warm_model(out / "warm_start", steps=args.warmstart_steps, held_out=held_out)
     before_raw, before = ws["heldout_greedy_accuracy_raw"], ws["heldout_greedy_accuracy"]
     logger.info(
         "warm-start: %d steps in %.0f s, loss %.3f; held-out greedy accuracy %.3f (untrained %.3f)",

@@ -45,8 +45,10 @@ __all__ = [
     "build_micro_inputs",
     "forward_full_batch",
     "response_log_probs",
+    "response_logits",
     "response_values",
     "row_groups",
+    "to_full_width",
 ]
 
 
@@ -201,7 +203,7 @@ def row_groups(batch: RolloutBatch, layout: Layout) -> list[int] | None:
     return batch.index.tolist() if layout == "shared" else None
 
 
-def _to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
+def to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
     """Place per-response-token outputs (``[b, t]`` padded or ``[n]`` packed) into a zero ``[b, T]`` matrix."""
     b, width = mi.response_mask.shape
     if mi.packed:
@@ -210,6 +212,16 @@ def _to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
     if t == width:
         return values
     return torch.cat([values, values.new_zeros(b, width - t)], dim=1)
+
+
+def response_logits(model: nn.Module, mi: MicroInputs) -> torch.Tensor:
+    """The logits (model dtype) that predict the response tokens, shaped like ``mi.labels``: ``[b, t, V]`` padded,
+    ``[n, V]`` packed or shared (one row per response token, micro-batch row-major order)."""
+    logits = model(**mi.model_kwargs(), logits_to_keep=mi.keep).logits
+    if mi.token_row is not None:  # packed: [R, K, V] -> one row per response token [n, V]
+        assert mi.token_pos is not None
+        logits = logits[mi.token_row, torch.searchsorted(mi.keep, mi.token_pos)]
+    return logits
 
 
 def response_log_probs(
@@ -223,15 +235,11 @@ def response_log_probs(
     """
     if entropy not in ("none", "detached", "grad"):
         raise ValueError(f"entropy must be 'none', 'detached' or 'grad', got {entropy!r}")
-    out = model(**mi.model_kwargs(), logits_to_keep=mi.keep)
-    logits = out.logits  # model dtype; cast to fp32 a chunk at a time below
-    if mi.token_row is not None:  # packed: [R, K, V] -> one row per response token [n, V]
-        assert mi.token_pos is not None
-        logits = logits[mi.token_row, torch.searchsorted(mi.keep, mi.token_pos)]
+    logits = response_logits(model, mi)  # model dtype; cast to fp32 a chunk at a time below
     log_probs, ent = token_log_probs_and_entropy(logits, mi.labels, temperature=temperature, entropy=entropy)
     mask = mi.response_mask
-    lp = _to_full_width(log_probs, mi) * mask
-    return lp, None if ent is None else _to_full_width(ent, mi) * mask
+    lp = to_full_width(log_probs, mi) * mask
+    return lp, None if ent is None else to_full_width(ent, mi) * mask
 
 
 def response_values(model: nn.Module, mi: MicroInputs) -> torch.Tensor:
@@ -245,7 +253,7 @@ def response_values(model: nn.Module, mi: MicroInputs) -> torch.Tensor:
         values = values[mi.token_row, mi.token_pos]
     else:
         values = values[:, mi.keep]
-    return _to_full_width(values, mi) * mi.response_mask
+    return to_full_width(values, mi) * mi.response_mask
 
 
 @torch.no_grad()

@@ -8,6 +8,10 @@ the response with its loss mask: the assistant's tokens), so each micro-batch go
 packing and chunked log-softmax as the policy update (:func:`~async_rl.learner.policy.build_micro_inputs`,
 :func:`~async_rl.learner.policy.response_log_probs` at temperature 1).
 
+With ``trainer.label_smoothing_factor`` = eps > 0 each token's loss is the cross-entropy against ``(1 - eps) *
+one_hot + eps * uniform`` over the tokenizer's ordinary tokens (:func:`~async_rl.algorithms.label_smoothed_nll`, from
+the label's log-prob, its logit and the chunked mean logit over those ids: no second softmax).
+
 The loss is the mean over the step's trained tokens, across ranks (:func:`~async_rl.algorithms.sft_loss`): each rank
 takes every W-th row, each micro-batch's summed negative log-likelihood is divided by the step's global count of
 trained tokens, and multiplied by the world size before backward because FSDP2 averages gradients over ranks. The
@@ -21,12 +25,12 @@ import time
 import torch
 
 from async_rl import metric_catalog as mc
-from async_rl.algorithms import sft_loss
+from async_rl.algorithms import label_smoothed_nll, masked_logit_mean, sft_loss, token_log_probs_and_entropy
 from async_rl.config.sft import SFTConfig
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
 from async_rl.learner.model import ModelSource, build_model
-from async_rl.learner.policy import build_micro_inputs, response_log_probs
+from async_rl.learner.policy import build_micro_inputs, response_log_probs, response_logits, to_full_width
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.supervised import SupervisedModel
 from async_rl.peft_format import LoRASpec
@@ -37,8 +41,13 @@ __all__ = ["SFTModel"]
 class SFTModel(SupervisedModel):
     """One rank's model under SFT: ``train_step`` on a batch, ``nll`` for validation, checkpoints, ``export``."""
 
-    def __init__(self, cfg: SFTConfig, ctx: DistContext, source: ModelSource, *, run_steps: int) -> None:
+    def __init__(
+        self, cfg: SFTConfig, ctx: DistContext, source: ModelSource, *, run_steps: int, smooth_ids: list[int]
+    ) -> None:
+        """``smooth_ids``: the token ids label smoothing spreads its mass over (the tokenizer's ordinary tokens)."""
         self.cfg, self.ctx = cfg, ctx
+        self.smooth_ids = smooth_ids
+        self._smooth_mask: torch.Tensor | None = None
         m = cfg.model
         self.compute_dtype = resolve_compute_dtype(m.mixed_precision.param_dtype, ctx.device, warn=ctx.is_rank0)
         lora = None
@@ -68,6 +77,32 @@ class SFTModel(SupervisedModel):
         mask = batch.loss_mask.index_select(0, torch.as_tensor(rows))[:, : log_probs.shape[1]]
         return log_probs, mask.to(log_probs)
 
+    def _token_nll(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training loss of each of the rows' response tokens ``[b, T]`` (the NLL, label-smoothed when
+        ``trainer.label_smoothing_factor`` > 0), and their loss mask on the same device."""
+        eps = self.cfg.trainer.label_smoothing_factor
+        if eps == 0.0:
+            log_probs, mask = self._log_probs(batch, rows)
+            return -log_probs, mask
+        mi = build_micro_inputs(batch, rows, layout="packed", device=self.ctx.device)
+        logits = response_logits(self.model, mi)
+        log_probs, _ = token_log_probs_and_entropy(logits, mi.labels, temperature=1.0)
+        label_logits = logits.gather(-1, mi.labels.long().unsqueeze(-1)).squeeze(-1).to(log_probs.dtype)
+        smooth_mean = masked_logit_mean(logits, self._smoothing_mask(logits.shape[-1], logits.device))
+        nll = label_smoothed_nll(log_probs, label_logits, smooth_mean, label_smoothing=eps)
+        nll = to_full_width(nll, mi) * mi.response_mask
+        mask = batch.loss_mask.index_select(0, torch.as_tensor(rows))[:, : nll.shape[1]]
+        return nll, mask.to(nll)
+
+    def _smoothing_mask(self, vocab: int, device: torch.device) -> torch.Tensor:
+        """``[vocab]`` bool: true on ``smooth_ids`` (ids past the model's vocabulary are dropped)."""
+        if self._smooth_mask is None or self._smooth_mask.shape[0] != vocab:
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            ids = torch.as_tensor([i for i in self.smooth_ids if i < vocab], dtype=torch.long)
+            mask[ids] = True
+            self._smooth_mask = mask.to(device)
+        return self._smooth_mask
+
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         """One optimizer step on the step's whole batch (the same rows on every rank); its metrics, identical on
         every rank."""
@@ -83,8 +118,8 @@ class SFTModel(SupervisedModel):
         sums = torch.zeros(3, dtype=torch.float64)  # loss, trained tokens, all tokens
         for start in range(0, len(mine), micro):
             rows = mine[start : start + micro]
-            log_probs, mask = self._log_probs(batch, rows)
-            loss = sft_loss(log_probs, mask, global_num_tokens=global_tokens)
+            token_nll, mask = self._token_nll(batch, rows)
+            loss = sft_loss(token_nll, mask, global_num_tokens=global_tokens)
             (loss * ctx.world_size).backward()
             trained = float(mask.sum())
             idx = torch.as_tensor(rows)

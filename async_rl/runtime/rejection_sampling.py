@@ -6,16 +6,20 @@ the actors sample ``actor_rollout_ref.rollout.n`` completions under the policy t
 and score them with the configured reward (rule or reward model), and every delivered group goes through the same
 ledger. Of each group the samples at or above ``rejection_sampling.threshold`` are kept, at most
 ``rejection_sampling.best_k`` of them, highest scores first (:func:`select_samples`; a kept sample whose text is
-empty, a model that stopped at once, is left out and counted), and written to the output as jsonl rows that
+empty, a model that stopped at once, is left out and counted), and appended to a jsonl journal as rows that
 ``async_rl.entrypoints.sft`` reads as they are::
 
     {"prompt": <the prompt: its text, or its chat messages>, "response": "<the sample's text>", "score": 1.0,
      "prompt_id": 17, "sample": 3, "finish_reason": "stop", "ground_truth": "71"}
 
+The journal is the output when ``rejection_sampling.output`` is a .jsonl file. For a .parquet output it is
+``<run dir>/rejection_sampling.jsonl``, and the parquet file (the same rows and columns) is written from it when the
+job ends, atomically; a stopped job leaves no parquet file, its rerun resumes the journal.
+
 **Exactly once, across restarts.** After every ``async_training.checkpoint.save_every_n_steps`` batches (and at the
 end, and on SIGTERM) a checkpoint holds the coordinator's ledger and the number of rows written
 (``<run dir>/checkpoints/rejection_sampling.msgpack``, replaced atomically). A rerun of the same command
-(``trainer.resume_mode=auto``) cuts the output back to that many rows and restores the ledger: prompts written after
+(``trainer.resume_mode=auto``) cuts the journal back to that many rows and restores the ledger: prompts written after
 the checkpoint are granted again, prompts before it never are, so no prompt is generated twice into the output or lost.
 
 Validation is training's (``trainer.val_before_train``: a round on the held-out prompts under the policy that
@@ -40,7 +44,7 @@ from async_rl.runtime import resources
 from async_rl.runtime.graceful_stop import GracefulStop
 from async_rl.transport.protocol import RolloutGroup, unpack_array
 
-__all__ = ["OUTPUT_FILE", "RejectionSampler", "select_samples"]
+__all__ = ["OUTPUT_FILE", "RejectionSampler", "select_samples", "write_parquet"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,19 @@ def select_samples(scores: Sequence[float], *, threshold: float, best_k: int | N
     if best_k is not None and len(kept) > best_k:
         kept = sorted(sorted(kept, key=lambda i: -scores[i])[:best_k])
     return kept
+
+
+def write_parquet(journal: Path, output: Path) -> None:
+    """The journal's jsonl rows as one parquet table at ``output`` (written to a temporary file, then renamed).
+    A chat prompt is a list of ``{role, content}`` structs there, as verl's parquet prompts are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, output)
 
 
 class RejectionSampler:
@@ -89,6 +106,7 @@ class RejectionSampler:
         )
         rs = cfg.rejection_sampling
         self.output = Path(os.path.expanduser(rs.output)) if rs.output else self.out_dir / OUTPUT_FILE
+        self.journal = self.output if self.output.suffix == ".jsonl" else self.out_dir / OUTPUT_FILE
         self.state_path = self.out_dir / "checkpoints" / STATE_FILE
         self.rows = 0
         self.batches = 0
@@ -129,18 +147,18 @@ class RejectionSampler:
     def _resume(self) -> None:
         """Restore the ledger and cut the output back to the rows the checkpoint counted (``trainer.resume_mode``)."""
         if self.cfg.trainer.resume_mode == "disable" or not self.state_path.is_file():
-            self.output.parent.mkdir(parents=True, exist_ok=True)
-            self.output.write_text("")
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            self.journal.write_text("")
             return
         state = msgspec.msgpack.decode(self.state_path.read_bytes())
         self.coordinator.load_state_dict(state["coordinator"])
         self.rows, self.batches, self.seen = int(state["rows"]), int(state["batches"]), int(state["seen"])
         self.empty = int(state["empty"])
-        lines = self.output.read_text().splitlines(keepends=True) if self.output.is_file() else []
+        lines = self.journal.read_text().splitlines(keepends=True) if self.journal.is_file() else []
         if len(lines) < self.rows:
-            raise ValueError(f"{self.output} has {len(lines)} rows but its checkpoint counted {self.rows}")
-        self.output.write_text("".join(lines[: self.rows]))  # rows after the checkpoint are generated again
-        logger.info("resumed after %d batches: %d rows kept in %s", self.batches, self.rows, self.output)
+            raise ValueError(f"{self.journal} has {len(lines)} rows but its checkpoint counted {self.rows}")
+        self.journal.write_text("".join(lines[: self.rows]))  # rows after the checkpoint are generated again
+        logger.info("resumed after %d batches: %d rows kept in %s", self.batches, self.rows, self.journal)
 
     def _save(self) -> None:
         state = {
@@ -213,7 +231,7 @@ class RejectionSampler:
                 break
             started = time.monotonic()
             rows = [row for g in groups for row in self._rows(g)]
-            with self.output.open("a") as f:
+            with self.journal.open("a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in rows))
                 f.flush()
                 os.fsync(f.fileno())
@@ -243,6 +261,8 @@ class RejectionSampler:
         self._save()
         self.validator.wait()
         self._close()
+        if self.output != self.journal:
+            write_parquet(self.journal, self.output)
         logger.info("rejection sampling done: %d of %d samples kept in %s", self.rows, self.seen, self.output)
         return {"export": str(self.output), "rows": self.rows, "samples": self.seen, "batches": self.batches}
 

@@ -52,7 +52,7 @@ class SFTTrainer(SupervisedLoop):
     peak_key = mc.SFT_PERF_PEAK_MEMORY_MIB
 
     def __init__(self, cfg: SFTConfig, ctx: Any, stop: GracefulStop | None = None) -> None:
-        from async_rl.data.sft import load_sft_records, tokenize_sft
+        from async_rl.data.sft import load_sft_records, smoothing_token_ids, tokenize_sft
         from async_rl.learner.sft import SFTModel
 
         self.cfg = cfg
@@ -79,7 +79,9 @@ class SFTTrainer(SupervisedLoop):
                     d.truncation,
                 )
         super().__init__(ctx, stop, data=d, trainer=cfg.trainer, examples=len(self.train_data), unit="rows")
-        self.model = SFTModel(cfg, ctx, model_path, run_steps=self.total_steps)
+        self.model = SFTModel(
+            cfg, ctx, model_path, run_steps=self.total_steps, smooth_ids=smoothing_token_ids(self.tokenizer)
+        )
         self.start(self.model, config_to_dict(cfg))
         if ctx.rank == 0:
             trained = sum(ex.trained_tokens for ex in self.train_data.examples)

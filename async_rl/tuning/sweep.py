@@ -348,21 +348,18 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
 
 
 def _warm_model(out: Path, steps: int, lock: Path | None) -> Path:
-    """Build and warm-start the demo's tiny model under ``out/warm_model`` once; later sweeps in ``out`` reuse it."""
-    model_dir = out / "warm_model"
-    marker = model_dir / "warmstart.json"
+    """Build and warm-start the demo's tiny model under ``out/warm_start`` once; later sweeps in ``out`` reuse it."""
+    run_dir = out / "warm_start"
+    marker = run_dir / "warmstart.json"
     if marker.is_file() and json.loads(marker.read_text()).get("warmstart/steps") == steps:
-        logger.info("sweep: reusing the warm model in %s", model_dir)
-        return model_dir
+        logger.info("sweep: reusing the warm model in %s", run_dir / "hf")
+        return run_dir / "hf"
     with cpu_lock(lock):
-        import torch
-
         from async_rl.data import make_arith_problems
         from async_rl.demo.warmstart import prepare_warm_model
 
-        torch.set_num_threads(2)
         held_out = make_arith_problems(200, seed=0, digits=2, split="eval")
-        result = prepare_warm_model(model_dir, steps=steps, held_out=held_out, log_every=100)
+        model_dir, result = prepare_warm_model(run_dir, steps=steps, held_out=held_out)
     logger.info(
         "sweep: warm-start %d steps in %.0f s; held-out greedy accuracy %.3f",
         steps,

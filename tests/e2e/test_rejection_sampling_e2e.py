@@ -39,16 +39,23 @@ BEST_K = 5
 
 
 @pytest.mark.slow
-def test_every_prompt_once_across_a_kill_and_a_rerun_into_rows_sft_reads(tmp_path: Path, e2e_processes) -> None:
+def test_every_prompt_once_across_a_kill_and_a_rerun_into_parquet_rows_sft_reads(tmp_path: Path, e2e_processes) -> None:
     """``threshold=0`` keeps every sample (scores are 0 or 1) and ``best_k=5`` caps each prompt at 5 of its 6: every
     prompt must end with exactly 5 rows (fewer only by samples that stopped at once), whatever the kill cut."""
+    import pyarrow.parquet as pq
+
     from async_rl.config.sft import SFTDataConfig
     from async_rl.data.sft import load_sft_records
 
     run_dir, data = tmp_path / "run", _data(tmp_path)
-    out = run_dir / "rejection_sampling.jsonl"
+    journal, out = run_dir / "rejection_sampling.jsonl", tmp_path / "kept" / "rows.parquet"
     slow = f"custom_reward_function.path={Path(__file__).with_name('_slow_reward.py')}"  # ~0.3 s a group
-    cmd = _command(run_dir, data, "rejection_sampling.threshold=0.0", f"rejection_sampling.best_k={BEST_K}", slow)
+    kept = (
+        "rejection_sampling.threshold=0.0",
+        f"rejection_sampling.best_k={BEST_K}",
+        f"rejection_sampling.output={out}",
+    )
+    cmd = _command(run_dir, data, *kept, slow)
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -59,11 +66,13 @@ def test_every_prompt_once_across_a_kill_and_a_rerun_into_rows_sft_reads(tmp_pat
     finally:
         kill_job(job)
     assert e2e_processes.wait_gone(20.0) == {}
-    written_before = len(read_jsonl(out))
+    written_before = len(read_jsonl(journal))
     assert 8 * (BEST_K - 1) <= written_before < BEST_K * PROMPTS
+    assert not out.exists()  # the parquet file is written when the job ends, from the journal
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = read_jsonl(out)
+    rows = pq.read_table(out).to_pylist()
+    assert rows == read_jsonl(journal)  # the same rows and columns, in order
     lines = read_jsonl(run_dir / "metrics.jsonl")
     empty = int(lines[-1]["rs/empty_total"])  # a kept sample that stopped at once is left out (rarely any)
     per_prompt = Counter(r["prompt_id"] for r in rows)

@@ -106,6 +106,37 @@ def test_the_first_loss_is_the_demonstrated_tokens_nll_and_training_lowers_the_h
     assert line.startswith("step 30/30 | loss ") and "| val loss " in line
 
 
+def test_label_smoothing_spreads_eps_over_the_ordinary_tokens(tmp_path: Path, demos: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from async_rl.data.sft import smoothing_token_ids
+
+    eps = 0.3
+    trainer = _trainer(
+        tmp_path / "run", demos, "trainer.total_training_steps=1", f"trainer.label_smoothing_factor={eps}"
+    )
+    tok = trainer.tokenizer
+    smooth = smoothing_token_ids(tok)
+    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "tiny-arith"), dtype=torch.float32)
+    # no mass on pad/bos/eos/unk, nor on the embedding rows past the tokenizer
+    assert not set(smooth) & set(tok.all_special_ids) and tok.eos_token_id not in smooth
+    assert tok.convert_tokens_to_ids("7") in smooth
+    assert len(smooth) < len(tok) <= base.config.vocab_size
+    # by hand: (1 - eps) * -log p(target) + eps * mean over the ordinary tokens of -log p, token mean over the step
+    total, count = 0.0, 0
+    for i in trainer.order(0)[:8]:
+        ex = trainer.train_data.examples[i]
+        ids = torch.tensor([ex.prompt_ids + ex.response_ids])
+        logp = torch.log_softmax(base(input_ids=ids).logits[0, :-1].double(), dim=-1)[len(ex.prompt_ids) - 1 :]
+        targets = ids[0, len(ex.prompt_ids) :]
+        per_token = (1 - eps) * -logp.gather(1, targets[:, None])[:, 0] + eps * -logp[:, smooth].mean(-1)
+        total += float((per_token * torch.tensor(ex.loss_mask, dtype=torch.float64)).sum())
+        count += sum(ex.loss_mask)
+    trainer.train()
+    first = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert first[mc.SFT_TRAIN_LOSS] == pytest.approx(total / count, rel=1e-5)
+
+
 def test_a_stopped_run_resumes_exactly(tmp_path: Path, demos: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = _trainer(tmp_path / "whole", demos)
     assert whole.steps_per_epoch == 2

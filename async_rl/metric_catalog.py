@@ -659,7 +659,8 @@ SFT_EPOCH = _m("sft/epoch", "step", "the pass over the training rows this step b
 SFT_TRAIN_LOSS = _m(
     "sft/train/loss",
     "batch",
-    "negative log-likelihood per demonstrated token of the step's rows (before the update)",
+    "negative log-likelihood per demonstrated token of the step's rows (before the update); label-smoothed when"
+    " `trainer.label_smoothing_factor` > 0",
     "sft",
 )
 SFT_TRAIN_TRAINED_TOKENS = _m("sft/train/trained_tokens", "batch", "demonstrated (loss-mask) tokens of the step", "sft")

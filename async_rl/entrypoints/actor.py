@@ -70,13 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     actor_id = known.actor_id or f"{socket.gethostname()}-{os.getpid()}"
     from async_rl.runtime.actor_main import run_actor, run_emulated_actor
 
+    def report(summary: dict[str, object]) -> None:  # the exit summary, printed before the engines shut down
+        print(json.dumps(summary, default=str), flush=True)
+
     if rate is not None:
-        result = run_emulated_actor(
-            cfg, coordinator=coordinator, actor_id=actor_id, tokens_per_s=rate, response_len=length
+        run_emulated_actor(
+            cfg, coordinator=coordinator, actor_id=actor_id, tokens_per_s=rate, response_len=length, report=report
         )
     else:
-        result = run_actor(cfg, coordinator=coordinator, actor_id=actor_id)
-    print(json.dumps(result, default=str))
+        run_actor(cfg, coordinator=coordinator, actor_id=actor_id, report=report)
     return 0
 
 

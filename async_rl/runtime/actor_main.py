@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,12 @@ def build_engine(cfg: Config, model_path: str) -> Any:
     return GenerationEngine(cfg, start, extra_engine_kwargs=vllm_engine_kwargs())
 
 
-async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> dict[str, float]:
+Report = Callable[[dict[str, Any]], None]
+"""Takes the actor's exit summary as soon as its loop ends, before the engines shut down (which can take longer than
+the launcher waits)."""
+
+
+async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, report: Report) -> dict[str, float]:
     from async_rl.actor.loop import ActorLoop
     from async_rl.transport import RolloutClient
     from async_rl.weight_sync import AsyncEngineWeightSync
@@ -188,7 +194,9 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
             update_mode=cfg.async_training.update_mode,
         )
         await loop.run()
-        return loop.metrics()
+        result = loop.metrics()
+        report(result)
+        return result
     finally:
         client.close()
         scorer.close()
@@ -201,19 +209,20 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path) -> d
         await engine.shutdown()
 
 
-def run_actor(cfg: Config, *, coordinator: str, actor_id: str) -> dict[str, Any]:
-    """Run one actor until the coordinator says shutdown. Needs ``if __name__ == "__main__":`` (vLLM spawns)."""
+def run_actor(cfg: Config, *, coordinator: str, actor_id: str, report: Report) -> dict[str, Any]:
+    """Run one actor until the coordinator says shutdown; ``report`` gets its summary before the engines shut down.
+    Needs ``if __name__ == "__main__":`` (vLLM spawns)."""
     from async_rl.actor.engine import has_cuda
 
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not has_cuda():
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache on CPU; the default reserves far more
     workdir = resources.run_dir(cfg)
     workdir.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_run(cfg, coordinator, actor_id, workdir))
+    return asyncio.run(_run(cfg, coordinator, actor_id, workdir, report))
 
 
 async def _run_emulated(
-    cfg: Config, coordinator: str, actor_id: str, tokens_per_s: float, response_len: int | None
+    cfg: Config, coordinator: str, actor_id: str, tokens_per_s: float, response_len: int | None, report: Report
 ) -> dict[str, float]:
     from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyWeightSync
     from async_rl.actor.loop import ActorLoop
@@ -236,14 +245,22 @@ async def _run_emulated(
             update_mode=cfg.async_training.update_mode,
         )
         await loop.run()
-        return {**loop.metrics(), **engine.metrics()}
+        result = {**loop.metrics(), **engine.metrics()}
+        report(result)
+        return result
     finally:
         client.close()
         weight_sync.close()
 
 
 def run_emulated_actor(
-    cfg: Config, *, coordinator: str, actor_id: str, tokens_per_s: float, response_len: int | None = None
+    cfg: Config,
+    *,
+    coordinator: str,
+    actor_id: str,
+    tokens_per_s: float,
+    response_len: int | None,
+    report: Report,
 ) -> dict[str, Any]:
     """Run one emulated actor (``async_rl.actor.emulated``): real loop, client and weight sync, no vLLM engine.
 
@@ -256,4 +273,4 @@ def run_emulated_actor(
         raise ValueError(
             "distillation.teacher_model.placement=actor needs a teacher engine: an emulated actor has none"
         )
-    return asyncio.run(_run_emulated(cfg, coordinator, actor_id, tokens_per_s, response_len))
+    return asyncio.run(_run_emulated(cfg, coordinator, actor_id, tokens_per_s, response_len, report))

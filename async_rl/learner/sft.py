@@ -38,6 +38,11 @@ from async_rl.peft_format import LoRASpec
 __all__ = ["SFTModel"]
 
 
+def _loss_mask(batch: RolloutBatch, rows: list[int], like: torch.Tensor) -> torch.Tensor:
+    """The rows' loss mask cut to ``like``'s width ``[b, T]``, in its dtype and on its device."""
+    return batch.loss_mask.index_select(0, torch.as_tensor(rows))[:, : like.shape[1]].to(like)
+
+
 class SFTModel(SupervisedModel):
     """One rank's model under SFT: ``train_step`` on a batch, ``nll`` for validation, checkpoints, ``export``."""
 
@@ -74,8 +79,7 @@ class SFTModel(SupervisedModel):
         """Log-probs ``[b, T]`` of the rows' response tokens (packed), and their loss mask on the same device."""
         mi = build_micro_inputs(batch, rows, layout="packed", device=self.ctx.device)
         log_probs, _ = response_log_probs(self.model, mi, temperature=1.0)
-        mask = batch.loss_mask.index_select(0, torch.as_tensor(rows))[:, : log_probs.shape[1]]
-        return log_probs, mask.to(log_probs)
+        return log_probs, _loss_mask(batch, rows, log_probs)
 
     def _token_nll(self, batch: RolloutBatch, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The training loss of each of the rows' response tokens ``[b, T]`` (the NLL, label-smoothed when
@@ -91,8 +95,7 @@ class SFTModel(SupervisedModel):
         smooth_mean = masked_logit_mean(logits, self._smoothing_mask(logits.shape[-1], logits.device))
         nll = label_smoothed_nll(log_probs, label_logits, smooth_mean, label_smoothing=eps)
         nll = to_full_width(nll, mi) * mi.response_mask
-        mask = batch.loss_mask.index_select(0, torch.as_tensor(rows))[:, : nll.shape[1]]
-        return nll, mask.to(nll)
+        return nll, _loss_mask(batch, rows, nll)
 
     def _smoothing_mask(self, vocab: int, device: torch.device) -> torch.Tensor:
         """``[vocab]`` bool: true on ``smooth_ids`` (ids past the model's vocabulary are dropped)."""

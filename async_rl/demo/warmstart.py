@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from async_rl import metric_catalog as mc
+from async_rl.runtime import resources
 from async_rl.runtime.metrics import read_metrics
+from async_rl.runtime.supervised import EXPORT_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +114,9 @@ def prepare_warm_model(
         "warmstart/seconds": time.monotonic() - started,
         "warmstart/loss": losses[-1],
     }
-    model_dir = run_dir / "hf"
+    model_dir = run_dir / EXPORT_DIR
     if held_out is not None:
-        result["heldout_greedy_accuracy_raw"] = greedy_accuracy(run_dir / "tiny-arith", held_out)
+        untrained = resources.resolve_model_path(resources.BUILTIN_MODEL, run_dir)  # the one SFT built and trained
+        result["heldout_greedy_accuracy_raw"] = greedy_accuracy(untrained, held_out)
         result["heldout_greedy_accuracy"] = greedy_accuracy(model_dir, held_out)
     return model_dir, result

@@ -352,8 +352,10 @@ def _warm_model(out: Path, steps: int, lock: Path | None) -> Path:
     run_dir = out / "warm_start"
     marker = run_dir / "warmstart.json"
     if marker.is_file() and json.loads(marker.read_text()).get("warmstart/steps") == steps:
-        logger.info("sweep: reusing the warm model in %s", run_dir / "hf")
-        return run_dir / "hf"
+        from async_rl.runtime.supervised import EXPORT_DIR
+
+        logger.info("sweep: reusing the warm model in %s", run_dir / EXPORT_DIR)
+        return run_dir / EXPORT_DIR
     with cpu_lock(lock):
         from async_rl.data import make_arith_problems
         from async_rl.demo.warmstart import prepare_warm_model

@@ -297,11 +297,22 @@ def test_an_epoch_formed_before_this_process_was_ready_is_refused_at_once() -> N
     from async_rl.weight_sync.membership import LeftOut, await_roster, collect_roster
 
     store = create_store("127.0.0.1", 0, is_master=True, timeout_s=10)
-    ready = threading.Thread(target=lambda: await_roster(store, 0, "actor-1", 5.0))
+    first: list[object] = []  # what the first process's wait returned (or raised)
+
+    def first_process() -> None:
+        try:
+            # its own client, as an actor process has (one TCPStore client is not safe to share between threads)
+            client = create_store("127.0.0.1", store.port, is_master=False, timeout_s=10)
+            first.append(await_roster(client, 0, "actor-1", 30.0))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            first.append(exc)
+
+    ready = threading.Thread(target=first_process)
     ready.start()  # the first process: ready for epoch 0, then a member
-    roster = collect_roster(store, 0, ["actor-1"], 5.0)
-    ready.join(timeout=5)
+    roster = collect_roster(store, 0, ["actor-1"], 30.0)
+    ready.join(timeout=30)
     assert roster.members == ["actor-1"] and roster.served == {"actor-1": ""}  # it said no dtype
+    assert len(first) == 1 and not isinstance(first[0], Exception), first  # the first process got the roster
     started = time.monotonic()
     with pytest.raises(LeftOut, match="epoch 0 was formed before actor actor-1 was ready"):
         await_roster(store, 0, "actor-1", 5.0)  # the restarted process, late for epoch 0

@@ -4,7 +4,8 @@ Actors join (Hello -> Welcome), ask for work with credits (WorkRequest), receive
 groups (RolloutGroup -> GroupAck) and exchange heartbeats. The learner, in the same process, calls the thread-safe
 API: `get_groups`, `mark_trained`, `set_policy_version`, `state_dict`/`load_state_dict`, `metrics`, `close`, and for
 validation rounds (transport.evaluation) `start_eval`, `wait_eval`, `finish_eval`. Eval work is served before training
-work, to actors whose loaded version is the round's, within their credit, and never enters the ledger or admission.
+work (except the groups a learner blocked in `get_groups` still lacks), to actors whose loaded version is the round's,
+within their credit, and never enters the ledger or admission.
 
 Only the coordinator thread touches the ROUTER. Learner calls mutate shared state under one lock and wake the
 thread through an inproc PAIR socket. Bad input never raises out of the loop: it is counted by reason and dropped.
@@ -63,6 +64,8 @@ logger = logging.getLogger(__name__)
 
 COORDINATOR_ID = "coordinator"
 Outbox = list[tuple[bytes, Message]]
+Grant = tuple[ActorState, list[Lease], int]  # an actor, its training leases, the oldest version they may start under
+EvalGrant = tuple[ActorState, EvalRound, list[EvalLease]]
 STATE_FORMAT = 1
 SCAN_INTERVAL_S = 0.01  # liveness/lease scans at most this often (they are O(actors + leases))
 
@@ -468,8 +471,7 @@ class Coordinator:
                     self._handle_locked(rid, msg, nbytes, now, out, acks)
                 out.extend((rid, GroupAck(acks=entries)) for rid, entries in acks.items())
                 dead = self._housekeeping_locked(now, out)
-                eval_grants = self._serve_eval_locked(now)  # first: validation never waits behind training work
-                grants = self._serve_credits_locked(now)
+                urgent, eval_grants, grants = self._serve_locked(now)
                 if self._learner_can_proceed_locked():
                     self._cv.notify_all()
             self._io.flush_retries()
@@ -477,6 +479,8 @@ class Coordinator:
                 self._io.send(dest, reply, retry=not isinstance(reply, Heartbeat))
             for rid in dead:
                 self._io.forget_peer(rid)
+            for actor, leases, min_version in urgent:
+                self._send_grants(actor, leases, min_version)
             for actor, rnd, eval_leases in eval_grants:
                 self._send_eval_grants(actor, rnd, eval_leases)
             for actor, leases, min_version in grants:
@@ -721,7 +725,18 @@ class Coordinator:
         if self._eval is not None:
             self._metrics.count("eval/lease_expiries", len(self._eval.expire_actor(actor_id)))
 
-    def _serve_eval_locked(self, now: float) -> list[tuple[ActorState, EvalRound, list[EvalLease]]]:
+    def _serve_locked(self, now: float) -> tuple[list[Grant], list[EvalGrant], list[Grant]]:
+        """This tick's grants: validation work before training work, so that a round ends before the next publish has
+        to wait for it; except the groups a learner blocked in ``get_groups`` still lacks (neither buffered nor
+        leased), which go first, so that a round never idles the learner for the step it is waiting on (the round
+        before training would otherwise delay step 1 by the whole round). Sent in the order returned."""
+        led = self._ledger
+        lacking = self._learner_wants - len(led.received) - len(led.leases)
+        urgent = self._serve_credits_locked(now, limit=lacking) if lacking > 0 else []
+        eval_grants = self._serve_eval_locked(now)
+        return urgent, eval_grants, self._serve_credits_locked(now, limit=None)
+
+    def _serve_eval_locked(self, now: float) -> list[EvalGrant]:
         """Lease the open round's pending prompts to actors on exactly its version, within their credit."""
         rnd = self._eval
         if rnd is None or not rnd.pending:
@@ -731,26 +746,34 @@ class Coordinator:
         self._metrics.count("eval/grants", sum(len(leases) for _, leases in served))
         return [(state, rnd, leases) for state, leases in served]
 
-    def _serve_credits_locked(self, now: float) -> list[tuple[ActorState, list[Lease], int]]:
-        """Lease prompts to actors with credit; each grant carries the oldest policy its prompts may start under."""
+    def _serve_credits_locked(self, now: float, *, limit: int | None) -> list[Grant]:
+        """Lease prompts (at most ``limit``; None: no limit) to actors with credit; each grant carries the oldest
+        policy its prompts may start under."""
         led = self._ledger
         busy = bool(led.taken)
-        grants: list[tuple[ActorState, list[Lease], int]] = []
+        grants: list[Grant] = []
         if self._fatal is not None or self._allowance_locked() <= 0:
             return grants
+        left = limit
         for state in self._actors.round_robin():
+            if left is not None and left <= 0:
+                break
             if state.credit <= 0:
                 continue
             allowance = self._allowance_locked(state.loaded_version)  # positions this actor's weights may start
             if allowance <= 0:
                 continue
             count = min(state.credit, allowance, self.codec.limits.max_prompts_per_grant)
+            if left is not None:
+                count = min(count, left)
             position = len(led.leases) + len(led.received)
             leases = led.grant(state.actor_id, count, now + self.transport.lease_timeout_s)
             if not leases:
                 break  # no data left
             state.credit -= len(leases)
             state.granted_total += len(leases)
+            if left is not None:
+                left -= len(leases)
             self._metrics.grants.add(len(leases))
             self._granted_any = True
             min_version = self._admission.min_version(self._version, position + len(leases) - 1, busy=busy)

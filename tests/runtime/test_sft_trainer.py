@@ -78,7 +78,8 @@ def test_the_first_loss_is_the_demonstrated_tokens_nll_and_training_lowers_the_h
     for i in rows:
         ex = trainer.train_data.examples[i]
         ids = torch.tensor([ex.prompt_ids + ex.response_ids])
-        logp = torch.log_softmax(base(input_ids=ids).logits[0, :-1].double(), dim=-1)
+        with torch.no_grad():
+            logp = torch.log_softmax(base(input_ids=ids).logits[0, :-1].double(), dim=-1)
         targets = ids[0, 1:]
         token_logp = logp.gather(1, targets[:, None])[:, 0][len(ex.prompt_ids) - 1 :]
         nll -= float((token_logp * torch.tensor(ex.loss_mask, dtype=torch.float64)).sum())

@@ -5,6 +5,7 @@ dropped."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +72,33 @@ def test_eval_grants_come_first_and_never_reach_the_learner(
     assert m["transport/eval/grants"] == 3 and m["transport/eval/rounds"] == 1
     assert m["transport/groups_received_total"] == 4  # the ledger saw the training groups only
     assert m["transport/data_position"] == 4 and m["transport/eval/open_prompts"] == 0
+    coord.check_invariants()
+
+
+def test_a_round_never_holds_back_the_groups_a_waiting_learner_lacks(
+    coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
+) -> None:
+    s = fast(max_staleness=1, groups_per_step=2)  # training admission cap (1 + 1) x 2 = 4
+    coord = coordinator_factory(16, s)
+    client = client_factory(coord.address, cfg=s)
+    client.hello(loaded_version=0)
+    round_id = coord.start_eval(0, _val_records(3), GREEDY)
+    got: list[RolloutGroup] = []
+    learner = threading.Thread(target=lambda: got.extend(coord.get_groups(2, timeout_s=10.0)))
+    learner.start()  # the learner waits for its step's 2 groups (the round before training, as at step 1)
+    assert _wait(lambda: coord._learner_wants == 2)  # it is blocked in get_groups
+    grants = _collect(client, 7, loaded=0)
+    # the 2 groups the learner lacks first, then the round, then the rest of the admission allowance
+    assert [g.is_eval for g in grants] == [False, False, True, True, True, False, False]
+    first_two = grants[:2]
+    for g in first_two:
+        client.send_group(make_group(g, "actor-0", 0))
+    learner.join(timeout=5.0)
+    assert sorted(g.prompt_id for g in got) == sorted(g.prompt_id for g in first_two)
+    for g in grants[2:]:
+        client.send_group(_answer(make_group, g, "actor-0", version=0) if g.is_eval else make_group(g, "actor-0", 0))
+    assert client.wait_acked(3.0)
+    assert coord.wait_eval(round_id, timeout_s=2.0) and coord.finish_eval(round_id).complete
     coord.check_invariants()
 
 

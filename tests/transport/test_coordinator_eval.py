@@ -40,14 +40,21 @@ def _answer(make_group: GroupMaker, grant: PromptGrant, actor_id: str, version: 
     return msgspec.structs.replace(group, eval_round=grant.eval_round)
 
 
-def test_eval_grants_come_first_and_never_reach_the_learner(
-    coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
-) -> None:
-    s = fast(max_staleness=1, groups_per_step=2)  # training admission cap (1 + 1) x 2 = 4
+def _one_actor_and_a_round(
+    coordinator_factory: Factory, client_factory: ClientFactory
+) -> tuple[Coordinator, RolloutClient, int]:
+    """A coordinator with training admission cap (1 + 1) x 2 = 4, one actor on version 0, and a round of 3 prompts."""
+    s = fast(max_staleness=1, groups_per_step=2)
     coord = coordinator_factory(16, s)
     client = client_factory(coord.address, cfg=s)
     client.hello(loaded_version=0)
-    round_id = coord.start_eval(0, _val_records(3), GREEDY)
+    return coord, client, coord.start_eval(0, _val_records(3), GREEDY)
+
+
+def test_eval_grants_come_first_and_never_reach_the_learner(
+    coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
+) -> None:
+    coord, client, round_id = _one_actor_and_a_round(coordinator_factory, client_factory)
     grants = _collect(client, 7, loaded=0)
     evals = [g for g in grants if g.is_eval]
     train = [g for g in grants if not g.is_eval]
@@ -78,11 +85,7 @@ def test_eval_grants_come_first_and_never_reach_the_learner(
 def test_a_round_never_holds_back_the_groups_a_waiting_learner_lacks(
     coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
 ) -> None:
-    s = fast(max_staleness=1, groups_per_step=2)  # training admission cap (1 + 1) x 2 = 4
-    coord = coordinator_factory(16, s)
-    client = client_factory(coord.address, cfg=s)
-    client.hello(loaded_version=0)
-    round_id = coord.start_eval(0, _val_records(3), GREEDY)
+    coord, client, round_id = _one_actor_and_a_round(coordinator_factory, client_factory)
     got: list[RolloutGroup] = []
     learner = threading.Thread(target=lambda: got.extend(coord.get_groups(2, timeout_s=10.0)))
     learner.start()  # the learner waits for its step's 2 groups (the round before training, as at step 1)

@@ -242,6 +242,22 @@ def _gpu_envs(settings: JobSettings, nproc: int, actors: int, gpus: list[str]) -
     return envs
 
 
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def _cpu_binds(settings: JobSettings, actors: int, cpus: list[int]) -> list[dict[str, str]]:
+    """Each local CPU actor's vLLM worker threads on a slice of its own of ``cpus`` (empty dicts when not pinning).
+
+    vLLM's own ``auto`` binds every engine's worker to the same cores (all but the last), so several actors on one
+    host would share those cores and leave the last to the rest: two actors on 2 cores both ran on core 0. Left alone
+    with one actor, tensor parallelism (whose binding lists one slice per rank), on CUDA, or when the user set the
+    binding."""
+    if settings.device != "cpu" or actors < 2 or settings.tp_size != 1 or CPU_BIND_ENV in os.environ:
+        return [{} for _ in range(actors)]
+    width = max(1, len(cpus) // actors)
+    return [{CPU_BIND_ENV: ",".join(str(c) for c in cpus[(i * width) % len(cpus) :][:width])} for i in range(actors)]
+
+
 def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]) -> list[Part]:
     """The learner part and one part per actor, with ports picked and every override passed through."""
     nproc = args.nproc_per_node or settings.nproc_per_node
@@ -263,6 +279,8 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         wiring.append(f"{REWARD_PORT_KEY}={reward_port}")
     log_dir = Path(args.log_dir) if args.log_dir else Path(args.run_dir) / "logs"
     envs = _gpu_envs(settings, nproc, actors, gpus)
+    binds = _cpu_binds(settings, actors, sorted(os.sched_getaffinity(0)))
+    envs = [envs[0]] + [{**env, **bind} for env, bind in zip(envs[1:], binds, strict=True)]
     if args.learner_cmd:
         learner = shlex.split(args.learner_cmd)
     else:

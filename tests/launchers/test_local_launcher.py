@@ -348,13 +348,18 @@ def test_dry_run_prints_torchrun_and_actor_commands(capsys: pytest.CaptureFixtur
     assert "--standalone --nproc_per_node 2 -m async_rl.entrypoints.train --config configs/demo_grpo.yaml" in text
     port, ws_port = _value(learner, local.PORT_KEY), _value(learner, local.WS_PORT_KEY)
     assert int(port) > 0 and int(ws_port) > 0 and port != ws_port
+    binds = []
     for i in (0, 1):
         actor = cmds[f"actor-{i}"]
+        while "=" in actor[0]:  # the part's environment comes first (each CPU actor's own cores)
+            binds.append(actor.pop(0))
         assert actor[1:3] == ["-m", "async_rl.entrypoints.actor"]
         assert actor[actor.index("--coordinator") + 1] == f"tcp://127.0.0.1:{port}"
         assert actor[actor.index("--actor-id") + 1] == f"actor-{i}"
         assert _value(actor, local.WS_PORT_KEY) == ws_port and _value(actor, local.NUM_ACTORS_KEY) == "2"
         assert "trainer.total_training_steps=3" in actor
+    if local.CPU_BIND_ENV not in os.environ and len(os.sched_getaffinity(0)) >= 2:
+        assert len(binds) == len(set(binds)) == 2 and all(b.startswith(f"{local.CPU_BIND_ENV}=") for b in binds)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # a dry run writes nothing
 
 
@@ -384,6 +389,28 @@ def test_gpu_pinning_gives_learner_first_gpus_then_actors_tp_slices() -> None:
     crowded = local.build_parts(local.parse_args(["--nproc-per-node", "4", "--actors", "3"]), settings, gpus)
     assert all(p.env == {} for p in crowded)
     assert all(p.env == {} for p in local.build_parts(args, dataclasses.replace(settings, device="cpu"), gpus))
+
+
+def test_local_cpu_actors_each_get_their_own_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(local.CPU_BIND_ENV, raising=False)
+    settings = local.JobSettings(
+        num_actors=2, nproc_per_node=2, device="cpu", tp_size=1, host="127.0.0.1", port=0, ws_port=0,
+        actor_policy=local.STOP_ON_FAILURE, learner_stop_s=None,
+    )  # fmt: skip
+    binds = [{local.CPU_BIND_ENV: "0"}, {local.CPU_BIND_ENV: "1"}]
+    assert local._cpu_binds(settings, 2, [0, 1]) == binds  # vLLM's auto would put both on core 0
+    assert local._cpu_binds(settings, 2, list(range(8))) == [
+        {local.CPU_BIND_ENV: "0,1,2,3"},
+        {local.CPU_BIND_ENV: "4,5,6,7"},
+    ]
+    assert local._cpu_binds(settings, 3, [0, 1]) == [*binds, {local.CPU_BIND_ENV: "0"}]  # more actors than cores
+    assert local._cpu_binds(settings, 1, [0, 1]) == [{}]  # one actor: vLLM's own binding
+    assert local._cpu_binds(dataclasses.replace(settings, tp_size=2), 2, [0, 1]) == [{}, {}]
+    assert local._cpu_binds(dataclasses.replace(settings, device="cuda"), 2, [0, 1]) == [{}, {}]
+    parts = local.build_parts(local.parse_args(["--actors", "2"]), settings, [])
+    assert parts[0].env == {} and [p.env.get(local.CPU_BIND_ENV) for p in parts[1:]] != [None, None]
+    monkeypatch.setenv(local.CPU_BIND_ENV, "0")  # the user's own binding is left alone
+    assert local._cpu_binds(settings, 2, [0, 1]) == [{}, {}]
 
 
 def test_help_works_and_hides_test_options() -> None:

@@ -403,7 +403,16 @@ LEARNER_PERF_UPDATE_TOKENS_PER_S = _m(
     "learner/perf/update_tokens_per_s", "step", "tokens computed by the updates per second of the updates"
 )
 LEARNER_VERSION = _m("learner/version", "step", "policy version after the step")
-LEARNER_IDLE_FRACTION = _m("learner/idle_fraction", "step", "share of the step spent waiting for rollouts")
+LEARNER_IDLE_FRACTION = _m(
+    "learner/idle_fraction",
+    "step",
+    "share of the step spent waiting: for rollouts, and for a validation round to finish before publishing",
+)
+LEARNER_VALIDATION_WAIT_S = _m(
+    "learner/validation_wait_s",
+    "step",
+    "seconds the step waited before publishing for the open validation round (of an older version) to finish",
+)
 LEARNER_PEAK_MEMORY_MIB = _m(
     "learner/peak_memory_mib",
     "gauge",

@@ -280,7 +280,7 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
         "idle fractions (waiting for work)",
         "fraction of time",
         [
-            ("learner (waiting for groups)", _series(records, mc.LEARNER_IDLE_FRACTION)),
+            ("learner (waiting for groups or a validation round)", _series(records, mc.LEARNER_IDLE_FRACTION)),
             ("actors (nothing to generate)", _series(records, mc.ACTOR_IDLE_FRACTION)),
         ],
     )

@@ -249,7 +249,8 @@ class Trainer:
         if self.sink is not None and self.coordinator is not None:
             metrics.update(self.coordinator.metrics())
             metrics.update(self.actor_activity(metrics))
-            metrics[mc.LEARNER_IDLE_FRACTION] = rollouts.wait_s / max(time.monotonic() - step_started, 1e-9)
+            waited = rollouts.wait_s + metrics.get(mc.LEARNER_VALIDATION_WAIT_S, 0.0)
+            metrics[mc.LEARNER_IDLE_FRACTION] = waited / max(time.monotonic() - step_started, 1e-9)
             metrics[mc.TIME_WALL_S] = time.monotonic() - self.started
             metrics[mc.LEARNER_PEAK_MEMORY_MIB] = peak
             self.sink.log(step + 1, metrics)
@@ -274,7 +275,7 @@ class Trainer:
         """The one way weights reach the actors (a step's publish, the re-publish to an actor that joined while the
         learner waited, the final version's): the validation wait, then, in a LoRA run, the served-weights probe of
         ``version`` on the plan, so every actor that loads an adapter checks that it serves it."""
-        self.validator.before_publish(version)
+        waited_s = self.validator.before_publish(version)
         probe = None
         if self.learner.lora is not None:  # the actors check that they serve this version's adapter
             max_len = self.cfg.actor_rollout_ref.rollout.max_model_len or PROBE_LENGTH + 1
@@ -289,7 +290,7 @@ class Trainer:
             probe=probe,
         )
         self.published = version
-        return report
+        return {**report, mc.LEARNER_VALIDATION_WAIT_S: waited_s}
 
     def _save(self, step: int) -> Path:
         path = save_checkpoint(

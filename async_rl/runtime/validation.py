@@ -184,11 +184,15 @@ class Validator:
             assert self.coordinator is not None and self.sampling is not None
             self._round = self.coordinator.start_eval(version, self.records, self.sampling)
 
-    def before_publish(self, version: int) -> None:
+    def before_publish(self, version: int) -> float:
         """Called on every rank right before weights of ``version`` go to the actors: an open round on another
-        version must finish (or time out) first, so that its actors keep its weights until then."""
-        if self.open_version is not None and self.open_version != version:
-            self.wait()
+        version must finish (or time out) first, so that its actors keep its weights until then. Returns the seconds
+        waited for it (0.0 when no such round was open)."""
+        if self.open_version is None or self.open_version == version:
+            return 0.0
+        started = time.monotonic()
+        self.wait()
+        return time.monotonic() - started
 
     def poll(self) -> None:
         """Rank 0, no collective: close and log the open round if it is complete."""

@@ -164,6 +164,8 @@ def test_async_grpo_pipeline_with_validation_rounds(first: Launch) -> None:
         assert m["learner/batch/size"] == BATCH * 6  # rollout.n = 6 in the demo config
         assert m["sync/actors"] == 1.0 and m["sync/failures"] == 0.0  # weights reached the actor every step
         assert m["sync/wire_bits"] == 16.0  # sent in the dtype the actor serves, and loaded (the log line below)
+        # every step publishes; the wait for an older round before it counts as the learner's idle time
+        assert 0.0 <= m["learner/validation_wait_s"] and 0.0 <= m["learner/idle_fraction"] <= 1.0, m
     for rec in first.audit:
         assert all(rec["step"] - 1 - v <= K for v in rec["start_versions"])
     first_ids = [i for rec in first.audit for i in rec["prompt_ids"]]

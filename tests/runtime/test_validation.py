@@ -134,7 +134,7 @@ def _validator(timeout_s: float = 5.0) -> tuple[Validator, _FakeCoordinator, _Ra
 def test_a_round_is_logged_at_its_versions_step_as_soon_as_it_is_complete() -> None:
     val, coord, ctx, logged = _validator()
     val.start(4)
-    val.before_publish(4)  # re-publishing the pinned version (a late actor) does not wait
+    assert val.before_publish(4) == 0.0  # re-publishing the pinned version (a late actor) does not wait
     val.poll()
     assert logged == [] and ctx.broadcasts == []
     coord.answer([0, 1], reward=1.0)
@@ -142,7 +142,7 @@ def test_a_round_is_logged_at_its_versions_step_as_soon_as_it_is_complete() -> N
     assert [(s, m["val/reward_mean"], m["val/version"]) for s, m in logged] == [(4, 1.0, 4.0)]
     val.before_publish(5)  # every rank still passes the collective: rank 0 says "done" at once
     assert ctx.broadcasts == [b"D"] and val.open_version is None and val.last_version == 4
-    val.before_publish(6)  # nothing open: no collective at all
+    assert val.before_publish(6) == 0.0  # nothing open: no collective at all
     assert ctx.broadcasts == [b"D"]
 
 
@@ -153,8 +153,9 @@ def test_a_publish_of_another_version_waits_and_a_timeout_logs_partial_results(
     val.start(2)
     coord.answer([0], reward=0.0)  # one of the two prompts done
     with caplog.at_level(logging.WARNING, logger="async_rl.runtime.validation"):
-        val.before_publish(3)
+        waited = val.before_publish(3)
     assert "did not finish within" in caplog.text
+    assert 0.05 <= waited < 5.0  # the seconds the publish waited (the step's learner/validation_wait_s): the timeout
     assert len(logged) == 1 and logged[0][0] == 2
     assert logged[0][1]["val/prompts_missing"] == 1.0 and logged[0][1]["val/num_samples"] == 1.0
     assert ctx.broadcasts[-1] == b"D" and set(ctx.broadcasts) <= {b"W", b"D"}

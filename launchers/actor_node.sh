@@ -184,12 +184,26 @@ if ((${#rm_cmd[@]})); then
     echo "actor_node.sh: started the reward server on 127.0.0.1:$REWARD_PORT (pid $!); log: $rm_log" >&2
   fi
 fi
+# Several CPU actors on one node each get an even slice of the CPUs this script may use (its affinity, which SLURM
+# sets to the job's CPUs): vLLM's own `auto` binding puts every engine's worker threads on the same cores. Left alone
+# with one actor, GPUs, tensor parallelism (GPUS_PER_ACTOR > 1), or VLLM_CPU_OMP_THREADS_BIND set by the user.
+cpus=()
+if ((!${#gpus[@]} && ACTORS_PER_NODE > 1 && GPUS_PER_ACTOR == 1)) && [[ -z "${VLLM_CPU_OMP_THREADS_BIND+set}" ]]; then
+  IFS=, read -r -a ranges <<<"$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status 2>/dev/null || true)"
+  for range in "${ranges[@]}"; do
+    for ((c = ${range%-*}; c <= ${range#*-}; c++)); do cpus+=("$c"); done
+  done
+fi
 for ((i = 0; i < ACTORS_PER_NODE; i++)); do
   id="actor-$((ACTOR_ID_OFFSET + i))"
   env_args=()
   if ((${#gpus[@]})); then
     slice=("${gpus[@]:i*GPUS_PER_ACTOR:GPUS_PER_ACTOR}")
     env_args=("CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${slice[*]}")")
+  elif ((${#cpus[@]})); then
+    width=$((${#cpus[@]} / ACTORS_PER_NODE > 0 ? ${#cpus[@]} / ACTORS_PER_NODE : 1))
+    slice=("${cpus[@]:(i * width) % ${#cpus[@]}:width}")
+    env_args=("VLLM_CPU_OMP_THREADS_BIND=$(IFS=,; echo "${slice[*]}")")
   fi
   curve=()
   if [[ -n "${CURVE_DIR:-}" ]]; then

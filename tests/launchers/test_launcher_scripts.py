@@ -196,6 +196,30 @@ def test_actor_node_without_gpus_runs_one_cpu_actor() -> None:
     assert not any("curve" in a for a in argv)
 
 
+def test_several_cpu_actors_on_a_node_each_get_their_own_cores() -> None:
+    """vLLM's own `auto` binding would put every actor's worker threads on the same cores (the local launcher's
+    test_local_cpu_actors_each_get_their_own_cores); the node script slices the CPUs it may use, as that one does."""
+    cpus = sorted(os.sched_getaffinity(0))
+    base = dict(DRY_RUN="1", CUDA_VISIBLE_DEVICES="", COORD_ADDR="127.0.0.1", REWARD_SERVER="0")
+    res = _run("actor_node.sh", _env(**base, ACTORS_PER_NODE="2"))
+    assert res.returncode == 0, res.stderr
+    width = max(1, len(cpus) // 2)
+    expected = [cpus[(i * width) % len(cpus) :][:width] for i in range(2)]
+    binds = [argv[1] for argv in _actor_lines(res.stdout)]
+    assert binds == [f"VLLM_CPU_OMP_THREADS_BIND={','.join(map(str, c))}" for c in expected]
+    if len(cpus) >= 2:  # on this 2-core machine: core 0 and core 1
+        assert set(expected[0]).isdisjoint(expected[1])
+    # one actor, the user's own binding, or tensor parallelism: vLLM's binding is left alone
+    for extra in (
+        {},
+        {"ACTORS_PER_NODE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0"},
+        {"ACTORS_PER_NODE": "2", "GPUS_PER_ACTOR": "2"},
+    ):
+        res = _run("actor_node.sh", _env(**base, **extra))
+        assert res.returncode == 0, res.stderr
+        assert all(argv[1] == "python" for argv in _actor_lines(res.stdout)), res.stdout
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

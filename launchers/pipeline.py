@@ -6,7 +6,8 @@ rejection-sampling generation, each stage's export (a model, or a generated data
 The file's format is ``async_rl.config.pipeline.PipelineConfig``: a ``run_dir`` and a list of ``stages``, each with a
 ``kind`` (``sft``, ``rm``, ``rl``, ``opd``, ``generate``), its own ``config`` and ``overrides``, and ``inputs``
 mapping a key of its config to an earlier stage whose export it gets (a model directory; a ``generate`` stage's jsonl
-of kept samples). Each stage runs in ``<run_dir>/<name>`` through its own entry point (``async_rl.entrypoints.sft`` or
+of kept samples, or parquet when its ``rejection_sampling.output`` names a .parquet file). Each stage runs in
+``<run_dir>/<name>`` through its own entry point (``async_rl.entrypoints.sft`` or
 ``train_reward_model`` under torchrun, ``launchers/local.py`` for RL and for generation), so its logs, metrics and
 checkpoints are where that entry point puts them.
 
@@ -35,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from async_rl.config.loader import build_raw  # noqa: E402
 from async_rl.config.pipeline import PipelineConfig, StageConfig, load_pipeline_config  # noqa: E402
 
 logger = logging.getLogger("pipeline")
@@ -49,6 +51,16 @@ def stage_dir(cfg: PipelineConfig, stage: StageConfig) -> Path:
     return Path(cfg.run_dir) / stage.name
 
 
+def export_path(cfg: PipelineConfig, stage: StageConfig) -> Path:
+    """Where ``stage``'s run writes what it hands on. A ``generate`` stage writes its rows in its run directory, as
+    parquet when its config's ``rejection_sampling.output`` names a .parquet file, else as jsonl."""
+    out = stage_dir(cfg, stage)
+    if stage.kind != "generate":
+        return out / EXPORT[stage.kind]
+    asked = build_raw([stage.config], stage.overrides).get("rejection_sampling", {}).get("output")
+    return out / EXPORT["generate"] if Path(str(asked)).suffix != ".parquet" else out / "rejection_sampling.parquet"
+
+
 def stage_command(cfg: PipelineConfig, stage: StageConfig, exports: dict[str, Path]) -> list[str]:
     """The command of ``stage``, its inputs filled from ``exports`` (stage name -> exported model directory)."""
     out = stage_dir(cfg, stage)
@@ -57,7 +69,7 @@ def stage_command(cfg: PipelineConfig, stage: StageConfig, exports: dict[str, Pa
     if stage.kind == "generate":  # one learner process whatever the RL config it reuses says
         keys += [
             "rejection_sampling.enable=true",
-            f"rejection_sampling.output={out / EXPORT['generate']}",
+            f"rejection_sampling.output={export_path(cfg, stage)}",
             "trainer.n_gpus_per_node=1",
         ]
     if stage.kind == "opd":
@@ -107,7 +119,7 @@ def run_pipeline(cfg: PipelineConfig, *, dry_run: bool) -> int:
     for i, stage in enumerate(cfg.stages, start=1):
         out = stage_dir(cfg, stage)
         done = out / DONE_FILE
-        export = out / EXPORT[stage.kind]
+        export = export_path(cfg, stage)
         if done.is_file():
             logger.info("stage %d/%d %s: finished before (%s); skipped", i, total, stage.name, done)
             exports[stage.name] = Path(json.loads(done.read_text())["export"])

@@ -109,6 +109,13 @@ def test_a_generate_stage_runs_the_rl_launcher_as_one_rejection_sampling_process
 
     cfg_rs = load_config([str(REPO / "configs" / "smollm2_arith_grpo.yaml")], command[8:])  # the stage's config loads
     assert cfg_rs.rejection_sampling.enable and cfg_rs.trainer.n_gpus_per_node == 1
+    # the stage's own config asking for parquet keeps its format (in the stage's run directory), and hands it on
+    parquet = {**gen, "overrides": ["rejection_sampling.output=/elsewhere/rows.parquet"]}
+    cfg, _ = load_pipeline_config([str(_write(tmp_path / "p.yaml", tmp_path / "run", [parquet, sft]))], [])
+    assert pipeline.export_path(cfg, cfg.stages[0]) == rs_dir / "rejection_sampling.parquet"
+    command = pipeline.stage_command(cfg, cfg.stages[0], {})
+    assert command[-2] == f"rejection_sampling.output={rs_dir / 'rejection_sampling.parquet'}"  # after the stage's own
+    assert pipeline.export_path(cfg, cfg.stages[1]) == tmp_path / "run" / "sft" / "hf"
 
 
 @pytest.mark.parametrize(

@@ -54,11 +54,11 @@ def stage_dir(cfg: PipelineConfig, stage: StageConfig) -> Path:
 def export_path(cfg: PipelineConfig, stage: StageConfig) -> Path:
     """Where ``stage``'s run writes what it hands on. A ``generate`` stage writes its rows in its run directory, as
     parquet when its config's ``rejection_sampling.output`` names a .parquet file, else as jsonl."""
-    out = stage_dir(cfg, stage)
+    export = stage_dir(cfg, stage) / EXPORT[stage.kind]
     if stage.kind != "generate":
-        return out / EXPORT[stage.kind]
+        return export
     asked = build_raw([stage.config], stage.overrides).get("rejection_sampling", {}).get("output")
-    return out / EXPORT["generate"] if Path(str(asked)).suffix != ".parquet" else out / "rejection_sampling.parquet"
+    return export.with_suffix(".parquet") if Path(str(asked)).suffix == ".parquet" else export
 
 
 def stage_command(cfg: PipelineConfig, stage: StageConfig, exports: dict[str, Path]) -> list[str]:

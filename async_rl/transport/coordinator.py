@@ -18,6 +18,7 @@ filtering (transport.filtering, DAPO dynamic sampling) a valid training group wh
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -754,26 +755,23 @@ class Coordinator:
         grants: list[Grant] = []
         if self._fatal is not None or self._allowance_locked() <= 0:
             return grants
-        left = limit
+        left = sys.maxsize if limit is None else limit
         for state in self._actors.round_robin():
-            if left is not None and left <= 0:
+            if left <= 0:
                 break
             if state.credit <= 0:
                 continue
             allowance = self._allowance_locked(state.loaded_version)  # positions this actor's weights may start
             if allowance <= 0:
                 continue
-            count = min(state.credit, allowance, self.codec.limits.max_prompts_per_grant)
-            if left is not None:
-                count = min(count, left)
+            count = min(state.credit, allowance, self.codec.limits.max_prompts_per_grant, left)
             position = len(led.leases) + len(led.received)
             leases = led.grant(state.actor_id, count, now + self.transport.lease_timeout_s)
             if not leases:
                 break  # no data left
             state.credit -= len(leases)
             state.granted_total += len(leases)
-            if left is not None:
-                left -= len(leases)
+            left -= len(leases)
             self._metrics.grants.add(len(leases))
             self._granted_any = True
             min_version = self._admission.min_version(self._version, position + len(leases) - 1, busy=busy)

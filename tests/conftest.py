@@ -1,4 +1,4 @@
-"""Shared pytest set-up: skip `gpu`-marked tests when no CUDA device is present.
+"""Shared pytest set-up: skip `gpu`-marked tests when no CUDA device is present; arm the vLLM engines' quick exit.
 
 This file also puts tests/ on ``sys.path`` (pytest's default ``prepend`` import mode inserts a root conftest's
 directory), so helpers shared by several test directories live here as top-level modules: ``_loop_fakes`` (the
@@ -7,6 +7,11 @@ actor-loop fakes of tests/actor and tests/rewards)."""
 from __future__ import annotations
 
 import pytest
+
+from async_rl.actor import vllm_exit
+
+# The vLLM engines tests start skip the interpreter's teardown when they stop, as the actor's do (about 4 s a stop).
+vllm_exit.arm()
 
 
 def _cuda_available() -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from async_rl.actor import vllm_exit
 from async_rl.config import Config
 from async_rl.config.distillation import teacher_at
 from async_rl.runtime import resources
@@ -216,6 +217,7 @@ def run_actor(cfg: Config, *, coordinator: str, actor_id: str, report: Report) -
 
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not has_cuda():
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache on CPU; the default reserves far more
+    vllm_exit.arm()  # the engines' processes skip the interpreter's seconds-long teardown when they stop
     workdir = resources.run_dir(cfg)
     workdir.mkdir(parents=True, exist_ok=True)
     return asyncio.run(_run(cfg, coordinator, actor_id, workdir, report))

@@ -447,6 +447,10 @@ def main() -> None:
     args = p.parse_args()
     params = json.loads(args.params)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.probe == "generation":
+        from async_rl.actor import vllm_exit
+
+        vllm_exit.arm()
     try:
         result = asyncio.run(_generation(params)) if args.probe == "generation" else _learner(params)
     except ProbeError as err:

@@ -16,7 +16,7 @@ A run is several process trees that only make sense together, so this is a small
   non-zero naming the part, its exit code and its log;
 * Ctrl-C / SIGTERM are forwarded to every part (a second one kills at once);
 * when the learner exits 0 (it has told the actors to shut down) the actors get ``--actor-exit-s`` to leave by
-  themselves, then are stopped.
+  themselves, then are stopped; the reward server is stopped as soon as the actors are gone.
 
 ``--emulate-tokens-per-s R [--emulate-response-len L]`` starts emulated actors instead of vLLM ones (a fixed
 R tokens/s each, real rollout client and weight sync; see ``async_rl.actor.emulated``), as ``tools/bench_pipeline.py``
@@ -560,13 +560,15 @@ class _Supervisor:
                 logger.warning("restarted %s (restart %d of %d)", name, self.restarts[name], self._limit(r.part))
 
     def _finish(self) -> int:
-        """The primary exited 0: the others get ``actor_exit_s`` to leave by themselves, then are stopped."""
+        """The primary exited 0: the actors get ``actor_exit_s`` to leave by themselves, then every part still
+        running is stopped (a service such as the reward server, which never leaves by itself, as soon as the actors
+        it serves are gone)."""
         name = self.primary.part.name
         self.due.clear()  # no restart once the learner is done
-        logger.info("%s finished; giving the others %.1f s to exit", name, self.actor_exit_s)
+        logger.info("%s finished; giving the actors %.1f s to exit", name, self.actor_exit_s)
         deadline = time.monotonic() + self.actor_exit_s
         while time.monotonic() < deadline and not self.signals.received:
-            if all(r.proc.poll() is not None for r in self.running):
+            if all(r.proc.poll() is not None for r in self._actors()):
                 break
             time.sleep(0.05)
         for r in self.running:

@@ -447,3 +447,28 @@ def test_a_reward_server_part_shares_the_actors_port_and_learner_rank_0s_gpu() -
     without = local.build_parts(args, dataclasses.replace(settings, reward_server=False), [str(i) for i in range(8)])
     assert [p.name for p in without] == ["learner", "actor-0", "actor-1"]
     assert not any(a.startswith("reward.reward_model.port=") for p in without for a in p.argv)
+
+
+def test_a_service_part_is_stopped_once_the_actors_are_gone_not_after_their_exit_time(tmp_path: Path) -> None:
+    """The reward server never leaves by itself: once the learner is done and the actors have left, it is stopped at
+    once (it used to be given the actors' whole exit time too, 10 s at the end of every such job)."""
+    plan = {
+        "learner": {"mode": "exit", "code": 0, "wait_for": ["actor-0.pid", "reward-server.pid"]},
+        "actor-0": {"mode": "exit", "code": 0, "wait_for": ["learner.starts"], "sleep_s": 0.3},
+        "reward-server": {"mode": "sleep"},
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "child.py").write_text(CHILD)
+
+    def part(role: str, essential: bool = False) -> Any:
+        argv = (sys.executable, str(tmp_path / "child.py"), role, str(tmp_path))
+        return local.Part(role, argv, tmp_path / f"{role}.log", essential=essential)
+
+    started = time.monotonic()
+    code = local.run_parts(
+        [part("learner"), part("actor-0"), part("reward-server", essential=True)], grace_s=5.0, actor_exit_s=30.0
+    )
+    assert code == 0
+    assert time.monotonic() - started < 15.0  # well inside the 30 s the actors could have had
+    assert (tmp_path / "reward-server.term").exists()  # stopped by SIGTERM, not killed
+    assert not _alive(_pids(tmp_path)["reward-server"])

@@ -439,7 +439,9 @@ SYNC_EPOCH = _m("sync/epoch", "step", "weight-sync epoch (a new one each time th
 SYNC_JOIN_SECONDS = _m(
     "sync/join_seconds", "step", "seconds to settle a new epoch's membership (steps that re-form the group)"
 )
-SYNC_LEFT_OUT = _m("sync/left_out", "cumulative", "invited actors not ready within `join_timeout_s`")
+SYNC_LEFT_OUT = _m(
+    "sync/left_out", "cumulative", "invited actors not ready within `join_timeout_s` (or presumed dead first)"
+)
 SYNC_FAILURES = _m("sync/failures", "cumulative", "failed group formations and transfers")
 # ---- the rollout plane (transport/coordinator.py, transport/metrics.py)
 TRANSPORT_QUEUE_DEPTH = _m("transport/queue_depth", "gauge", "groups received and waiting for the learner")

@@ -26,7 +26,7 @@ as the actor received it) and the engine's place in it. It is also the ``init_in
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 import msgspec
@@ -136,18 +136,29 @@ def read_candidates(store: dist.Store, members: Iterable[str]) -> dict[str, str]
 
 
 def collect_roster(
-    store: dist.Store, epoch: int, invited: Iterable[str], join_timeout_s: float, *, poll_s: float = 0.02
+    store: dist.Store,
+    epoch: int,
+    invited: Iterable[str],
+    join_timeout_s: float,
+    *,
+    alive: Callable[[], Iterable[str]] | None = None,
+    poll_s: float = 0.02,
 ) -> Roster:
-    """Rank 0: wait up to ``join_timeout_s`` for the invited actors' ready keys, then publish and return the roster."""
+    """Rank 0: wait up to ``join_timeout_s`` for the invited actors' ready keys, then publish and return the roster.
+    An invited actor not ready yet that ``alive()`` (the actors the coordinator still hears from) no longer names is
+    not waited for: it died after its invitation, and would only have held the epoch for the whole timeout."""
     waiting = sorted(set(invited))
     ready: dict[str, str] = {}
     deadline = time.monotonic() + join_timeout_s
     while waiting:
+        live = set(alive()) if alive is not None else None
         for member in list(waiting):
             key = _ready_key(epoch, member)
             if store.check([key]):
                 waiting.remove(member)
                 ready[member] = store.get(key).decode()
+            elif live is not None and member not in live:
+                waiting.remove(member)
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(poll_s)

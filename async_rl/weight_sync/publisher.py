@@ -188,20 +188,24 @@ class WeightPublisher:
         self.epoch += 1
         t0 = time.monotonic()
         self.coordinator.set_policy_version(version, weight_sync=self._plan(version=version, candidates=candidates))
-        roster = collect_roster(self.store, self.epoch, candidates, self.join_timeout_s)
+        coordinator = self.coordinator
+        roster = collect_roster(
+            self.store, self.epoch, candidates, self.join_timeout_s, alive=coordinator.live_actor_ids
+        )
         announced = read_candidates(self.store, candidates)
+        live = set(coordinator.live_actor_ids())
         for actor in candidates:
             if actor in roster.ranks:
                 self._missed.pop(actor, None)
             else:
                 self.left_out += 1
                 self._missed[actor] = announced.get(actor, "")
+                why = f"within {self.join_timeout_s:.1f} s" if actor in live else "before it was presumed dead"
                 logger.warning(
-                    "actor %s was not ready for weight-sync epoch %d within %.1f s: left out until it announces "
-                    "itself again",
+                    "actor %s was not ready for weight-sync epoch %d %s: left out until it announces itself again",
                     actor,
                     self.epoch,
-                    self.join_timeout_s,
+                    why,
                 )
         self.members = roster.members
         self.served = dict(roster.served)

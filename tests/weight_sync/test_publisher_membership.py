@@ -61,9 +61,9 @@ class _Coordinator:
         self.confirmed.append((version, list(actor_ids)))
 
 
-def _publisher(coord: _Coordinator, *, timeout_s: float) -> WeightPublisher:
+def _publisher(coord: _Coordinator, *, timeout_s: float, join_timeout_s: float = JOIN_S) -> WeightPublisher:
     """A gloo publisher built as a run builds it, from ``async_training.weight_sync`` (the config's defaults else)."""
-    ws = WeightSyncConfig(backend="gloo", timeout_s=timeout_s, join_timeout_s=JOIN_S)
+    ws = WeightSyncConfig(backend="gloo", timeout_s=timeout_s, join_timeout_s=join_timeout_s)
     return WeightPublisher.from_config(ws, _Ctx(), coord, adapter=None, served_check_tolerance=1e-3)
 
 
@@ -218,6 +218,32 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
             "127.0.0.1", pub.port, "stuck", "stuck-2", timeout_s=30.0
         )  # a fresh announcement: worth another invitation
         assert pub.needs_refresh()
+    finally:
+        pub.close()
+
+
+def test_an_invited_actor_presumed_dead_before_it_is_ready_is_not_waited_for(caplog) -> None:
+    """An actor invited to an epoch dies before it is ready (killed mid-episode, in the multi-turn e2e run): once the
+    coordinator presumes it dead the epoch forms without it, instead of after the whole join timeout."""
+    coord = _Coordinator(["dying", "good"])
+    pub = _publisher(coord, timeout_s=10.0, join_timeout_s=30.0)
+    try:
+        announce_at("127.0.0.1", pub.port, "dying", "dying-1", timeout_s=30.0)  # announces itself, then dies
+        got: list[float] = []
+        actor = _receiving_actor(coord, "good", [1], got)
+        time.sleep(0.2)  # let "good" announce itself
+        presumed_dead = threading.Timer(1.0, lambda: setattr(coord, "live", ["good"]))
+        presumed_dead.start()
+        t0 = time.monotonic()
+        metrics = pub.publish(1, lambda _dtype: _weights(1))
+        elapsed = time.monotonic() - t0
+        presumed_dead.join()
+        assert coord.current().candidates == ("dying", "good")  # it was invited
+        assert metrics["sync/actors"] == 1.0 and metrics["sync/left_out"] == 1.0
+        assert 1.0 <= metrics["sync/join_seconds"] < 10.0 and elapsed < 10.0  # not the 30 s join timeout
+        assert "actor dying was not ready for weight-sync epoch 0 before it was presumed dead" in caplog.text
+        actor.join(timeout=10.0)
+        assert got == [1.0] and coord.confirmed == [(1, ["good"])]
     finally:
         pub.close()
 

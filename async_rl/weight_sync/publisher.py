@@ -188,12 +188,10 @@ class WeightPublisher:
         self.epoch += 1
         t0 = time.monotonic()
         self.coordinator.set_policy_version(version, weight_sync=self._plan(version=version, candidates=candidates))
-        coordinator = self.coordinator
-        roster = collect_roster(
-            self.store, self.epoch, candidates, self.join_timeout_s, alive=coordinator.live_actor_ids
-        )
+        live_ids = self.coordinator.live_actor_ids
+        roster = collect_roster(self.store, self.epoch, candidates, self.join_timeout_s, alive=live_ids)
         announced = read_candidates(self.store, candidates)
-        live = set(coordinator.live_actor_ids())
+        live = set(live_ids())
         for actor in candidates:
             if actor in roster.ranks:
                 self._missed.pop(actor, None)

@@ -253,13 +253,11 @@ def dense_shared_attention(
         return x.index_select(1, index.reshape(-1)).unflatten(1, index.shape).transpose(0, 1)
 
     qp, kp, vp = (gather(x, lay.prompt_index) for x in (q, k, v))
-    out_p = nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scaling, enable_gqa=gqa)
+    out_p = _attend(qp, kp, vp, None, scaling, gqa)
     qc = gather(q, lay.comp_index)
     kc = torch.cat([kp.index_select(0, lay.comp_group), gather(k, lay.comp_index)], dim=2)
     vc = torch.cat([vp.index_select(0, lay.comp_group), gather(v, lay.comp_index)], dim=2)
-    out_c = nn.functional.scaled_dot_product_attention(
-        qc, kc, vc, attn_mask=lay.comp_mask, scale=scaling, enable_gqa=gqa
-    )
+    out_c = _attend(qc, kc, vc, lay.comp_mask, scaling, gqa)
     heads, dim = q.shape[0], q.shape[2]
     flat = torch.cat(
         [
@@ -268,6 +266,45 @@ def dense_shared_attention(
         ]
     )
     return flat.index_select(0, lay.inverse)[None]
+
+
+MATH_ATTENTION_MAX_SCORES = 1 << 22
+"""On CPU, a dense problem with at most this many attention scores (rows x heads x queries x keys) is computed by
+:func:`math_attention`, larger ones by ``torch``'s flash kernel. The learner's problems are many short rows (a
+micro-batch of completions of a few dozen tokens), where the CPU flash kernel's per-block set-up dominates: on the
+SmolLM2 recipe's micro-batch (bf16, one thread, forward and backward) a layer's attention took 49 ms with the flash
+kernel against 21 ms written out (docs/architecture.md, "The learner"). In fp32 the flash kernel is as fast and kept."""
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float | None, gqa: bool
+) -> torch.Tensor:
+    """Scaled-dot-product attention of one dense problem: causal when ``mask`` is None, else under ``mask``."""
+    scores = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+    if q.device.type == "cpu" and q.dtype != torch.float32 and scores <= MATH_ATTENTION_MAX_SCORES:
+        return math_attention(q, k, v, mask, scaling)
+    causal = mask is None
+    return nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa
+    )
+
+
+def math_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
+    """Attention written out: ``q`` ``[B, H, T, D]``, ``k``/``v`` ``[B, Hkv, S, D]`` (``H`` a multiple of ``Hkv``;
+    query head ``h`` reads key head ``h // (H / Hkv)``, as ``enable_gqa``), ``mask`` ``[B, 1, T, S]`` (True: may
+    attend) or None for causal attention aligned to the top left (``T == S``). The scores and their softmax in fp32 (as
+    flash kernels keep them), the weighted sum of values in the inputs' dtype; every query row must see a key."""
+    b, h, t, d = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    rep = h // hkv
+    scale = d**-0.5 if scaling is None else scaling
+    # the query heads that share a key head become rows of one product: no copy of the keys per query head
+    scores = torch.matmul(q.reshape(b, hkv, rep * t, d).float(), k.transpose(-1, -2).float()).view(b, hkv, rep, t, s)
+    allowed = torch.ones(t, s, dtype=torch.bool, device=q.device).tril() if mask is None else mask[:, :, None]
+    probs = torch.softmax((scores * scale).masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.matmul(probs.to(v.dtype).view(b, hkv, rep * t, s), v).view(b, h, t, d)
 
 
 def _register() -> None:

@@ -16,6 +16,7 @@ from async_rl.learner.shared_prompt import (
     SHARED_PROMPT_ATTENTION,
     build_shared_layout,
     dense_shared_attention,
+    math_attention,
     shared_prompt_enabled,
     use_shared_prompt_attention,
     varlen_shared_attention,
@@ -72,6 +73,52 @@ def test_the_variable_length_segments_attend_as_the_dense_problems_do() -> None:
     length = int(lay.cu_seq_q[-1])
     q, k, v = torch.randn(1, 4, length, 8), torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
     torch.testing.assert_close(_varlen_reference(q, k, v, lay), dense_shared_attention(q, k, v, lay, None))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_written_out_attention_equals_sdpa_with_its_gradients(masked: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    rows, t, s = (3, 5, 9) if masked else (2, 7, 7)
+    q, k, v = (torch.randn(rows, h, t if h == 6 else s, 8, generator=gen).requires_grad_() for h in (6, 2, 2))
+    mask = None
+    if masked:  # a random pattern in which every query row sees at least its first key
+        mask = torch.rand(rows, 1, t, s, generator=gen) < 0.5
+        mask[..., 0] = True
+    ours = math_attention(q, k, v, mask, 0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=not masked, scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    weights = torch.randn(ref.shape, generator=gen)
+    g_ours = torch.autograd.grad((ours * weights).sum(), (q, k, v))
+    g_ref = torch.autograd.grad((ref * weights).sum(), (q, k, v))
+    for a, b in zip(g_ours, g_ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_rows_on_cpu_are_attended_written_out_and_agree_with_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    import async_rl.learner.shared_prompt as shared
+
+    calls: list[torch.dtype] = []
+
+    def spy(q, k, v, mask, scaling):  # type: ignore[no-untyped-def]
+        calls.append(q.dtype)
+        return math_attention(q, k, v, mask, scaling)
+
+    monkeypatch.setattr(shared, "math_attention", spy)
+    torch.manual_seed(0)
+    lay = build_shared_layout([46, 30], [[12, 3, 16], [9, 14]])
+    length = int(lay.cu_seq_q[-1])
+    q, k, v = torch.randn(1, 9, length, 64), torch.randn(1, 3, length, 64), torch.randn(1, 3, length, 64)
+    ref = dense_shared_attention(q, k, v, lay, None)
+    assert calls == []  # fp32 keeps the flash kernel, which is as fast there
+    out = dense_shared_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), lay, None)
+    assert calls == [torch.bfloat16, torch.bfloat16]  # the prompts' problem and the completions'
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=2e-2)  # bf16 inputs: 8 mantissa bits
+    monkeypatch.setattr(shared, "MATH_ATTENTION_MAX_SCORES", 9 * 2 * 46 * 46 - 1)  # both problems over the limit
+    flash = dense_shared_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), lay, None)
+    assert len(calls) == 2
+    torch.testing.assert_close(flash.float(), ref, atol=3e-2, rtol=2e-2)
 
 
 def _cuda_row(seed: int = 0):  # type: ignore[no-untyped-def]

@@ -282,7 +282,14 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     layered_summon: Annotated[bool, noop("Layered FSDP summon.")] = False
     disable_log_stats: Annotated[bool, noop("vLLM stats logging.")] = True
     calculate_log_probs: Annotated[bool, noop("Behaviour log-probs are always returned here.")] = False
-    engine_kwargs: Annotated[dict[str, Any], noop("Engine-specific kwargs.")] = msgspec.field(default_factory=dict)
+    engine_kwargs: Annotated[
+        dict[str, Any],
+        doc(
+            "Extra engine arguments by engine (verl's): engine_kwargs.vllm.<name> is passed to each actor's vLLM"
+            " engine (an AsyncEngineArgs field not set by another key, e.g. block_size; CPU engines default to"
+            " block_size 32 so that a group's samples share their prompt's cache); other engines' entries do nothing."
+        ),
+    ] = msgspec.field(default_factory=dict)
     multi_turn: Annotated[MultiTurnConfig, doc("Multi-turn episodes with an environment.")] = msgspec.field(
         default_factory=MultiTurnConfig
     )

@@ -1,0 +1,47 @@
+"""The vLLM engine arguments an actor builds: its own keys, the CPU block size, and verl's engine_kwargs.vllm."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from async_rl.actor.engine import CPU_BLOCK_SIZE, engine_args
+from async_rl.config import default_config
+from async_rl.config.resolve import EngineStart
+
+START = EngineStart(model_path="/models/m", dtype="bfloat16", max_loras=1)
+
+
+def _args(**engine_kwargs: object):  # type: ignore[no-untyped-def]
+    rollout = default_config().actor_rollout_ref.rollout
+    rollout.engine_kwargs = dict(engine_kwargs)
+    return engine_args(rollout, START, max_model_len=128, gpu_memory_utilization=0.5, enable_prefix_caching=True)
+
+
+def test_a_cpu_engine_gets_small_blocks_so_a_groups_samples_share_their_prompt() -> None:
+    args = _args()
+    assert (args.model, args.dtype, args.max_model_len) == ("/models/m", "bfloat16", 128)
+    assert args.enable_prefix_caching
+    assert args.block_size == CPU_BLOCK_SIZE == 32
+
+
+def test_engine_kwargs_vllm_reach_the_engine_and_may_set_the_block_size() -> None:
+    args = _args(vllm={"block_size": 64, "max_logprobs": 3})
+    assert (args.block_size, args.max_logprobs) == (64, 3)
+
+
+def test_engine_kwargs_name_the_bad_key() -> None:
+    with pytest.raises(ValueError, match=r"engine_kwargs\.vllm\.no_such_arg: not an argument of vLLM's engine"):
+        _args(vllm={"no_such_arg": 1})
+    with pytest.raises(ValueError, match=r"engine_kwargs\.vllm\.max_num_seqs: set by the actor"):
+        _args(vllm={"max_num_seqs": 4})
+    with pytest.raises(ValueError, match=r"engine_kwargs\.vllm must be a mapping"):
+        _args(vllm=[1])
+
+
+def test_another_engines_entry_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="async_rl.actor.engine"):
+        args = _args(sglang={"mem_fraction_static": 0.5})
+    assert "engine_kwargs.sglang has no effect" in caplog.text
+    assert args.block_size == CPU_BLOCK_SIZE

@@ -679,11 +679,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The config keys ``--nproc-per-node`` and ``--actors`` stand for, so that the config is checked with them (a
+    micro-batch that fits one learner rank, not the config's two, is valid with ``--nproc-per-node 1``); the parts
+    get them in their wiring (:func:`build_parts`)."""
+    flags = []
+    if args.nproc_per_node is not None:
+        flags.append(f"trainer.n_gpus_per_node={args.nproc_per_node}")
+    if args.actors is not None:
+        flags.append(f"{NUM_ACTORS_KEY}={args.actors}")
+    return flags
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="launch: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     try:
-        settings = read_settings(args.config, args.overrides)
+        settings = read_settings(args.config, [*args.overrides, *flag_overrides(args)])
     except ValueError as exc:
         logger.error("%s", exc)
         return 2

@@ -370,6 +370,15 @@ def test_dry_run_keeps_ports_fixed_by_overrides(capsys: pytest.CaptureFixture[st
     assert _value(cmds["learner"], local.WS_PORT_KEY) == "23457"
 
 
+def test_the_config_is_checked_with_the_learner_ranks_the_flag_sets(caplog: pytest.LogCaptureFixture) -> None:
+    # the recipe's 16 x 8 sequences over its 2 ranks are 64 a rank: a micro-batch of 128 fits one rank only
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128"
+    one_rank = ["--config", "configs/smollm2_arith_grpo.yaml", micro]
+    assert local.main(["--dry-run", *one_rank]) == 2
+    assert "learner ranks (2)" in caplog.text
+    assert local.main(["--dry-run", "--nproc-per-node", "1", *one_rank]) == 0
+
+
 def test_invalid_config_exits_2_naming_the_key(caplog: pytest.LogCaptureFixture) -> None:
     assert local.main(["--dry-run", "async_training.num_actors=0"]) == 2
     assert "async_training.num_actors" in caplog.text

@@ -395,7 +395,7 @@ CPU_BLOCK_SIZE = 32
 """The KV-cache block size of a CPU engine, unless ``engine_kwargs.vllm.block_size`` says otherwise. vLLM's CPU
 build picks 128, and its prefix cache shares only full blocks: a group's n samples of a 46-token prompt (the SmolLM2
 recipes) then each prefilled the whole prompt. At 32 (the smallest the CPU attention kernel takes), 16 prompts x 8
-samples x 16 tokens took 5.4-5.8 s against 8.2-8.6 s (raw vLLM, bf16, one core; docs/architecture.md, "Actors")."""
+samples x 16 tokens took 5.4-5.8 s against 8.2-8.6 s (raw vLLM, bf16, one core; docs/architecture.md, "The actor")."""
 
 _ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs"
 

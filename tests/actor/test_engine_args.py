@@ -6,11 +6,18 @@ import logging
 
 import pytest
 
+from async_rl.actor import engine
 from async_rl.actor.engine import CPU_BLOCK_SIZE, engine_args
 from async_rl.config import default_config
 from async_rl.config.resolve import EngineStart
 
 START = EngineStart(model_path="/models/m", dtype="bfloat16", max_loras=1)
+
+
+@pytest.fixture(autouse=True)
+def _on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arguments of a CPU engine, on any host (a CUDA engine keeps vLLM's block size)."""
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
 
 
 def _args(**engine_kwargs: object):  # type: ignore[no-untyped-def]

@@ -51,6 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PORT_KEY = "async_training.transport.port"
 WS_PORT_KEY = "async_training.weight_sync.master_port"
 NUM_ACTORS_KEY = "async_training.num_actors"
+NPROC_KEY = "trainer.n_gpus_per_node"
 REWARD_PORT_KEY = "reward.reward_model.port"
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "[::]", "")
 
@@ -273,7 +274,7 @@ def build_parts(args: argparse.Namespace, settings: JobSettings, gpus: list[str]
         f"{WS_PORT_KEY}={ws_port}",
         f"{NUM_ACTORS_KEY}={actors}",
         "trainer.nnodes=1",
-        f"trainer.n_gpus_per_node={nproc}",
+        f"{NPROC_KEY}={nproc}",
     ]
     if settings.reward_server:
         wiring.append(f"{REWARD_PORT_KEY}={reward_port}")
@@ -685,7 +686,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     get them in their wiring (:func:`build_parts`)."""
     flags = []
     if args.nproc_per_node is not None:
-        flags.append(f"trainer.n_gpus_per_node={args.nproc_per_node}")
+        flags.append(f"{NPROC_KEY}={args.nproc_per_node}")
     if args.actors is not None:
         flags.append(f"{NUM_ACTORS_KEY}={args.actors}")
     return flags

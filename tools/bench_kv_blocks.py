@@ -92,7 +92,7 @@ def main() -> None:
         first, second = seconds[sizes[0]], seconds[sizes[1]]
         print(f"{label}: block {sizes[0]} {first:.2f} s, block {sizes[1]} {second:.2f} s", flush=True)
         if rnd:
-            ratios.append(seconds[sizes[0]] / seconds[sizes[1]])
+            ratios.append(first / second)
     summary = paired_ratios(ratios)
     detail = (
         f"{args.groups} prompts x {args.n} samples x {args.max_tokens} tokens, {dtype}, {model}: time with"

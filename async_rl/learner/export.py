@@ -65,8 +65,13 @@ def _unique_entries(model: nn.Module, rename: Rename | None = None) -> list[tupl
     return entries
 
 
-def _full(value: torch.Tensor) -> torch.Tensor:
+def _full(value: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The unsharded tensor; a floating one cast to ``dtype`` (None: as stored). A sharded tensor is cast before the
+    gather: the cast is elementwise, so the result is the same, and the collective moves only the narrower bytes (an
+    fp32 master sent as bf16: half; 0.67 s against 0.99 s for SmolLM2's 272 tensors over 2 gloo ranks)."""
     value = value.detach()
+    if dtype is not None and value.is_floating_point():
+        value = value.to(dtype)
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 
@@ -83,15 +88,14 @@ def iter_full_state(
 
     ``dtype`` casts floating tensors (e.g. ``torch.bfloat16`` for a bf16 vLLM; None: as stored); ``to_cpu`` moves
     them to host memory; ``all_ranks`` yields on every rank instead of rank 0 only; ``rename`` selects and renames the
-    tensors (LoRA: the adapter only, under PEFT's names). All ranks must exhaust the iterator.
+    tensors (LoRA: the adapter only, under PEFT's names). All ranks must exhaust the iterator, with the same ``dtype``
+    (each gather is a collective in that dtype).
     """
     for name, value in _unique_entries(model, rename):
-        full = _full(value)
+        full = _full(value, dtype)
         if not (all_ranks or ctx.is_rank0):
             del full
             continue
-        if dtype is not None and full.is_floating_point():
-            full = full.to(dtype)
         if to_cpu:
             full = full.cpu()
         yield name, full

@@ -10,7 +10,8 @@ the learner world); only rank 0 talks to the actors. The order of one publish:
    coordinator (it rides on the VersionUpdate message), waits at most ``join_timeout_s`` for the candidates to say
    they are ready, and forms the group from those that did (the roster); the rest are left out until they announce
    themselves again;
-3. rank 0 tells every learner rank whether there is anyone to send to;
+3. rank 0 tells every learner rank whether there is anyone to send to, and the dtype the weights travel in (the
+   gathers are collectives in it; floating tensors are cast before they are gathered);
 4. all learner ranks walk the full-weight iterator bucket by bucket; rank 0 broadcasts (each bucket bounded by
    ``timeout_s``), the actors load and verify the digest. Floating tensors travel in the dtype every member's
    engine serves when that is narrower than they are stored in (:func:`wire_dtype`: an fp32 master sent to bf16
@@ -37,13 +38,15 @@ from async_rl import metric_catalog as mc
 from async_rl.transport.protocol import AdapterPlan, ServedCheck, WeightSyncPlan, checked
 from async_rl.weight_sync.group import WeightSyncGroup, create_store, resolve_backend
 from async_rl.weight_sync.membership import collect_roster, read_candidates
-from async_rl.weight_sync.protocol import TensorSpec, dtype_from_name
+from async_rl.weight_sync.protocol import TensorSpec, dtype_from_name, dtype_name
 from async_rl.weight_sync.sender import SendReport, WeightSender
 
 if TYPE_CHECKING:
     from async_rl.config.async_training import WeightSyncConfig
 
 logger = logging.getLogger(__name__)
+
+_NO_SEND, _AS_STORED = b"-", b"="  # what rank 0 tells the other ranks before a publish (else: the wire dtype's name)
 
 
 class _Ctx(Protocol):
@@ -262,10 +265,18 @@ class WeightPublisher:
                 self.failures += 1
                 logger.warning("weight-sync epoch %d failed to form (%s); re-formed next time", self.epoch, exc)
                 self._close_group()
-        send = self.ctx.broadcast_bytes(b"1" if self.group is not None else b"0") == b"1"
+        # Rank 0 tells every rank whether it sends, and in which dtype: each gather is a collective in that dtype.
+        dtype: torch.dtype | None = None
+        said: bytes | None = None
+        if self.ctx.rank == 0:
+            if self.group is not None and manifest is not None:
+                dtype = wire_dtype([self.served.get(m, "") for m in self.members], manifest(None))
+            said = _NO_SEND if self.group is None else _AS_STORED if dtype is None else dtype_name(dtype).encode()
+        said = self.ctx.broadcast_bytes(said)
+        send = said != _NO_SEND
         if self.ctx.rank != 0:
             if send:
-                for _ in weights(None):  # the gather is collective: stay in step with rank 0
+                for _ in weights(None if said == _AS_STORED else dtype_from_name(said.decode())):  # stay in step
                     pass
             return {}
         assert self.coordinator is not None
@@ -281,7 +292,6 @@ class WeightPublisher:
             self.last = metrics
             return metrics
         assert self.group is not None
-        dtype = wire_dtype([self.served.get(m, "") for m in self.members], manifest(None)) if manifest else None
         it = weights(dtype)
         try:
             assert self.sender is not None and self.sender.group is self.group

@@ -145,6 +145,11 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     res[f"tied_export_ok_rank{ctx.rank}"] = "lm_head.weight" not in tied_full and all(
         torch.equal(v, tied_ref[k]) for k, v in tied_full.items()
     )
+    # gathered in bf16 (each shard cast first, as the weight sync does): exactly the fp32 gather, rounded
+    tied_bf16 = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=torch.bfloat16))
+    res[f"bf16_gather_exact_rank{ctx.rank}"] = sorted(tied_bf16) == sorted(tied_full) and all(
+        v.dtype == torch.bfloat16 and torch.equal(v, tied_full[k].to(torch.bfloat16)) for k, v in tied_bf16.items()
+    )
     # a NaN loss on rank 1 only: every rank must skip the same step and keep its weights
     before = digest(dist_l)
     dist_l.loss_hook = (lambda loss: loss * float("nan")) if ctx.rank == 1 else None

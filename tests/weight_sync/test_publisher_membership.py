@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 
 import msgspec
+import pytest
 import torch
 
 from async_rl.config.async_training import WeightSyncConfig
@@ -26,11 +27,30 @@ JOIN_S = 0.5
 
 
 class _Ctx:
+    """Learner rank 0 of a world of one; ``said`` records what it broadcast to the other ranks."""
+
     rank = 0
+
+    def __init__(self) -> None:
+        self.said: list[bytes] = []
 
     def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
         assert data is not None
+        self.said.append(data)
         return data
+
+
+class _OtherRank:
+    """A learner rank other than 0: it only hears what rank 0 broadcasts (``said``)."""
+
+    rank = 1
+
+    def __init__(self, said: bytes) -> None:
+        self.said = said
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        assert data is None and src == 0
+        return self.said
 
 
 class _Coordinator:
@@ -170,9 +190,12 @@ def test_a_bf16_actor_receives_bf16_weights_from_an_fp32_master_and_half_the_byt
         return [TensorSpec(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in weights(dtype)]
 
     out: dict[str, tuple[dict[str, float], list[torch.Tensor]]] = {}
+    said: dict[str, list[bytes]] = {}
     for served in (torch.bfloat16, None):
         coord = _Coordinator(["a"])
         pub = _publisher(coord, timeout_s=10.0)
+        assert isinstance(pub.ctx, _Ctx)
+        said[str(served)] = pub.ctx.said
         received: list[torch.Tensor] = []
         try:
             actor = _receiving_actor(coord, "a", [1], [], served=served, received=received)
@@ -188,6 +211,32 @@ def test_a_bf16_actor_receives_bf16_weights_from_an_fp32_master_and_half_the_byt
     assert steps16.dtype is steps32.dtype is torch.int64 and torch.equal(steps16, master["steps"])
     assert (m16["sync/wire_bits"], m32["sync/wire_bits"]) == (16.0, 32.0)
     assert m32["sync/bytes"] - m16["sync/bytes"] >= 2048 * 2  # the floating tensor's bytes, halved
+    # the other learner ranks are told the dtype: their gathers are collectives with rank 0's, in that dtype
+    assert said == {"torch.bfloat16": [b"bfloat16"], "None": [b"="]}
+
+
+@pytest.mark.parametrize(
+    ("said", "gathered"), [(b"bfloat16", [torch.bfloat16]), (b"float16", [torch.float16]), (b"=", [None]), (b"-", [])]
+)
+def test_the_other_ranks_gather_in_the_dtype_rank_0_sends_or_not_at_all(
+    said: bytes, gathered: list[torch.dtype | None]
+) -> None:
+    """A rank other than 0 walks the whole gather in the dtype rank 0 announced ("=": as stored; "-": no one to send
+    to, no gather), and reports nothing (rank 0 owns the metrics)."""
+    ws = WeightSyncConfig(backend="gloo", timeout_s=5.0, join_timeout_s=JOIN_S)
+    pub = WeightPublisher.from_config(ws, _OtherRank(said), None, adapter=None, served_check_tolerance=1e-3)
+    asked: list[torch.dtype | None] = []
+    walked: list[str] = []
+
+    def weights(dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        asked.append(dtype)
+        for name in ("a", "b"):
+            walked.append(name)
+            yield name, torch.zeros(2)
+
+    assert pub.publish(3, weights) == {}
+    assert asked == gathered
+    assert walked == (["a", "b"] if gathered else [])
 
 
 def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:

@@ -38,6 +38,7 @@ from async_rl.config.actor_rollout_ref import RolloutConfig
 from async_rl.config.names import VLLM_LORA_RANKS
 from async_rl.config.resolve import EngineStart, resolved
 from async_rl.transport.protocol import GroupSampling
+from async_rl.weight_sync.client import EXTENSION_CLS
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +366,10 @@ def engine_args(
 ) -> Any:
     """vLLM's ``AsyncEngineArgs`` for an engine of this actor: the model and dtype of ``start``, the rollout's
     parallelism, batch and eager settings, its scheduler budget (:func:`scheduler_budget`, extended to
-    ``max_model_len`` when chunked prefill is off), and ``kwargs`` (prefix caching, log-prob mode, seed, LoRA, ...)."""
+    ``max_model_len`` when chunked prefill is off), and ``kwargs`` (prefix caching, log-prob mode, seed, LoRA, ...).
+    A CPU engine gets :data:`CPU_BLOCK_SIZE` and, when it loads the weight-sync worker extension, vLLM's C++
+    RMSNorm kernels (``actor/cpu_kernels.py``); ``engine_kwargs.vllm.block_size`` / ``.ir_op_priority`` override
+    them."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     on_cpu = not has_cuda()
@@ -384,9 +388,17 @@ def engine_args(
         "enforce_eager": rollout.enforce_eager,
         **kwargs,
     }
+    defaults: set[str] = set()  # set here for a CPU engine; engine_kwargs.vllm may override them
     if on_cpu:
         ours["block_size"] = CPU_BLOCK_SIZE
-    settable = frozenset(ours) - {"block_size"}
+        defaults.add("block_size")
+        if ours.get("worker_extension_cls") == EXTENSION_CLS:  # it registers the kernels in vLLM's worker
+            from async_rl.actor import cpu_kernels
+
+            cpu_kernels.register()
+            ours["ir_op_priority"] = cpu_kernels.IR_OP_PRIORITY
+            defaults.add("ir_op_priority")
+    settable = frozenset(ours) - defaults
     extra = user_engine_kwargs(rollout, fields=AsyncEngineArgs.__dataclass_fields__, ours=settable)
     return AsyncEngineArgs(**{**ours, **extra})
 

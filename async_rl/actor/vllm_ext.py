@@ -333,6 +333,8 @@ def register_engine() -> None:
 
 register_engine()
 if not torch.cuda.is_available():  # vLLM's CPU LoRA ops copy each token's adapter weights: use grouped matmuls
+    from async_rl.actor import cpu_kernels
     from async_rl.actor.lora_kernels import install as _install_lora_kernels
 
     _install_lora_kernels()
+    cpu_kernels.register()  # the RMSNorm kernels engine_args puts first (ir_op_priority)

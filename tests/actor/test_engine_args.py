@@ -10,6 +10,7 @@ from async_rl.actor import engine
 from async_rl.actor.engine import CPU_BLOCK_SIZE, engine_args
 from async_rl.config import default_config
 from async_rl.config.resolve import EngineStart
+from async_rl.weight_sync.client import vllm_engine_kwargs
 
 START = EngineStart(model_path="/models/m", dtype="bfloat16", max_loras=1)
 
@@ -52,3 +53,23 @@ def test_another_engines_entry_is_warned_about(caplog: pytest.LogCaptureFixture)
         args = _args(sglang={"mem_fraction_static": 0.5})
     assert "engine_kwargs.sglang has no effect" in caplog.text
     assert args.block_size == CPU_BLOCK_SIZE
+
+
+def _ext_args(**engine_kwargs: object):  # type: ignore[no-untyped-def]
+    """A CPU actor's engine: it loads the weight-sync worker extension (which registers the RMSNorm kernels)."""
+    rollout = default_config().actor_rollout_ref.rollout
+    rollout.engine_kwargs = dict(engine_kwargs)
+    return engine_args(rollout, START, max_model_len=128, gpu_memory_utilization=0.5, **vllm_engine_kwargs())
+
+
+def test_a_cpu_engine_with_the_worker_extension_puts_vllms_rmsnorm_kernels_first() -> None:
+    args = _ext_args()
+    assert args.ir_op_priority.rms_norm == ["async_rl_cpu", "native"]
+    assert args.ir_op_priority.fused_add_rms_norm == ["async_rl_cpu", "native"]
+    # without the extension nothing registers them in vLLM's worker: vLLM's own priority is kept
+    assert _args().ir_op_priority.rms_norm == []
+
+
+def test_engine_kwargs_vllm_may_set_the_ir_op_priority() -> None:
+    args = _ext_args(vllm={"ir_op_priority": {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}})
+    assert (args.ir_op_priority.rms_norm, args.ir_op_priority.fused_add_rms_norm) == (["native"], ["native"])

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -68,7 +69,7 @@ def main() -> None:
     model = resolve_model_path(args.model, Path(tempfile.gettempdir()))
     dtype = rollout_precision(args.dtype, "cpu")[0]
     cpu_kernels.register()
-    settings: dict[str, dict[str, object]] = {
+    settings: dict[str, dict[str, Any]] = {
         "default": {"block_size": VLLM_CPU_DEFAULT_BLOCK},
         "blocks": {"block_size": CPU_BLOCK_SIZE},
         "actor": {"block_size": CPU_BLOCK_SIZE, "ir_op_priority": cpu_kernels.IR_OP_PRIORITY, **vllm_engine_kwargs()},

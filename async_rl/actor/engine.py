@@ -117,11 +117,10 @@ class GenerationEngine:
             raise RuntimeError("adapter_dir: this engine serves no LoRA adapters (lora_rank is 0) or was not started")
         return str(self._adapter_root / f"v{version}")
 
-    async def start(self) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+    def engine_args(self) -> Any:
+        """vLLM's ``AsyncEngineArgs`` for this engine (what :meth:`start` starts; ``--dry-run`` checks them)."""
         r, start = self.rollout_cfg, self.startup
-        args = engine_args(
+        return engine_args(
             r,
             start,
             max_model_len=resolved(r.max_model_len, "actor_rollout_ref.rollout.max_model_len"),
@@ -132,12 +131,17 @@ class GenerationEngine:
             **lora_engine_kwargs(self.model_cfg.lora_rank, start.max_loras),
             **self.extra_engine_kwargs,
         )
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.engine_args()
         if self.lora:
             shm = Path("/dev/shm")
             self._adapter_root = Path(tempfile.mkdtemp(prefix="async_rl_lora_", dir=shm if shm.is_dir() else None))
         self._engine = AsyncLLM.from_engine_args(args)
         self._tokenizer = self._engine.tokenizer if hasattr(self._engine, "tokenizer") else None
-        logger.info("vLLM engine up: %s (tp=%d)", start.model_path, r.tensor_model_parallel_size)
+        logger.info("vLLM engine up: %s (tp=%d)", self.startup.model_path, self.rollout_cfg.tensor_model_parallel_size)
 
     @property
     def vllm(self) -> Any:

@@ -116,6 +116,10 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         except TypeError as exc:
             raise ValueError(f"actor_rollout_ref.rollout.multi_turn.environment_kwargs: {exc}") from None
         reward = f"the environment {mt.environment} (multi-turn episodes)"
+    if arr.rollout.engine_kwargs:  # built as the actor builds its engine's arguments (imports vLLM; starts nothing)
+        from async_rl.runtime.actor_main import build_engine
+
+        build_engine(cfg, str(arr.model.path)).engine_args()
     at = cfg.async_training
     transport, ws = at.transport, at.weight_sync
     # On a machine without CUDA an explicit nccl backend cannot be resolved; report what the GPU machine will use.
@@ -162,6 +166,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
             "tp": arr.rollout.tensor_model_parallel_size,
             "dtype": engine.dtype,
             "logprobs_mode": at.actor.logprobs_mode,
+            "engine_kwargs": dict(arr.rollout.engine_kwargs),
         },
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},
         "reward": reward,

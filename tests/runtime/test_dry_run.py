@@ -78,3 +78,17 @@ def test_dry_run_rejects_bad_key_naming_it():
     )
     assert proc.returncode != 0
     assert "algorithm.adv_estimator" in proc.stderr and "grpo" in proc.stderr
+
+
+def test_dry_run_builds_the_actors_engine_arguments_when_engine_kwargs_are_set():
+    """verl's ``engine_kwargs.vllm`` are checked as the actor will pass them to vLLM, before any process starts."""
+    pytest.importorskip("vllm")
+    path = str(ROOT / "configs" / "smollm2_arith_grpo.yaml")
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    report = dry_run_report(load_config([path], [f"{key}.block_size=64"]))
+    assert report["engine"]["engine_kwargs"] == {"vllm": {"block_size": 64}}
+    assert dry_run_report(load_config([path]))["engine"]["engine_kwargs"] == {}
+    with pytest.raises(ValueError, match=r"engine_kwargs\.vllm\.no_such_arg: not an argument of vLLM's engine"):
+        dry_run_report(load_config([path], [f"{key}.no_such_arg=1"]))
+    with pytest.raises(ValueError, match=r"engine_kwargs\.vllm\.max_num_seqs: set by the actor"):
+        dry_run_report(load_config([path], [f"{key}.max_num_seqs=4"]))

@@ -57,7 +57,14 @@ class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     model_dtype: Annotated[ModelDtype, noop("Dtype of the master parameters; they are always fp32 here.")] = "fp32"
     offload_policy: Annotated[bool, noop("FSDP2 CPUOffloadPolicy switch.")] = False
-    reshard_after_forward: Annotated[bool, noop("FSDP2 reshard-after-forward switch.")] = True
+    reshard_after_forward: Annotated[
+        bool,
+        doc(
+            "FSDP2: free each layer's gathered parameters after its forward and gather them again for its backward"
+            " (true); false keeps them until the backward: fewer gathers, more memory (SmolLM2 recipe, learner alone:"
+            " 5% faster for 165 MiB more per rank)."
+        ),
+    ] = True
     fsdp_size: Annotated[int, noop("FSDP group size (-1 = world).")] = -1
     forward_prefetch: Annotated[bool, noop("FSDP forward prefetch.")] = False
     wrap_policy: Annotated[dict[str, Any], noop("FSDP wrap policy.")] = msgspec.field(default_factory=dict)

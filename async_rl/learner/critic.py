@@ -59,6 +59,7 @@ class Critic:
             gradient_checkpointing=gradient_checkpointing,
             head="token_value",
             shared_prompt=layout == "shared",
+            reshard_after_forward=cfg.model.fsdp_config.reshard_after_forward,
         )
         if layout == "shared" and not shared_prompt_enabled(model):
             self.layout = "padded"  # build_model warned: this model computes each prompt per completion

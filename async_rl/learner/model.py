@@ -128,6 +128,7 @@ def build_model(
     pad_token_id: int | None = None,
     lora: LoRASpec | None = None,
     shared_prompt: bool = False,
+    reshard_after_forward: bool,
 ) -> nn.Module:
     """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).
 
@@ -139,6 +140,7 @@ def build_model(
     from ``seed``, the same on every rank) before sharding. ``shared_prompt`` switches the model's attention to
     :data:`~async_rl.learner.shared_prompt.SHARED_PROMPT_ATTENTION` (sdpa unless a call passes a shared layout);
     :func:`~async_rl.learner.shared_prompt.shared_prompt_enabled` tells whether that took.
+    ``reshard_after_forward``: FSDP2's switch for every unit (the config's ``fsdp_config.reshard_after_forward``).
     """
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{role}: compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype}")
@@ -176,8 +178,8 @@ def build_model(
         if not layers:
             logger.warning("%s: no decoder-layer classes found (_no_split_modules); sharding the root only", role)
         for layer in layers:
-            fully_shard(layer, mesh=ctx.mesh, mp_policy=mp)
-        fully_shard(model, mesh=ctx.mesh, mp_policy=mp)
+            fully_shard(layer, mesh=ctx.mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=ctx.mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         log_rank0(ctx, logger, "%s: %d FSDP2 units over %d ranks", role, len(layers) + 1, ctx.world_size)
     else:
         model = model.to(ctx.device)

@@ -86,6 +86,7 @@ class RewardModel(SupervisedModel):
             gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
             head="sequence_score",
             pad_token_id=pad_token_id,
+            reshard_after_forward=True,  # FSDP2's default: reward_model_train has no fsdp_config section
         )
         config = getattr(model, "config", None)
         if config is not None:  # FSDP2 subclasses the model as FSDP<name>; the export names the HF class

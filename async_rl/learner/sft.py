@@ -72,6 +72,7 @@ class SFTModel(SupervisedModel):
             compute_dtype=self.compute_dtype,
             gradient_checkpointing=m.enable_gradient_checkpointing,
             lora=lora,
+            reshard_after_forward=True,  # FSDP2's default: the SFT config has no fsdp_config section
         )
         self._train(model, cfg.optim, cfg.trainer, run_steps=run_steps, name="sft")
 

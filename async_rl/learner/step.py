@@ -105,6 +105,7 @@ class Learner:
         self.start = start
         arr = cfg.actor_rollout_ref
         self.actor_cfg = arr.actor
+        self.ref_fsdp = arr.ref.fsdp_config  # the reference's and a learner-side teacher's
         self.rollout_cfg = arr.rollout
         self.model_cfg = arr.model
         self.algo = cfg.algorithm
@@ -161,6 +162,7 @@ class Learner:
             lora=self.lora,
             seed=self.seed,
             shared_prompt=model_cfg.use_shared_prompt,
+            reshard_after_forward=actor_cfg.fsdp_config.reshard_after_forward,
         )
         packed_or_padded: Layout = "packed" if model_cfg.use_remove_padding else "padded"
         self.layout: Layout = "shared" if model_cfg.use_shared_prompt else packed_or_padded
@@ -190,6 +192,7 @@ class Learner:
             trainable=False,
             compute_dtype=self.compute_dtype,
             shared_prompt=self.layout == "shared",
+            reshard_after_forward=self.ref_fsdp.reshard_after_forward,
         )
         if self.layout == "shared" and not shared_prompt_enabled(ref):
             raise ValueError(

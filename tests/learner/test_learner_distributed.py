@@ -71,6 +71,10 @@ def test_two_rank_training_matches_single_process_and_exports(tmp_path: Path) ->
         assert res[f"share_batch_rank{rank}"] is True
         assert res[f"tied_export_ok_rank{rank}"] is True
         assert res[f"bf16_gather_exact_rank{rank}"] is True
+        assert res[f"layers_sharded_after_forward_True_rank{rank}"] is True
+        assert res[f"layers_sharded_after_forward_False_rank{rank}"] is False
+        assert res[f"sharded_after_backward_True_rank{rank}"] is True
+        assert res[f"sharded_after_backward_False_rank{rank}"] is True
     # a NaN loss on rank 1 only: both ranks skip all 4 updates of the step and keep their weights bit-for-bit
     for rank in (0, 1):
         assert res[f"nan_skipped_rank{rank}"] == 4.0

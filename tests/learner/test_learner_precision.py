@@ -76,7 +76,14 @@ def test_default_is_auto_and_unknown_names_are_refused() -> None:
     with pytest.raises(ValueError, match="param_dtype"):
         load_config(None, [f"{KEY}=fp16"])
     with pytest.raises(ValueError, match="compute_dtype must be one of"):
-        build_model(tiny_policy, local_context(CPU), role="actor", compute_dtype=torch.float16, seed=0)
+        build_model(
+            tiny_policy,
+            local_context(CPU),
+            role="actor",
+            compute_dtype=torch.float16,
+            seed=0,
+            reshard_after_forward=True,
+        )
 
 
 def test_bf16_on_a_cpu_without_native_bf16_warns_once(cpuinfo: Path, caplog: pytest.LogCaptureFixture) -> None:

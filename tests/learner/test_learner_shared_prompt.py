@@ -277,7 +277,9 @@ def test_a_model_without_the_attention_interface_keeps_separate_sequences(caplog
             self.linear = torch.nn.Linear(2, 2)
 
     with caplog.at_level("WARNING"):
-        model = build_model(Plain, local_context(), role="actor", shared_prompt=True, seed=0)
+        model = build_model(
+            Plain, local_context(), role="actor", shared_prompt=True, seed=0, reshard_after_forward=True
+        )
     assert not shared_prompt_enabled(model)
     assert "use_shared_prompt has no effect" in caplog.text
 

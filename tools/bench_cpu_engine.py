@@ -3,20 +3,23 @@
     python tools/bench_cpu_engine.py [--model builtin:smollm2-135m-instruct] [--groups 16] [--n 8] [--max-tokens 16]
         [--rounds 6] [--dtype auto]
 
-Three engines run at once, the recipe's engine settings otherwise (eager, prefix caching on, chunked prefill off, as
-the actor runs them on CPU), each adding one of the actor's settings to the one before:
+Four engines run at once, the recipe's engine settings otherwise (eager, prefix caching on, chunked prefill off,
+processed log-probs, as the actor runs them on CPU), each adding one of the actor's settings to the one before:
 
 * ``default``: vLLM's CPU defaults: 128-token KV blocks, torch RMSNorm;
 * ``blocks``: 32-token blocks (``async_rl.actor.engine.CPU_BLOCK_SIZE``). vLLM's prefix cache shares only full
   blocks, and a GRPO group is ``n`` samples of one prompt: with 128-token blocks a prompt shorter than a block is
   prefilled once per sample; with 32-token blocks the samples share its full blocks;
-* ``actor``: 32-token blocks and vLLM's C++ RMSNorm kernels put first (``async_rl.actor.cpu_kernels``), loaded as the
-  actor loads them, through its weight-sync worker extension.
+* ``kernels``: 32-token blocks and vLLM's C++ RMSNorm kernels put first (``async_rl.actor.cpu_kernels``), loaded as
+  the actor loads them, through its weight-sync worker extension, with vLLM's Gumbel-max sampler kept
+  (``ASYNC_RL_CPU_SAMPLER=vllm`` in its processes);
+* ``actor``: all of the above and the inverse-CDF sampler (``async_rl.actor.cpu_sampler``): the actor as it runs.
 
 Each round draws ``--groups`` fresh chat prompts ("What is a + b? ..."), the recipe's task, and generates ``n``
 samples of each, ``--max-tokens`` tokens each (EOS ignored), on every engine, the order rotating by round. The last
 lines are the geometric means of the per-round time ratios with their 95% intervals: ``actor_kv_block_32_vs_128``
-(default / blocks) and ``actor_rmsnorm_kernel_vs_torch`` (blocks / actor); above 1, the actor's setting is faster.
+(default / blocks), ``actor_rmsnorm_kernel_vs_torch`` (blocks / kernels) and ``actor_cpu_sampler_vs_gumbel`` (kernels
+/ actor); above 1, the actor's setting is faster.
 Nothing is downloaded (``builtin:`` models are converted from installed wheels).
 """
 
@@ -60,7 +63,7 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    from async_rl.actor import cpu_kernels
+    from async_rl.actor import cpu_kernels, cpu_sampler
     from async_rl.actor.engine import CPU_BLOCK_SIZE
     from async_rl.config.precision import rollout_precision
     from async_rl.runtime.resources import resolve_model_path
@@ -72,34 +75,48 @@ def main() -> None:
     settings: dict[str, dict[str, Any]] = {
         "default": {"block_size": VLLM_CPU_DEFAULT_BLOCK},
         "blocks": {"block_size": CPU_BLOCK_SIZE},
-        "actor": {"block_size": CPU_BLOCK_SIZE, "ir_op_priority": cpu_kernels.IR_OP_PRIORITY, **vllm_engine_kwargs()},
+        "kernels": {"block_size": CPU_BLOCK_SIZE, "ir_op_priority": cpu_kernels.IR_OP_PRIORITY, **vllm_engine_kwargs()},
     }
-    engines = {
-        name: LLM(
+    settings["actor"] = settings["kernels"]
+    engines = {}
+    for name, extra in settings.items():
+        if name == "kernels":  # its processes keep vLLM's sampler (they read the variable when they start)
+            os.environ[cpu_sampler.ENV] = "vllm"
+        else:
+            os.environ.pop(cpu_sampler.ENV, None)
+        engines[name] = LLM(
             model=model,
             dtype=dtype,
             enforce_eager=True,
             enable_prefix_caching=True,
             enable_chunked_prefill=False,
+            logprobs_mode="processed_logprobs",  # the actor's default (async_training.actor.logprobs_mode)
             max_model_len=256,
             max_num_batched_tokens=max(256, args.groups * args.n * 64),
             max_num_seqs=max(256, args.groups * args.n),
             seed=0,
             **extra,
         )
-        for name, extra in settings.items()
-    }
+    os.environ.pop(cpu_sampler.ENV, None)
+    for name in ("kernels", "actor"):
+        state = engines[name].collective_rpc("cpu_sampler_state")[0]
+        if state["in_use"] != (name == "actor"):
+            raise SystemExit(f"engine {name!r}: the inverse-CDF sampler in use: {state['in_use']}, expected otherwise")
     names = list(engines)
     tokenizer = engines[names[0]].get_tokenizer()
     sampling = SamplingParams(n=args.n, temperature=0.7, max_tokens=args.max_tokens, ignore_eos=True, logprobs=0)
-    pairs = {"actor_kv_block_32_vs_128": ("default", "blocks"), "actor_rmsnorm_kernel_vs_torch": ("blocks", "actor")}
+    pairs = {
+        "actor_kv_block_32_vs_128": ("default", "blocks"),
+        "actor_rmsnorm_kernel_vs_torch": ("blocks", "kernels"),
+        "actor_cpu_sampler_vs_gumbel": ("kernels", "actor"),
+    }
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     drawn = 0
     for rnd in range(args.rounds + 1):
         prompts = _prompts(tokenizer, drawn, args.groups)
         drawn += args.groups
         seconds = {}
-        for name in names[rnd % 3 :] + names[: rnd % 3]:
+        for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
             t0 = time.perf_counter()
             outs = engines[name].generate(prompts, sampling, use_tqdm=False)
             seconds[name] = time.perf_counter() - t0

@@ -322,6 +322,15 @@ class WeightSyncWorkerExtension:
             return {"configured": False}
         return engine.state()
 
+    def cpu_sampler_state(self) -> dict[str, bool]:
+        """Whether this worker process replaced vLLM's CPU sampler (``actor/cpu_sampler.py``), and whether the
+        engine's sampler draws with it."""
+        from async_rl.actor import cpu_sampler
+
+        sampler = getattr(getattr(getattr(self, "model_runner", None), "sampler", None), "topk_topp_sampler", None)
+        forward = getattr(getattr(sampler, "forward", None), "__func__", None)
+        return {"installed": cpu_sampler.installed(), "in_use": forward is cpu_sampler.sampling_forward}
+
 
 def register_engine() -> None:
     """Register :class:`BroadcastWeightTransferEngine` as :data:`ENGINE_NAME` (idempotent)."""
@@ -333,8 +342,9 @@ def register_engine() -> None:
 
 register_engine()
 if not torch.cuda.is_available():  # vLLM's CPU LoRA ops copy each token's adapter weights: use grouped matmuls
-    from async_rl.actor import cpu_kernels
+    from async_rl.actor import cpu_kernels, cpu_sampler
     from async_rl.actor.lora_kernels import install as _install_lora_kernels
 
     _install_lora_kernels()
     cpu_kernels.register()  # the RMSNorm kernels engine_args puts first (ir_op_priority)
+    cpu_sampler.install()  # the inverse-CDF draw in place of the Gumbel-max kernel (unless ASYNC_RL_CPU_SAMPLER=vllm)

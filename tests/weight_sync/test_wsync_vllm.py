@@ -55,7 +55,13 @@ def llm(model_dir: Path) -> Iterator[Any]:
     old = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     engine = vllm.LLM(
-        model=str(model_dir), enforce_eager=True, dtype="float32", max_model_len=128, seed=0, **vllm_engine_kwargs()
+        model=str(model_dir),
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        max_logprobs=64,  # the tiny model's whole vocabulary (the sampler test reads the full distribution)
+        **vllm_engine_kwargs(),
     )
     yield engine
     engine.llm_engine.engine_core.shutdown()
@@ -129,6 +135,30 @@ def _good_update(llm: Any, model_dir: Path, *, seed: int, version: int, rotation
     out = _sender_output(proc)
     assert proc.returncode == 0 and "REPORT" in out, out
     return report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the sampler is replaced in vLLM's CPU build only")
+def test_cpu_workers_draw_from_the_models_distribution_with_the_inverse_cdf(llm: Any) -> None:
+    """The worker extension put ``actor/cpu_sampler.py`` in the engine's sampler; 4,000 draws of one next token at
+    temperature 1 follow the log-probs vLLM reports for it (chi-square at p = 1e-4), and a seed repeats its draws."""
+    from tests.actor.test_cpu_sampler import chi2, chi2_bound
+
+    assert llm.collective_rpc("cpu_sampler_state") == [{"installed": True, "in_use": True}]
+    prompt = {"prompt_token_ids": SEQUENCES[0]}
+    probe = llm.generate([prompt], vllm.SamplingParams(max_tokens=1, logprobs=64, temperature=1.0), use_tqdm=False)
+    logprobs = probe[0].outputs[0].logprobs[0]
+    probs = torch.zeros(64, dtype=torch.float64)
+    for token, entry in logprobs.items():
+        probs[token] = torch.tensor(entry.logprob, dtype=torch.float64).exp()
+    assert abs(float(probs.sum()) - 1.0) < 1e-4
+    draws = vllm.SamplingParams(n=4000, max_tokens=1, temperature=1.0, seed=5)
+    out = llm.generate([prompt], draws, use_tqdm=False)[0].outputs
+    tokens = torch.tensor([o.token_ids[0] for o in out])
+    stat, dof = chi2(tokens, probs)
+    assert dof >= 3 and stat < chi2_bound(dof), (stat, dof)
+    again = llm.generate([prompt], vllm.SamplingParams(n=50, max_tokens=1, temperature=1.0, seed=5), use_tqdm=False)
+    repeat = llm.generate([prompt], vllm.SamplingParams(n=50, max_tokens=1, temperature=1.0, seed=5), use_tqdm=False)
+    assert [o.token_ids for o in again[0].outputs] == [o.token_ids for o in repeat[0].outputs]
 
 
 def test_update_matches_transformers_forward(llm: Any, model_dir: Path) -> None:

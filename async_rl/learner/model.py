@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -115,6 +115,25 @@ def _autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype) ->
     model.forward = autocast_forward  # type: ignore[method-assign]
 
 
+def layer_units(layers: Sequence[nn.Module], min_num_params: int) -> list[list[nn.Module]]:
+    """``layers`` (in order) cut into runs of at least ``min_num_params`` parameters each, the last run taking what is
+    left; ``min_num_params`` 0: one layer per run. Each run becomes one FSDP2 unit."""
+    if min_num_params <= 0:
+        return [[layer] for layer in layers]
+    units: list[list[nn.Module]] = []
+    current: list[nn.Module] = []
+    count = 0
+    for layer in layers:
+        current.append(layer)
+        count += sum(p.numel() for p in layer.parameters())
+        if count >= min_num_params:
+            units.append(current)
+            current, count = [], 0
+    if current:
+        units.append(current)
+    return units
+
+
 def build_model(
     source: ModelSource,
     ctx: DistContext,
@@ -129,6 +148,7 @@ def build_model(
     lora: LoRASpec | None = None,
     shared_prompt: bool = False,
     reshard_after_forward: bool,
+    min_num_params: int,
 ) -> nn.Module:
     """Build ``source`` and shard it over ``ctx.mesh`` (or move it to ``ctx.device`` when not distributed).
 
@@ -141,6 +161,8 @@ def build_model(
     :data:`~async_rl.learner.shared_prompt.SHARED_PROMPT_ATTENTION` (sdpa unless a call passes a shared layout);
     :func:`~async_rl.learner.shared_prompt.shared_prompt_enabled` tells whether that took.
     ``reshard_after_forward``: FSDP2's switch for every unit (the config's ``fsdp_config.reshard_after_forward``).
+    ``min_num_params``: the decoder layers form units of at least this many parameters (:func:`layer_units`; the
+    config's ``fsdp_config.wrap_policy.min_num_params``; 0: one unit per layer).
     """
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"{role}: compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype}")
@@ -177,10 +199,24 @@ def build_model(
         layers = [m for m in model.modules() if type(m).__name__ in classes]
         if not layers:
             logger.warning("%s: no decoder-layer classes found (_no_split_modules); sharding the root only", role)
-        for layer in layers:
-            fully_shard(layer, mesh=ctx.mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        units = layer_units(layers, min_num_params)
+        for unit in units:
+            fully_shard(
+                unit[0] if len(unit) == 1 else unit,
+                mesh=ctx.mesh,
+                mp_policy=mp,
+                reshard_after_forward=reshard_after_forward,
+            )
         fully_shard(model, mesh=ctx.mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-        log_rank0(ctx, logger, "%s: %d FSDP2 units over %d ranks", role, len(layers) + 1, ctx.world_size)
+        log_rank0(
+            ctx,
+            logger,
+            "%s: %d FSDP2 units over %d ranks (decoder layers per unit: %s)",
+            role,
+            len(units) + 1,
+            ctx.world_size,
+            ",".join(str(len(unit)) for unit in units),
+        )
     else:
         model = model.to(ctx.device)
         if bf16:  # frozen models too: the reference then computes exactly as the actor did at its weights

@@ -87,6 +87,7 @@ class RewardModel(SupervisedModel):
             head="sequence_score",
             pad_token_id=pad_token_id,
             reshard_after_forward=True,  # FSDP2's default: reward_model_train has no fsdp_config section
+            min_num_params=0,  # one unit per decoder layer, verl's default
         )
         config = getattr(model, "config", None)
         if config is not None:  # FSDP2 subclasses the model as FSDP<name>; the export names the HF class

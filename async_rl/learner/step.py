@@ -163,6 +163,7 @@ class Learner:
             seed=self.seed,
             shared_prompt=model_cfg.use_shared_prompt,
             reshard_after_forward=actor_cfg.fsdp_config.reshard_after_forward,
+            min_num_params=actor_cfg.fsdp_config.wrap_policy.min_num_params,
         )
         packed_or_padded: Layout = "packed" if model_cfg.use_remove_padding else "padded"
         self.layout: Layout = "shared" if model_cfg.use_shared_prompt else packed_or_padded
@@ -193,6 +194,7 @@ class Learner:
             compute_dtype=self.compute_dtype,
             shared_prompt=self.layout == "shared",
             reshard_after_forward=self.ref_fsdp.reshard_after_forward,
+            min_num_params=self.ref_fsdp.wrap_policy.min_num_params,
         )
         if self.layout == "shared" and not shared_prompt_enabled(ref):
             raise ValueError(

@@ -68,7 +68,7 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     res: dict[str, Any] = {}
     # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
     ref = tiny_policy()
-    sharded = build_model(tiny_policy, ctx, role="raw", seed=0, reshard_after_forward=True)
+    sharded = build_model(tiny_policy, ctx, role="raw", seed=0, reshard_after_forward=True, min_num_params=0)
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
     ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
     half = ids[ctx.rank * 2 : ctx.rank * 2 + 2].to(ctx.device)
@@ -139,7 +139,9 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         )
     )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
-    tied = build_model(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied", seed=0, reshard_after_forward=True)
+    tied = build_model(
+        lambda: tiny_policy(seed=2, tie=True), ctx, role="tied", seed=0, reshard_after_forward=True, min_num_params=0
+    )
     tied_full = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=None))
     tied_ref = tiny_policy(seed=2, tie=True).state_dict()
     res[f"tied_export_ok_rank{ctx.rank}"] = "lm_head.weight" not in tied_full and all(
@@ -148,13 +150,28 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     # fsdp_config.reshard_after_forward: true frees each decoder layer's gathered parameters after its forward
     # (sharded DTensors again), false keeps them gathered (plain tensors) until the backward
     for reshard in (True, False):
-        unit = build_model(tiny_policy, ctx, role="reshard", seed=0, reshard_after_forward=reshard)
+        unit = build_model(tiny_policy, ctx, role="reshard", seed=0, reshard_after_forward=reshard, min_num_params=0)
         loss = unit(torch.tensor([[1, 2, 3, 4]])).logits.float().sum()
         res[f"layers_sharded_after_forward_{reshard}_rank{ctx.rank}"] = all(
             isinstance(p, DTensor) for layer in unit.model.layers for p in layer.parameters()
         )
         loss.backward()  # the backward reshards either way
         res[f"sharded_after_backward_{reshard}_rank{ctx.rank}"] = all(isinstance(p, DTensor) for p in unit.parameters())
+    # fsdp_config.wrap_policy.min_num_params: both decoder layers in one FSDP2 unit (one state), the same gradients
+    grads, states = {}, {}
+    for min_params in (0, 1 << 30):
+        model = build_model(
+            tiny_policy, ctx, role="units", seed=0, reshard_after_forward=True, min_num_params=min_params
+        )
+        layers = list(model.model.layers)
+        states[min_params] = layers[0]._get_fsdp_state() is layers[1]._get_fsdp_state()
+        model(torch.tensor([[1, 2, 3, 4, 5]])).logits.float().pow(2).mean().backward()
+        grads[min_params] = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    res[f"one_state_per_layer_rank{ctx.rank}"] = not states[0]
+    res[f"grouped_layers_share_a_state_rank{ctx.rank}"] = states[1 << 30]
+    res[f"grouped_grads_equal_rank{ctx.rank}"] = sorted(grads[0]) == sorted(grads[1 << 30]) and all(
+        torch.allclose(g, grads[1 << 30][n], rtol=1e-6, atol=1e-7) for n, g in grads[0].items()
+    )
     # gathered in bf16 (each shard cast first, as the weight sync does): exactly the fp32 gather, rounded
     tied_bf16 = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=torch.bfloat16))
     res[f"bf16_gather_exact_rank{ctx.rank}"] = sorted(tied_bf16) == sorted(tied_full) and all(

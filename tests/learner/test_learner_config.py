@@ -158,3 +158,20 @@ def test_the_learner_reads_its_sections() -> None:
     assert learner.objective.kl_loss_coef == cfg.actor_rollout_ref.actor.kl_loss_coef
     with pytest.raises(ValueError, match="needs a critic model"):
         Learner(settings(adv_estimator="gae", critic={"model.path": ""}), START, local_context(), tiny_policy)
+
+
+def test_wrap_policy_min_num_params_groups_consecutive_decoder_layers() -> None:
+    from torch import nn
+
+    from async_rl.learner.model import layer_units
+
+    layers = [nn.Linear(10, 10) for _ in range(7)]  # 110 parameters each
+    assert [len(u) for u in layer_units(layers, 0)] == [1] * 7
+    assert [len(u) for u in layer_units(layers, 300)] == [3, 3, 1]  # 330 >= 300; the last takes what is left
+    assert [len(u) for u in layer_units(layers, 220)] == [2, 2, 2, 1]
+    assert [len(u) for u in layer_units(layers, 10**9)] == [7]
+    assert [m for u in layer_units(layers, 300) for m in u] == layers  # in order, each once
+    cfg = load_config(None, ["actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=35000000"])
+    assert cfg.actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params == 35_000_000
+    with pytest.raises(ConfigError, match="min_num_params"):
+        load_config(None, ["actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=-1"])

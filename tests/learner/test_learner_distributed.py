@@ -75,6 +75,9 @@ def test_two_rank_training_matches_single_process_and_exports(tmp_path: Path) ->
         assert res[f"layers_sharded_after_forward_False_rank{rank}"] is False
         assert res[f"sharded_after_backward_True_rank{rank}"] is True
         assert res[f"sharded_after_backward_False_rank{rank}"] is True
+        assert res[f"one_state_per_layer_rank{rank}"] is True
+        assert res[f"grouped_layers_share_a_state_rank{rank}"] is True
+        assert res[f"grouped_grads_equal_rank{rank}"] is True
     # a NaN loss on rank 1 only: both ranks skip all 4 updates of the step and keep their weights bit-for-bit
     for rank in (0, 1):
         assert res[f"nan_skipped_rank{rank}"] == 4.0

@@ -83,6 +83,7 @@ def test_default_is_auto_and_unknown_names_are_refused() -> None:
             compute_dtype=torch.float16,
             seed=0,
             reshard_after_forward=True,
+            min_num_params=0,
         )
 
 

@@ -278,7 +278,13 @@ def test_a_model_without_the_attention_interface_keeps_separate_sequences(caplog
 
     with caplog.at_level("WARNING"):
         model = build_model(
-            Plain, local_context(), role="actor", shared_prompt=True, seed=0, reshard_after_forward=True
+            Plain,
+            local_context(),
+            role="actor",
+            shared_prompt=True,
+            seed=0,
+            reshard_after_forward=True,
+            min_num_params=0,
         )
     assert not shared_prompt_enabled(model)
     assert "use_shared_prompt has no effect" in caplog.text

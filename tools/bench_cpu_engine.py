@@ -11,15 +11,15 @@ processed log-probs, as the actor runs them on CPU), each adding one of the acto
   blocks, and a GRPO group is ``n`` samples of one prompt: with 128-token blocks a prompt shorter than a block is
   prefilled once per sample; with 32-token blocks the samples share its full blocks;
 * ``kernels``: 32-token blocks and vLLM's C++ RMSNorm kernels put first (``async_rl.actor.cpu_kernels``), loaded as
-  the actor loads them, through its weight-sync worker extension, with vLLM's Gumbel-max sampler kept
-  (``ASYNC_RL_CPU_SAMPLER=vllm`` in its processes);
-* ``actor``: all of the above and the inverse-CDF sampler (``async_rl.actor.cpu_sampler``): the actor as it runs.
+  the actor loads them, through its weight-sync worker extension, with vLLM's Gumbel-max sampler: the actor as it runs;
+* ``sampler``: all of the above and the opt-in inverse-CDF sampler (``async_rl.actor.cpu_sampler``,
+  ``ASYNC_RL_CPU_SAMPLER=inverse_cdf`` in its processes).
 
 Each round draws ``--groups`` fresh chat prompts ("What is a + b? ..."), the recipe's task, and generates ``n``
 samples of each, ``--max-tokens`` tokens each (EOS ignored), on every engine, the order rotating by round. The last
 lines are the geometric means of the per-round time ratios with their 95% intervals: ``actor_kv_block_32_vs_128``
 (default / blocks), ``actor_rmsnorm_kernel_vs_torch`` (blocks / kernels) and ``actor_cpu_sampler_vs_gumbel`` (kernels
-/ actor); above 1, the actor's setting is faster.
+/ sampler); above 1, the later setting is faster.
 Nothing is downloaded (``builtin:`` models are converted from installed wheels).
 """
 
@@ -77,11 +77,11 @@ def main() -> None:
         "blocks": {"block_size": CPU_BLOCK_SIZE},
         "kernels": {"block_size": CPU_BLOCK_SIZE, "ir_op_priority": cpu_kernels.IR_OP_PRIORITY, **vllm_engine_kwargs()},
     }
-    settings["actor"] = settings["kernels"]
+    settings["sampler"] = settings["kernels"]
     engines = {}
     for name, extra in settings.items():
-        if name == "kernels":  # its processes keep vLLM's sampler (they read the variable when they start)
-            os.environ[cpu_sampler.ENV] = "vllm"
+        if name == "sampler":  # its processes put the inverse-CDF sampler in (they read the variable when they start)
+            os.environ[cpu_sampler.ENV] = "inverse_cdf"
         else:
             os.environ.pop(cpu_sampler.ENV, None)
         engines[name] = LLM(
@@ -98,9 +98,9 @@ def main() -> None:
             **extra,
         )
     os.environ.pop(cpu_sampler.ENV, None)
-    for name in ("kernels", "actor"):
+    for name in ("kernels", "sampler"):
         state = engines[name].collective_rpc("cpu_sampler_state")[0]
-        if state["in_use"] != (name == "actor"):
+        if state["in_use"] != (name == "sampler"):
             raise SystemExit(f"engine {name!r}: the inverse-CDF sampler in use: {state['in_use']}, expected otherwise")
     names = list(engines)
     tokenizer = engines[names[0]].get_tokenizer()
@@ -108,7 +108,7 @@ def main() -> None:
     pairs = {
         "actor_kv_block_32_vs_128": ("default", "blocks"),
         "actor_rmsnorm_kernel_vs_torch": ("blocks", "kernels"),
-        "actor_cpu_sampler_vs_gumbel": ("kernels", "actor"),
+        "actor_cpu_sampler_vs_gumbel": ("kernels", "sampler"),
     }
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     drawn = 0

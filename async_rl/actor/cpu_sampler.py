@@ -12,10 +12,11 @@ with AMX); 57 ms against 159 ms on Qwen2.5's 151,936-token vocabulary.
 (``TopKTopPSampler.forward_cpu``), keeping everything around the draw as vLLM does it: top-k/top-p first, the
 processed logits or log-probs returned for ``logprobs_mode``, and a per-request seed honoured (that row's uniform comes
 from its own generator, so seeded requests repeat). vLLM's fp64 Gumbel option falls back to vLLM's own code. The
-weight-sync worker extension (``actor/vllm_ext.py``) calls :func:`install` in vLLM's worker process on CPU unless
-``ASYNC_RL_CPU_SAMPLER=vllm`` is set in the actor's environment (what ``tools/bench_cpu_engine.py`` compares against).
-The draws differ from vLLM's for the same seed; the distribution is the same (tests/actor/test_cpu_sampler.py checks
-it by chi-square).
+weight-sync worker extension (``actor/vllm_ext.py``) calls :func:`install` in vLLM's worker process on CPU, and it
+takes effect only with ``ASYNC_RL_CPU_SAMPLER=inverse_cdf`` in the actor's environment: opt-in, because on the SmolLM2
+recipe the runs with it scored lower held-out accuracy than those without it (docs/recipes.md, "In the evening"),
+unexplained so far. The draws differ from vLLM's for the same seed; the distribution is the same
+(tests/actor/test_cpu_sampler.py checks it by chi-square).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import Tensor
 __all__ = ["ENV", "block_size", "install", "installed", "row_uniforms", "sample", "sampling_forward"]
 
 ENV = "ASYNC_RL_CPU_SAMPLER"
-"""Environment variable: ``vllm`` keeps vLLM's Gumbel-max sampler in the CPU workers; unset or else: this one."""
+"""Environment variable: ``inverse_cdf`` puts this sampler in the CPU workers; unset or else: vLLM's Gumbel-max."""
 
 TARGET_BLOCK = 1024
 _MIN_DIVISOR = 256
@@ -116,9 +117,9 @@ def sampling_forward(
 
 
 def install() -> bool:
-    """Put :func:`sample` in vLLM's CPU sampling path (idempotent; before the engine builds its sampler). False, and
-    nothing changed, when ``ASYNC_RL_CPU_SAMPLER=vllm`` or vLLM's sampler module is absent."""
-    if os.environ.get(ENV) == "vllm":
+    """Put :func:`sample` in vLLM's CPU sampling path (idempotent; before the engine builds its sampler) when
+    ``ASYNC_RL_CPU_SAMPLER=inverse_cdf``. False, and nothing changed, otherwise or when vLLM's sampler is absent."""
+    if os.environ.get(ENV) != "inverse_cdf":
         return False
     try:
         from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler

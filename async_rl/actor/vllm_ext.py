@@ -347,4 +347,4 @@ if not torch.cuda.is_available():  # vLLM's CPU LoRA ops copy each token's adapt
 
     _install_lora_kernels()
     cpu_kernels.register()  # the RMSNorm kernels engine_args puts first (ir_op_priority)
-    cpu_sampler.install()  # the inverse-CDF draw in place of the Gumbel-max kernel (unless ASYNC_RL_CPU_SAMPLER=vllm)
+    cpu_sampler.install()  # the inverse-CDF draw in place of the Gumbel-max kernel (ASYNC_RL_CPU_SAMPLER=inverse_cdf)

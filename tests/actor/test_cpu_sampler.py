@@ -107,16 +107,18 @@ def test_the_vllm_forward_returns_what_each_logprobs_mode_asks_for(mode: str) ->
         assert returned is None
 
 
-def test_install_patches_vllms_cpu_path_once_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_install_patches_vllms_cpu_path_once_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
     original = TopKTopPSampler.forward_cpu
     monkeypatch.setattr(TopKTopPSampler, "forward_cpu", original)  # restored after the test
     monkeypatch.setattr(cpu_sampler, "_ORIGINAL", {})
+    monkeypatch.delenv(cpu_sampler.ENV, raising=False)
+    assert cpu_sampler.install() is False and TopKTopPSampler.forward_cpu is original
     monkeypatch.setenv(cpu_sampler.ENV, "vllm")
     assert cpu_sampler.install() is False and TopKTopPSampler.forward_cpu is original
     assert not cpu_sampler.installed()
-    monkeypatch.delenv(cpu_sampler.ENV)
+    monkeypatch.setenv(cpu_sampler.ENV, "inverse_cdf")
     assert cpu_sampler.install() is True and cpu_sampler.install() is True
     assert TopKTopPSampler.forward_cpu is cpu_sampler.sampling_forward
     assert cpu_sampler._ORIGINAL["forward_cpu"] is original and cpu_sampler.installed()

@@ -54,6 +54,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def llm(model_dir: Path) -> Iterator[Any]:
     old = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    os.environ["ASYNC_RL_CPU_SAMPLER"] = "inverse_cdf"  # opt-in; its processes read it when they start
     engine = vllm.LLM(
         model=str(model_dir),
         enforce_eager=True,
@@ -64,6 +65,7 @@ def llm(model_dir: Path) -> Iterator[Any]:
         **vllm_engine_kwargs(),
     )
     yield engine
+    os.environ.pop("ASYNC_RL_CPU_SAMPLER", None)
     engine.llm_engine.engine_core.shutdown()
     del engine
     gc.collect()

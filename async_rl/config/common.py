@@ -87,7 +87,7 @@ class FsdpConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     forward_prefetch: Annotated[bool, noop("FSDP forward prefetch.")] = False
     wrap_policy: Annotated[
         WrapPolicyConfig, doc("Which modules become FSDP2 units (verl's key; only min_num_params acts here).")
-    ] = msgspec.field(default_factory=lambda: WrapPolicyConfig())
+    ] = msgspec.field(default_factory=WrapPolicyConfig)
 
 
 class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -208,15 +208,8 @@ def build_model(
                 reshard_after_forward=reshard_after_forward,
             )
         fully_shard(model, mesh=ctx.mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-        log_rank0(
-            ctx,
-            logger,
-            "%s: %d FSDP2 units over %d ranks (decoder layers per unit: %s)",
-            role,
-            len(units) + 1,
-            ctx.world_size,
-            ",".join(str(len(unit)) for unit in units),
-        )
+        grouped = f" (decoder layers per unit: {','.join(str(len(u)) for u in units)})" if min_num_params > 0 else ""
+        log_rank0(ctx, logger, "%s: %d FSDP2 units over %d ranks%s", role, len(units) + 1, ctx.world_size, grouped)
     else:
         model = model.to(ctx.device)
         if bf16:  # frozen models too: the reference then computes exactly as the actor did at its weights

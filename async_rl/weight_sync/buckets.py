@@ -3,7 +3,7 @@
 Broadcasting one tensor at a time costs a collective (and, for small tensors, mostly latency) per parameter; packing
 everything at once costs a second copy of the model. Buckets bound both: the sender consumes its (name, tensor)
 iterator lazily and holds at most two buckets (the one on the wire and the next, gathered meanwhile), so a learner that
-gathers FSDP shards one parameter at a time peaks at roughly two buckets of extra memory.
+gathers FSDP shards a few parameters at a time peaks at roughly two buckets of extra memory.
 
 Two kinds of bucket share the cap:
 

@@ -3,7 +3,7 @@
 The learner's rank 0 calls :meth:`WeightSender.send` with full (unsharded) tensors in checkpoint (Hugging Face)
 naming and, for a lazy iterator, their ``manifest`` (name, dtype, shape of each, in order). The sender plans every
 bucket from the manifest and broadcasts the plan once (see ``protocol``); then it only broadcasts bucket bytes. The
-iterator is consumed lazily, one bucket ahead: bucket *i+1* is gathered (``DTensor.full_tensor()``) and packed while
+iterator is consumed lazily, one bucket ahead: bucket *i+1* is gathered (the learner's FSDP2 gather) and packed while
 bucket *i* is on the wire, and each bucket is digested while it is on the wire, so at most two buckets are held.
 Non-zero learner ranks do not call the sender, but must drive the same gather loop in lockstep (the gather is a
 collective of the FSDP world).

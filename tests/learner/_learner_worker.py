@@ -177,6 +177,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     res[f"bf16_gather_exact_rank{ctx.rank}"] = sorted(tied_bf16) == sorted(tied_full) and all(
         v.dtype == torch.bfloat16 and torch.equal(v, tied_full[k].to(torch.bfloat16)) for k, v in tied_bf16.items()
     )
+    res.update(uneven_gather(ctx))
     # a NaN loss on rank 1 only: every rank must skip the same step and keep its weights
     before = digest(dist_l)
     dist_l.loss_hook = (lambda loss: loss * float("nan")) if ctx.rank == 1 else None
@@ -184,6 +185,35 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     res[f"nan_skipped_rank{ctx.rank}"] = m["learner/actor/skipped_updates"]
     res[f"nan_unchanged_rank{ctx.rank}"] = digest(dist_l) == before
     return res
+
+
+def uneven_gather(ctx: Any) -> dict[str, Any]:
+    """The batched gather of iter_full_state on rows that do not split evenly over the ranks (5, 3 and 7 rows; a
+    1-row tensor leaves rank 1 an empty shard), in one batch and in batches of one tensor, fp32 and bf16."""
+    from torch.distributed.fsdp import fully_shard
+
+    import async_rl.learner.export as export
+
+    torch.manual_seed(7)
+    shapes = {"a": (5, 3), "b": (1, 4), "c": (7,), "d": (3, 2, 2), "e": (2, 6)}
+    ref = nn.ParameterDict({k: nn.Parameter(torch.randn(*v)) for k, v in shapes.items()})
+    model = nn.ParameterDict({k: nn.Parameter(v.detach().clone()) for k, v in ref.items()})
+    fully_shard(model)
+    local_rows = {k: v.to_local().shape[0] for k, v in model.items()}
+    out: dict[str, Any] = {f"uneven_rank1_empty_shard_rank{ctx.rank}": ctx.rank == 0 or local_rows["b"] == 0}
+    saved = export.GATHER_BATCH_BYTES
+    try:
+        for cap, label in ((1 << 20, "one_batch"), (1, "per_tensor")):
+            export.GATHER_BATCH_BYTES = cap
+            for dtype in (None, torch.bfloat16):
+                got = list(iter_full_state(model, ctx, all_ranks=True, dtype=dtype))
+                want = {k: v.detach() if dtype is None else v.detach().to(dtype) for k, v in ref.items()}
+                out[f"uneven_{label}_{dtype}_rank{ctx.rank}"] = [k for k, _ in got] == list(shapes) and all(
+                    t.dtype == want[k].dtype and torch.equal(t, want[k]) for k, t in got
+                )
+    finally:
+        export.GATHER_BATCH_BYTES = saved
+    return out
 
 
 def resume_settings() -> Any:

@@ -64,6 +64,12 @@ def test_two_rank_training_matches_single_process_and_exports(tmp_path: Path) ->
     # 3 steps x 2 epochs x 2 mini-batches of Adam at lr 1e-3 moved weights by ~1e-2; shards vs reference ~1e-6
     assert res["weights_moved"] > 1e-3
     assert res["export_max_diff"] < 2e-5
+    # the batched gather undoes uneven row shards exactly, in one collective or one per tensor, fp32 and bf16
+    for rank in (0, 1):
+        assert res[f"uneven_rank1_empty_shard_rank{rank}"] is True
+        for label in ("one_batch", "per_tensor"):
+            for dtype in ("None", "torch.bfloat16"):
+                assert res[f"uneven_{label}_{dtype}_rank{rank}"] is True, (label, dtype, rank)
     # the safetensors export (4 shards of <= 100 kB) reloads with transformers to exactly the gathered tensors
     assert res["hf_shards"] > 1
     assert res["hf_reload_max_diff"] == 0.0

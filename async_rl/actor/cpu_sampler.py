@@ -14,8 +14,8 @@ processed logits or log-probs returned for ``logprobs_mode``, and a per-request 
 from its own generator, so seeded requests repeat). vLLM's fp64 Gumbel option falls back to vLLM's own code. The
 weight-sync worker extension (``actor/vllm_ext.py``) calls :func:`install` in vLLM's worker process on CPU, and it
 takes effect only with ``ASYNC_RL_CPU_SAMPLER=inverse_cdf`` in the actor's environment: opt-in, because on the SmolLM2
-recipe the runs with it scored lower held-out accuracy than those without it (docs/recipes.md, "In the evening"),
-unexplained so far. The draws differ from vLLM's for the same seed; the distribution is the same
+recipe, where the learner is the bottleneck, it made no measured difference end to end (docs/recipes.md, "Later that
+evening"). The draws differ from vLLM's for the same seed; the distribution is the same
 (tests/actor/test_cpu_sampler.py checks it by chi-square).
 """
 

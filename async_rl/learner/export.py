@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,44 +152,49 @@ def iter_full_state(
     gather is a collective in that dtype).
     """
     keep = all_ranks or ctx.is_rank0
-    batch: list[tuple[str, DTensor]] = []
-    batch_bytes = 0
-
-    def flush() -> list[tuple[str, DTensor]]:
-        nonlocal batch, batch_bytes
-        taken, batch, batch_bytes = batch, [], 0
-        return taken
-
-    for name, value in _unique_entries(model, rename):
-        if _row_sharded(value):
-            assert isinstance(value, DTensor)
-            nbytes = value.numel() * torch.empty((), dtype=_wire_dtype(value, dtype)).element_size()
-            if batch and (
-                batch_bytes + nbytes > GATHER_BATCH_BYTES
-                or value.device_mesh != batch[0][1].device_mesh
-                or _wire_dtype(value, dtype) != _wire_dtype(batch[0][1], dtype)
-            ):
-                yield from _batch_out(flush(), dtype, keep=keep, to_cpu=to_cpu)
-            batch.append((name, value))
-            batch_bytes += nbytes
-            continue
-        yield from _batch_out(flush(), dtype, keep=keep, to_cpu=to_cpu)
-        full = _full(value, dtype)
-        if keep:
+    for group in _gather_groups(_unique_entries(model, rename), dtype):
+        if _row_sharded(group[0][1]):
+            items: Iterable[tuple[str, torch.Tensor]] = _gather_rows(group, dtype, keep=keep)  # type: ignore[arg-type]
+        else:
+            ((name, value),) = group
+            full = _full(value, dtype)
+            items = [(name, full)] if keep else []
+        for name, full in items:
             yield name, full.cpu() if to_cpu else full
-    yield from _batch_out(flush(), dtype, keep=keep, to_cpu=to_cpu)
 
 
 def _wire_dtype(value: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """What ``value`` is gathered and yielded as: ``dtype`` for a floating tensor when given, else its own dtype."""
     return dtype if dtype is not None and value.is_floating_point() else value.dtype
 
 
-def _batch_out(
-    batch: list[tuple[str, DTensor]], dtype: torch.dtype | None, *, keep: bool, to_cpu: bool
-) -> Iterator[tuple[str, torch.Tensor]]:
+def _gather_groups(
+    entries: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``entries`` in order, grouped for gathering: consecutive row-sharded tensors on one mesh and of one wire dtype
+    in groups of up to :data:`GATHER_BATCH_BYTES` (a larger tensor alone), any other entry alone."""
+    batch: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, value in entries:
+        if not _row_sharded(value):
+            if batch:
+                yield batch
+                batch, size = [], 0
+            yield [(name, value)]
+            continue
+        nbytes = value.numel() * _wire_dtype(value, dtype).itemsize
+        first = batch[0][1] if batch else None
+        if first is not None and (
+            size + nbytes > GATHER_BATCH_BYTES
+            or value.device_mesh != first.device_mesh  # type: ignore[attr-defined]
+            or _wire_dtype(value, dtype) != _wire_dtype(first, dtype)
+        ):
+            yield batch
+            batch, size = [], 0
+        batch.append((name, value))
+        size += nbytes
     if batch:
-        for name, full in _gather_rows(batch, dtype, keep=keep):
-            yield name, full.cpu() if to_cpu else full
+        yield batch
 
 
 def full_state_manifest(
@@ -200,8 +205,7 @@ def full_state_manifest(
     The weight sync plans its buckets from it before the first tensor is gathered."""
     specs = []
     for name, value in _unique_entries(model, rename):
-        out = dtype if dtype is not None and value.is_floating_point() else value.dtype
-        specs.append(TensorSpec(name, dtype_name(out), tuple(value.shape)))
+        specs.append(TensorSpec(name, dtype_name(_wire_dtype(value, dtype)), tuple(value.shape)))
     return specs
 
 
@@ -209,12 +213,7 @@ def _plan_shards(entries: list[tuple[str, torch.Tensor]], dtype: torch.dtype | N
     shards: list[list[int]] = [[]]
     size = 0
     for i, (_, value) in enumerate(entries):
-        itemsize = (
-            torch.empty((), dtype=dtype).element_size()
-            if dtype is not None and value.is_floating_point()
-            else value.element_size()
-        )
-        nbytes = value.numel() * itemsize
+        nbytes = value.numel() * _wire_dtype(value, dtype).itemsize
         if shards[-1] and size + nbytes > max_bytes:
             shards.append([])
             size = 0

@@ -43,8 +43,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# pytest-xdist workers for the suite; 0 runs it in one process. Each worker's tests (and what they start) get
+# OMP_NUM_THREADS = cores / workers (tests/conftest.py). Whole test modules go to one worker (--dist loadscope), so a
+# module's shared job runs once, and in the order tests/conftest.py gives them (--no-loadscope-reorder: the
+# `slow` modules first).
+PYTEST_WORKERS ?= 2
+
 pytest: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: lint typecheck pytest
 

@@ -1,9 +1,14 @@
 """The staleness sweep's table and plots, read back from each run's ``metrics.jsonl``.
 
-One row per run (``sweep.csv`` and ``sweep.md``): K, correction, status, steps logged, the job's wall-clock, reward
-over the first and last 10% of steps and at the last step, steady-state throughput, and the off-policy picture: mean
-effective sample size of the importance weights, mean staleness, mean version span (policy updates a completion saw
-while it was generated) and the groups the coordinator dropped as too stale.
+One row per run (``sweep.csv`` and ``sweep.md``): K, correction, seed, status, steps logged, the job's wall-clock,
+reward over the first and last 10% of steps and at the last step, the last validation round's reward and its step,
+steady-state throughput, and the off-policy picture: mean effective sample size of the importance weights, mean
+staleness, mean version span (policy updates a completion saw while it was generated) and the groups the coordinator
+dropped as too stale.
+
+One row per (K, correction) cell (``sweep_cells.csv`` and ``sweep_cells.md``): how many of its runs finished, and the
+mean, lowest and highest of the main columns over them (its seeds, with ``--seeds``). A run that failed or did not
+finish counts in ``runs`` only.
 
 Throughput is measured between the first and the last logged step (``time/wall_s``), so actor start-up does not count:
 ``steps_per_s`` = steps / seconds, ``tokens_per_s`` = trained tokens (prompt + response, from the learner's per-step
@@ -23,13 +28,22 @@ from typing import Any
 
 from async_rl import metric_catalog as mc
 from async_rl.runtime.metrics import WALL_KEY, read_metrics
-from async_rl.runtime.plot import REWARD_KEYS
+from async_rl.runtime.plot import REWARD_KEYS, VAL_REWARD_KEY, validation_records
 from async_rl.runtime.plot import by_step as _by_step
 from async_rl.runtime.plot import finite_number as _num
 from async_rl.runtime.plot import rolling_mean as _rolling_mean
 from async_rl.tuning.sweep import RunOutcome, SweepRun
 
-__all__ = ["COLUMNS", "plot_sweep", "summarize_run", "write_report", "write_table"]
+__all__ = [
+    "CELL_METRICS",
+    "COLUMNS",
+    "plot_sweep",
+    "summarize_cells",
+    "summarize_run",
+    "write_cell_table",
+    "write_report",
+    "write_table",
+]
 
 ESS_KEY = mc.LEARNER_OFFPOLICY_ESS
 STALENESS_KEYS = (mc.LEARNER_STALENESS_MEAN, mc.ROLLOUT_STALENESS_MEAN)
@@ -42,12 +56,15 @@ TOKEN_RATE_KEY = mc.LEARNER_PERF_TOKENS_PER_S
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("K", "K", "{}"),
     ("correction", "correction", "{}"),
+    ("seed", "seed", "{}"),
     ("status", "status", "{}"),
     ("steps", "steps", "{}"),
     ("wall_clock_s", "wall-clock s", "{:.0f}"),
     ("reward_first10", "reward first 10%", "{:.3f}"),
     ("reward_last10", "reward last 10%", "{:.3f}"),
     ("reward_final", "final reward", "{:.3f}"),
+    ("val_reward_last", "last validation reward", "{:.3f}"),
+    ("val_step_last", "at step", "{}"),
     ("steps_per_s", "steps/s", "{:.3f}"),
     ("tokens_per_s", "trained tok/s", "{:.0f}"),
     ("ess_mean", "mean ESS", "{:.3f}"),
@@ -55,6 +72,17 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("version_span_mean", "mean version span", "{:.3f}"),
     ("dropped_groups", "dropped groups", "{:.0f}"),
     ("log", "log", "{}"),
+)
+
+
+# (column of COLUMNS, format) averaged per cell in sweep_cells.*, in table order.
+CELL_METRICS: tuple[tuple[str, str], ...] = (
+    ("wall_clock_s", "{:.0f}"),
+    ("reward_last10", "{:.3f}"),
+    ("reward_final", "{:.3f}"),
+    ("val_reward_last", "{:.3f}"),
+    ("tokens_per_s", "{:.0f}"),
+    ("ess_mean", "{:.3f}"),
 )
 
 
@@ -102,6 +130,7 @@ def summarize_run(run: SweepRun, outcome: RunOutcome | None) -> dict[str, Any]:
     """The table row of one run (``None`` for what it did not log; a run without metrics still gets its status)."""
     records = read_metrics(run.metrics_path) if run.metrics_path.is_file() else []
     rows = _by_step(records)
+    validated = [r for r in validation_records(records) if _num(r.get(VAL_REWARD_KEY)) is not None]
     rewards = _values(rows, REWARD_KEYS)
     window = max(1, math.ceil(0.1 * len(rewards)))
     steps_per_s, tokens_per_s = _throughput(rows)
@@ -111,12 +140,15 @@ def summarize_run(run: SweepRun, outcome: RunOutcome | None) -> dict[str, Any]:
     return {
         "K": run.staleness,
         "correction": "on" if run.correction else "off",
+        "seed": run.seed,
         "status": outcome.status if outcome is not None else "not run",
         "steps": rows[-1]["step"] if rows else 0,
         "wall_clock_s": wall_clock if wall_clock is not None else (max(walls) if walls else None),
         "reward_first10": _mean(rewards[:window]),
         "reward_last10": _mean(rewards[-window:]),
         "reward_final": rewards[-1] if rewards else None,
+        "val_reward_last": validated[-1][VAL_REWARD_KEY] if validated else None,
+        "val_step_last": validated[-1]["step"] if validated else None,
         "steps_per_s": steps_per_s,
         "tokens_per_s": tokens_per_s,
         "ess_mean": _mean(_values(rows, (ESS_KEY,))),
@@ -127,23 +159,81 @@ def summarize_run(run: SweepRun, outcome: RunOutcome | None) -> dict[str, Any]:
     }
 
 
-def write_table(rows: Sequence[dict[str, Any]], out: Path) -> tuple[Path, Path]:
-    """``sweep.csv`` (raw values, empty cell = not logged) and ``sweep.md`` (rounded, ``n/a``) in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    names = [c[0] for c in COLUMNS]
-    csv_path = out / "sweep.csv"
+def summarize_cells(runs: Sequence[SweepRun], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (K, correction) cell, in the order the cells first appear: ``runs`` (planned), ``done`` (finished
+    every step) and, over the finished runs, ``<metric>_mean`` / ``_min`` / ``_max`` of each of :data:`CELL_METRICS`
+    (None where no finished run logged it)."""
+    cells: dict[str, list[tuple[SweepRun, dict[str, Any]]]] = {}
+    for run, row in zip(runs, rows, strict=True):
+        cells.setdefault(run.cell, []).append((run, row))
+    summary: list[dict[str, Any]] = []
+    for members in cells.values():
+        first = members[0][0]
+        done = [row for _, row in members if row["status"] == "done"]
+        cell: dict[str, Any] = {
+            "K": first.staleness,
+            "correction": "on" if first.correction else "off",
+            "runs": len(members),
+            "done": len(done),
+        }
+        for key, _ in CELL_METRICS:
+            values = [v for row in done if (v := _num(row.get(key))) is not None]
+            cell[f"{key}_mean"] = _mean(values)
+            cell[f"{key}_min"] = min(values) if values else None
+            cell[f"{key}_max"] = max(values) if values else None
+        summary.append(cell)
+    return summary
+
+
+def _write(
+    rows: Sequence[dict[str, Any]], names: Sequence[str], headers: Sequence[str], cells: Any, stem: Path
+) -> tuple[Path, Path]:
+    """``<stem>.csv`` (raw values of ``names``, empty = not logged) and ``<stem>.md`` (``headers``, then ``cells(row)``
+    for each row)."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    csv_path = stem.with_suffix(".csv")
     with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
+        writer = csv.DictWriter(handle, fieldnames=list(names))
         writer.writeheader()
         for row in rows:
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in names})
-    lines = ["| " + " | ".join(c[1] for c in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for row in rows:
-        cells = ["n/a" if row.get(k) is None else fmt.format(row[k]) for k, _, fmt in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    md_path = out / "sweep.md"
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cells(row)) + " |" for row in rows]
+    md_path = stem.with_suffix(".md")
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path
+
+
+def write_table(rows: Sequence[dict[str, Any]], out: Path) -> tuple[Path, Path]:
+    """``sweep.csv`` (raw values, empty cell = not logged) and ``sweep.md`` (rounded, ``n/a``) in ``out``."""
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        return ["n/a" if row.get(k) is None else fmt.format(row[k]) for k, _, fmt in COLUMNS]
+
+    return _write(rows, [c[0] for c in COLUMNS], [c[1] for c in COLUMNS], cells, out / "sweep")
+
+
+def write_cell_table(cells: Sequence[dict[str, Any]], out: Path) -> tuple[Path, Path]:
+    """``sweep_cells.csv`` (raw means and ranges) and ``sweep_cells.md`` ("mean (min-max)", just the mean when they
+    agree) in ``out``."""
+    headers = {c[0]: c[1] for c in COLUMNS}
+    names = ["K", "correction", "runs", "done"]
+    names += [f"{key}_{stat}" for key, _ in CELL_METRICS for stat in ("mean", "min", "max")]
+
+    def formatted(cell: dict[str, Any]) -> list[str]:
+        texts = [str(cell["K"]), cell["correction"], f"{cell['done']} of {cell['runs']}"]
+        for key, fmt in CELL_METRICS:
+            mean, low, high = (cell[f"{key}_{stat}"] for stat in ("mean", "min", "max"))
+            if mean is None:
+                texts.append("n/a")
+            elif fmt.format(low) == fmt.format(high):
+                texts.append(fmt.format(mean))
+            else:
+                texts.append(f"{fmt.format(mean)} ({fmt.format(low)}-{fmt.format(high)})")
+        return texts
+
+    md_headers = ["K", "correction", "runs done", *(f"{headers[key]}, mean (range)" for key, _ in CELL_METRICS)]
+    return _write(cells, names, md_headers, formatted, out / "sweep_cells")
 
 
 def _style(run: SweepRun, ks: Sequence[int]) -> dict[str, Any]:
@@ -190,13 +280,17 @@ def _line_plot(
         longest = max((v for _, rows in data for v in _values(rows, (WALL_KEY,))), default=0.0)
         scale, unit = (60.0, "wall-clock (minutes)") if longest > 300 else (1.0, "wall-clock (seconds)")
     drawn = 0
+    labelled: set[str] = set()  # a cell's seeds share its colour and line style, and its legend entry
     for run, rows in data:
         xs, ys = _series(rows, keys, x_key)
         if not xs:
             continue
         if smooth:
             ys = _rolling_mean(ys, max(1, len(ys) // 20))
-        ax.plot([x / scale for x in xs], ys, linewidth=1.5, **_style(run, ks))
+        style = _style(run, ks)
+        style["label"] = "_nolegend_" if run.cell in labelled else run.cell
+        labelled.add(run.cell)
+        ax.plot([x / scale for x in xs], ys, linewidth=1.5, **style)
         drawn += 1
     ax.set_title(title + (" (rolling mean over 5% of steps)" if smooth else ""))
     ax.set_xlabel(unit)
@@ -254,4 +348,5 @@ def plot_sweep(runs: Sequence[SweepRun], rows: Sequence[dict[str, Any]], out: Pa
 def write_report(runs: Sequence[SweepRun], outcomes: Sequence[RunOutcome | None], out: Path) -> list[Path]:
     """Table and plots of a sweep; returns every file written."""
     rows = [summarize_run(run, outcome) for run, outcome in zip(runs, outcomes, strict=True)]
-    return [*write_table(rows, out), *plot_sweep(runs, rows, out)]
+    cells = summarize_cells(runs, rows)
+    return [*write_table(rows, out), *write_cell_table(cells, out), *plot_sweep(runs, rows, out)]

@@ -1,4 +1,5 @@
-"""Staleness sweep: the plan (runs and overrides), resume, and the table and plots from synthetic metrics files."""
+"""Staleness sweep: the plan (runs and overrides, one seed or several), resume, and the tables and plots from
+synthetic metrics files."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from async_rl.tuning.sweep import RunOutcome, SweepRun, completed_steps, parse_args, plan_sweep, run_sweep
-from async_rl.tuning.sweep_report import summarize_run, write_report
+from async_rl.tuning.sweep_report import summarize_cells, summarize_run, write_report
 
 
 def _plan(tmp_path: Path, **kwargs) -> list[SweepRun]:
@@ -18,7 +19,9 @@ def _plan(tmp_path: Path, **kwargs) -> list[SweepRun]:
         "corrections": [True, False],
         "steps": 10,
         "out": tmp_path,
-        "seeds": (7, 9),
+        "seeds": [7],
+        "data_seed": 9,
+        "seed_in_name": False,
     }
     args.update(kwargs)
     return plan_sweep(**args)
@@ -28,6 +31,7 @@ def test_plan_lists_every_pair_with_its_overrides(tmp_path):
     runs = _plan(tmp_path, base_overrides=["actor_rollout_ref.actor.optim.lr=1e-4"], warm_model=tmp_path / "warm")
     assert [(r.staleness, r.correction) for r in runs] == [(0, True), (0, False), (2, True), (2, False)]
     assert [r.name for r in runs] == ["k0-corr-on", "k0-corr-off", "k2-corr-on", "k2-corr-off"]
+    assert [r.name for r in runs] == [r.cell for r in runs] and {r.seed for r in runs} == {7}
     run = runs[3]
     assert run.run_dir == tmp_path / "runs" / "k2-corr-off"
     assert run.overrides == (
@@ -49,6 +53,26 @@ def test_plan_lists_every_pair_with_its_overrides(tmp_path):
     assert f"critic.model.path={tmp_path / 'warm'}" in with_critic[0].overrides
 
 
+def test_plan_with_seeds_runs_every_cell_once_per_seed_seed_by_seed(tmp_path):
+    runs = _plan(tmp_path, corrections=[True], seeds=[1, 2], seed_in_name=True)
+    assert [r.name for r in runs] == ["k0-corr-on-seed1", "k2-corr-on-seed1", "k0-corr-on-seed2", "k2-corr-on-seed2"]
+    assert [r.cell for r in runs] == ["k0-corr-on", "k2-corr-on", "k0-corr-on", "k2-corr-on"]
+    run = runs[2]
+    assert run.seed == 2 and run.run_dir == tmp_path / "runs" / "k0-corr-on-seed2"
+    # each run has its own trainer.seed; every run the same data.seed (same prompts, same order)
+    assert run.overrides[:2] == ("trainer.seed=2", "data.seed=9")
+    assert f"trainer.default_local_dir={run.run_dir}" in run.overrides
+    assert [o for r in runs for o in r.overrides if o.startswith("trainer.seed=")] == [
+        "trainer.seed=1",
+        "trainer.seed=1",
+        "trainer.seed=2",
+        "trainer.seed=2",
+    ]
+    # one seed given with --seeds is still named by it, so a later sweep with more seeds reuses that run
+    (single,) = _plan(tmp_path, staleness=[0], corrections=[True], seeds=[1], seed_in_name=True)
+    assert single.run_dir == runs[0].run_dir
+
+
 def test_plan_without_warm_model_keeps_the_config_model(tmp_path):
     runs = _plan(tmp_path, staleness=[1], corrections=[False])
     assert len(runs) == 1
@@ -65,6 +89,10 @@ def test_plan_without_warm_model_keeps_the_config_model(tmp_path):
         ({"corrections": [True, True]}, "--correction"),
         ({"base_overrides": ["async_training.max_staleness=3"]}, "async_training.max_staleness"),
         ({"base_overrides": ["trainer.total_training_steps=5"]}, "trainer.total_training_steps"),
+        ({"seeds": []}, "--seeds"),
+        ({"seeds": [3, 3], "seed_in_name": True}, "--seeds"),
+        ({"seeds": [1, 2]}, "named by seed"),
+        ({"seeds": [1, 2], "seed_in_name": True, "base_overrides": ["trainer.seed=5"]}, "--seeds sets trainer.seed"),
     ],
 )
 def test_plan_rejects_bad_input(tmp_path, kwargs, match):
@@ -75,11 +103,22 @@ def test_plan_rejects_bad_input(tmp_path, kwargs, match):
 def test_overrides_may_follow_list_options():
     args, overrides = parse_args(["--staleness", "0", "4", "trainer.seed=3", "--quick", "data.seed=2"])
     assert args.staleness == [0, 4] and args.quick
-    assert overrides == ["trainer.seed=3", "data.seed=2"]
+    assert overrides == ["trainer.seed=3", "data.seed=2"] and args.seeds is None
+    args, overrides = parse_args(["--seeds", "1", "2", "3", "data.seed=2"])
+    assert args.seeds == [1, 2, 3] and overrides == ["data.seed=2"]
 
 
-def _write_metrics(run: SweepRun, steps: int, *, reward0: float, wall0: float = 10.0, dt: float = 2.0) -> None:
-    """``steps`` records: reward rising by 0.01 a step, ``dt`` s a step, 1000 trained tokens a step."""
+def _write_metrics(
+    run: SweepRun,
+    steps: int,
+    *,
+    reward0: float,
+    wall0: float = 10.0,
+    dt: float = 2.0,
+    val: dict[int, float] | None = None,
+) -> None:
+    """``steps`` records: reward rising by 0.01 a step, ``dt`` s a step, 1000 trained tokens a step; a validation
+    record after each step in ``val`` (step -> validation reward)."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     for step in range(1, steps + 1):
@@ -95,6 +134,8 @@ def _write_metrics(run: SweepRun, steps: int, *, reward0: float, wall0: float = 
             "transport/drops_total": 3 * step,
         }
         lines.append(json.dumps(record))
+        if val is not None and step in val:
+            lines.append(json.dumps({"step": step, "val/version": float(step), "val/reward_mean": val[step]}))
     run.metrics_path.write_text("\n".join(lines) + "\n")
 
 
@@ -106,6 +147,7 @@ def test_table_values_from_synthetic_runs(tmp_path):
     outcomes[3] = RunOutcome("failed", 5.0, 1, runs[3].log_path)
     paths = write_report(runs, outcomes, tmp_path)
     assert {p.name for p in paths} >= {"sweep.csv", "sweep.md", "reward_vs_step.png", "reward_vs_wall.png"}
+    assert {p.name for p in paths} >= {"sweep_cells.csv", "sweep_cells.md"}
     assert {p.name for p in paths} >= {"throughput.png", "ess.png", "version_span.png", "drops.png"}
     assert all(p.stat().st_size > 0 for p in paths)
 
@@ -131,9 +173,10 @@ def test_table_values_from_synthetic_runs(tmp_path):
     assert float(row["version_span_mean"]) == pytest.approx(0.25)
     assert float(row["dropped_groups"]) == 60.0  # cumulative counter: its last value
     assert rows[3]["log"] == str(runs[3].log_path)
+    assert row["seed"] == "7" and row["val_reward_last"] == ""  # these runs logged no validation round
     md = (tmp_path / "sweep.md").read_text().splitlines()
     assert len(md) == 2 + len(runs)
-    assert md[4].startswith("| 2 | on | done | 20 | 62 | 0.205 | 0.385 | 0.390 | 0.500 | 500 | 0.900 | 2.00 |")
+    assert md[4].startswith("| 2 | on | 7 | done | 20 | 62 | 0.205 | 0.385 | 0.390 | n/a | n/a | 0.500 | 500 | 0.900 |")
 
 
 def test_run_without_metrics_still_gets_a_row(tmp_path):
@@ -142,7 +185,8 @@ def test_run_without_metrics_still_gets_a_row(tmp_path):
     assert row["status"] == "failed" and row["steps"] == 0
     assert row["reward_last10"] is None and row["steps_per_s"] is None and row["dropped_groups"] is None
     write_report([run], [None], tmp_path)  # plots say "no data" instead of failing
-    assert "| 4 | on | not run | 0 | n/a |" in (tmp_path / "sweep.md").read_text()
+    assert "| 4 | on | 7 | not run | 0 | n/a |" in (tmp_path / "sweep.md").read_text()
+    assert "| 4 | on | 0 of 1 | n/a | n/a |" in (tmp_path / "sweep_cells.md").read_text()
 
 
 def test_resume_skips_complete_runs_and_repeats_incomplete_ones(tmp_path):
@@ -197,3 +241,73 @@ def test_report_only_rewrites_the_table_of_an_existing_sweep(tmp_path):
         ("2", "off", "done", "80.0"),
     ]
     assert not (tmp_path / "warm_model").exists()  # nothing was built or run
+
+
+def test_cells_average_their_finished_seeds_and_read_the_last_validation_round(tmp_path):
+    runs = _plan(tmp_path, steps=20, corrections=[True], seeds=[1, 2, 3], seed_in_name=True)
+    assert [r.name for r in runs][:2] == ["k0-corr-on-seed1", "k2-corr-on-seed1"]
+    rewards = {"k0-corr-on": (0.1, 0.3, 0.5), "k2-corr-on": (0.2, 0.4, 0.0)}
+    outcomes = []
+    for run in runs:
+        reward0 = rewards[run.cell][run.seed - 1]
+        # validation rounds at steps 10 and 20; the last one counts
+        _write_metrics(run, 20, reward0=reward0, dt=1.0 + run.seed, val={10: 0.9, 20: reward0 + 0.05})
+        failed = run.cell == "k2-corr-on" and run.seed == 3
+        outcomes.append(RunOutcome("failed" if failed else "done", 100.0 * run.seed, 1 if failed else 0, run.log_path))
+    write_report(runs, outcomes, tmp_path)
+
+    rows = [summarize_run(run, outcome) for run, outcome in zip(runs, outcomes, strict=True)]
+    assert [(r["seed"], r["val_step_last"]) for r in rows[:2]] == [(1, 20), (1, 20)]
+    assert [r["val_reward_last"] for r in rows[:2]] == [pytest.approx(0.15), pytest.approx(0.25)]
+    k0, k2 = summarize_cells(runs, rows)
+    assert (k0["K"], k0["correction"], k0["runs"], k0["done"]) == (0, "on", 3, 3)
+    # last 10% of 20 steps = steps 19 and 20: reward0 + 0.185 on average
+    assert k0["reward_last10_mean"] == pytest.approx(0.3 + 0.185)
+    assert (k0["reward_last10_min"], k0["reward_last10_max"]) == (pytest.approx(0.285), pytest.approx(0.685))
+    assert k0["val_reward_last_mean"] == pytest.approx(0.35)
+    assert (k0["wall_clock_s_min"], k0["wall_clock_s_mean"], k0["wall_clock_s_max"]) == (100.0, 200.0, 300.0)
+    # the failed seed counts as a run, not in the statistics
+    assert (k2["runs"], k2["done"]) == (3, 2)
+    assert k2["val_reward_last_mean"] == pytest.approx(0.35)
+    assert (k2["val_reward_last_min"], k2["val_reward_last_max"]) == (pytest.approx(0.25), pytest.approx(0.45))
+
+    cells = list(csv.DictReader((tmp_path / "sweep_cells.csv").open()))
+    assert [(c["K"], c["correction"], c["runs"], c["done"]) for c in cells] == [
+        ("0", "on", "3", "3"),
+        ("2", "on", "3", "2"),
+    ]
+    assert float(cells[1]["reward_final_mean"]) == pytest.approx((0.39 + 0.59) / 2)
+    md = (tmp_path / "sweep_cells.md").read_text().splitlines()
+    assert md[0].startswith("| K | correction | runs done | wall-clock s, mean (range) |")
+    assert md[2].startswith(
+        "| 0 | on | 3 of 3 | 200 (100-300) | 0.485 (0.285-0.685) | 0.490 (0.290-0.690) | 0.350 (0.150-0.550) |"
+    )
+    assert md[3].startswith("| 2 | on | 2 of 3 | 150 (100-200) | 0.485 (0.385-0.585) |")
+    # the per-run table names each run's seed
+    per_run = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["K"], r["seed"], r["status"]) for r in per_run][-2:] == [("0", "3", "done"), ("2", "3", "failed")]
+
+
+def test_report_only_reads_back_the_runs_of_every_seed(tmp_path):
+    from async_rl.tuning.sweep import main
+
+    runs = _plan(tmp_path, steps=20, staleness=[1], seeds=[4, 5], seed_in_name=True)
+    for run in runs:
+        _write_metrics(run, 20, reward0=0.1 * run.seed)
+        (run.run_dir / "sweep_run.json").write_text(
+            json.dumps({"status": "done", "seconds": 50.0 + run.seed, "returncode": 0, "log": str(run.log_path)})
+        )
+    argv = ["--report-only", "--out", str(tmp_path), "--staleness", "1", "--seeds", "4", "5", "--steps", "20"]
+    assert main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["correction"], r["seed"], r["wall_clock_s"]) for r in rows] == [
+        ("on", "4", "54.0"),
+        ("off", "4", "54.0"),
+        ("on", "5", "55.0"),
+        ("off", "5", "55.0"),
+    ]
+    cells = list(csv.DictReader((tmp_path / "sweep_cells.csv").open()))
+    assert [(c["correction"], c["done"], c["wall_clock_s_mean"]) for c in cells] == [
+        ("on", "2", "54.5"),
+        ("off", "2", "54.5"),
+    ]

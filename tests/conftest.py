@@ -45,9 +45,11 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `slow` tests first (stable order otherwise): pytest-xdist hands out modules in this order, so the long end-to-end
-    # runs overlap each other and the short tests fill in around them, instead of one long run ending the suite alone.
-    items.sort(key=lambda item: "slow" not in item.keywords)
+    # Modules with a `slow` test first, each kept whole and in order: pytest-xdist hands out modules in this order, so
+    # the long end-to-end runs overlap each other and the short tests fill in around them, instead of one long run
+    # ending the suite alone.
+    slow_modules = {item.nodeid.split("::")[0] for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or _cuda_available():  # import torch only when some test needs the answer
         return

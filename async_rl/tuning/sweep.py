@@ -9,7 +9,7 @@ run directory, sequentially, with ``trainer.seed`` / ``data.seed`` pinned to the
 ``--seeds S ...`` runs every (K, correction) cell once per ``trainer.seed`` S (``data.seed`` stays the config's, so
 every run sees the same prompts in the same order and draws its own samples), seed by seed, and the report adds a
 table of each cell's mean and range over its seeds. One run per cell says little on a small model: on the SmolLM2
-recipe the held-out accuracy at step 16 spread 0.39-0.62 over three seeds of one setting (2026-12-05, docs/recipes.md).
+recipe as shipped the held-out accuracy at step 16 spread 0.480-0.615 over three seeds (2026-12-05, docs/recipes.md).
 
 On the embedded demo config (model ``builtin:tiny-arith``) the tiny model is built and warm-started once, exactly as
 the demo does it, and every run starts from that same warm model; any other model path is used as it is.

@@ -22,8 +22,8 @@ N = 2
 LENGTH = 8
 
 
-def _command(run_dir: Path, steps: int, actors: int, *extra: str) -> list[str]:
-    flags = ["--emulate-tokens-per-s", "256", "--emulate-response-len", str(LENGTH)]
+def _command(run_dir: Path, steps: int, actors: int, *extra: str, tokens_per_s: int = 256) -> list[str]:
+    flags = ["--emulate-tokens-per-s", str(tokens_per_s), "--emulate-response-len", str(LENGTH)]
     overrides = [
         f"data.train_batch_size={BATCH}",
         f"actor_rollout_ref.rollout.n={N}",
@@ -76,7 +76,10 @@ def _actor_group(run_dir: Path, name: str) -> int:
 def test_a_killed_actor_is_restarted_rejoins_and_the_run_finishes(tmp_path: Path, assert_nothing_lost) -> None:
     run_dir, steps = tmp_path / "run", 16
     restart = ("async_training.launcher.restart_actors=true", "async_training.launcher.restart_backoff_s=0.5")
-    job, err = _start(_command(run_dir, steps, 2, *restart), tmp_path)
+    # 64 tokens/s: a step's 64 response tokens take one surviving actor about 1 s, so the 14 steps after the kill
+    # outlast the restarted actor's start-up. At 256 tokens/s they took 7.5 s, and a restarted actor beside another
+    # test's processes (pytest-xdist) had not finished importing when the run ended (2026-12-06).
+    job, err = _start(_command(run_dir, steps, 2, *restart, tokens_per_s=64), tmp_path)
     try:
         _wait(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 2, "step 2", job)
         os.killpg(_actor_group(run_dir, "actor-1"), signal.SIGKILL)

@@ -133,13 +133,13 @@ class GenerationEngine:
         )
 
     async def start(self) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from async_rl.actor.vllm_launch import start_async_llm
 
         args = self.engine_args()
         if self.lora:
             shm = Path("/dev/shm")
             self._adapter_root = Path(tempfile.mkdtemp(prefix="async_rl_lora_", dir=shm if shm.is_dir() else None))
-        self._engine = AsyncLLM.from_engine_args(args)
+        self._engine = start_async_llm(args, on_cpu=not has_cuda())
         self._tokenizer = self._engine.tokenizer if hasattr(self._engine, "tokenizer") else None
         logger.info("vLLM engine up: %s (tp=%d)", self.startup.model_path, self.rollout_cfg.tensor_model_parallel_size)
 

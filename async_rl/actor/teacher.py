@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from async_rl.actor.engine import EngineDead, engine_args, prompt_log_probs
+from async_rl.actor.engine import EngineDead, engine_args, has_cuda, prompt_log_probs
 from async_rl.config import Config
 from async_rl.config.resolve import EngineStart, resolved
 
@@ -53,7 +53,7 @@ class TeacherEngine:
         self._next_request = 0
 
     async def start(self) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from async_rl.actor.vllm_launch import start_async_llm
 
         r = self.rollout_cfg
         args = engine_args(
@@ -65,7 +65,7 @@ class TeacherEngine:
             enable_prefix_caching=False,
             logprobs_mode="raw_logprobs",
         )
-        self._engine = AsyncLLM.from_engine_args(args)
+        self._engine = start_async_llm(args, on_cpu=not has_cuda())
         logger.info("teacher engine up: %s", self.startup.model_path)
 
     @property

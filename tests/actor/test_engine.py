@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,6 +240,32 @@ def test_seeded_requests_whose_prefill_would_be_chunked_do_not_kill_the_engine(e
     assert not eng.dead
     assert [len(g) for g in first] == [4] * len(prompts)
     assert [[c.token_ids.tolist() for c in g] for g in first] == [[c.token_ids.tolist() for c in g] for g in again]
+
+
+def test_a_cpu_engine_runs_its_model_in_its_engine_core_process(engine, loop):
+    """No worker process (``async_rl.actor.vllm_launch``): the engine core runs vLLM's ``uni`` executor, with the
+    OpenMP binding vLLM gives a worker, and the module's generation and weight-update tests ran on it."""
+    eng, _ = engine
+    assert eng.vllm.vllm_config.parallel_config.distributed_executor_backend == "uni"
+    (core,) = eng.vllm.engine_core.resources.engine_manager.processes
+    children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == core.pid]
+    assert children == []
+    assert os.sched_getaffinity(core.pid) == _worker_cpus(eng.vllm.vllm_config)
+
+
+def _parent(proc: Path) -> int | None:
+    try:
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
+
+
+def _worker_cpus(config) -> set[int]:
+    """The CPUs vLLM binds its worker to here (VLLM_CPU_OMP_THREADS_BIND; ``auto``: all but one)."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    return {int(c) for c in OMPProcessManager(config).cpu_lists[0]}
 
 
 def test_shutdown_lets_the_engine_processes_exit_by_themselves(engine, loop):

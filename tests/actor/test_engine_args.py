@@ -8,6 +8,7 @@ import pytest
 
 from async_rl.actor import engine
 from async_rl.actor.engine import CPU_BLOCK_SIZE, engine_args
+from async_rl.actor.vllm_launch import in_process_cpu_worker
 from async_rl.config import default_config
 from async_rl.config.resolve import EngineStart
 from async_rl.weight_sync.client import vllm_engine_kwargs
@@ -73,3 +74,29 @@ def test_a_cpu_engine_with_the_worker_extension_puts_vllms_rmsnorm_kernels_first
 def test_engine_kwargs_vllm_may_set_the_ir_op_priority() -> None:
     args = _ext_args(vllm={"ir_op_priority": {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]}})
     assert (args.ir_op_priority.rms_norm, args.ir_op_priority.fused_add_rms_norm) == (["native"], ["native"])
+
+
+def test_a_cpu_engine_with_one_worker_runs_its_model_in_the_engine_core_process() -> None:
+    assert in_process_cpu_worker(_args(), on_cpu=True)
+    assert not in_process_cpu_worker(_args(), on_cpu=False)  # GPUs: vLLM's own layout
+
+
+@pytest.mark.parametrize(
+    "vllm_kwargs",
+    [
+        {"distributed_executor_backend": "mp"},  # the user's choice is kept
+        {"pipeline_parallel_size": 2},
+        {"data_parallel_size": 2},
+    ],
+)
+def test_an_engine_with_an_executor_named_or_several_workers_keeps_vllms_layout(vllm_kwargs: dict) -> None:
+    args = _args(vllm=vllm_kwargs)
+    assert not in_process_cpu_worker(args, on_cpu=True)
+
+
+def test_a_tensor_parallel_engine_keeps_vllms_layout() -> None:
+    rollout = default_config().actor_rollout_ref.rollout
+    rollout.tensor_model_parallel_size = 2
+    args = engine_args(rollout, START, max_model_len=128, gpu_memory_utilization=0.5, enable_prefix_caching=True)
+    assert args.tensor_parallel_size == 2
+    assert not in_process_cpu_worker(args, on_cpu=True)

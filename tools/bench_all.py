@@ -14,6 +14,8 @@ The benchmarks (each compares with a reference measured side by side in the same
 actor          the actor's generation engine vs raw vLLM on the same prompts (tools/bench_actor.py)
 cpu_engine     a CPU actor's engine settings vs vLLM's CPU defaults: 32-token KV blocks, RMSNorm kernels
                (tools/bench_cpu_engine.py)
+cpu_executor   a CPU actor's vLLM process layout (the model in the engine-core process) vs vLLM's (a worker
+               process): start-up, generation, a matmul beside it (tools/bench_cpu_executor.py)
 transport      rollout plane vs raw pyzmq on the same bytes (tools/bench_transport.py)
 weight_sync    a full weight update into vLLM vs a raw broadcast of the same bytes (tools/bench_weight_sync.py)
 learner        packed vs padded micro-batches; FSDP2 2 ranks vs 1 (tools/bench_learner.py)
@@ -45,6 +47,7 @@ from async_rl.tuning.bench import BenchLine, format_line, parse  # noqa: E402
 BENCHMARKS: dict[str, tuple[str, list[str], list[str], float]] = {
     "actor": ("bench_actor.py", [], ["--prompts", "32", "--rounds", "6"], 900),
     "cpu_engine": ("bench_cpu_engine.py", [], ["--groups", "8", "--rounds", "3"], 900),
+    "cpu_executor": ("bench_cpu_executor.py", [], ["--groups", "8", "--rounds", "2", "--pairs", "1"], 900),
     "transport": ("bench_transport.py", [], ["--groups", "2000", "--repeats", "1"], 900),
     "weight_sync": ("bench_weight_sync.py", [], ["--hidden", "512", "--layers", "2", "--reps", "2"], 900),
     "learner": ("bench_learner.py", [], ["--steps", "2"], 900),

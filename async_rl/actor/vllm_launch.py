@@ -5,8 +5,8 @@ started by the process that builds the engine (vLLM turns its in-process ``uni``
 because the worker's OpenMP threads are bound through environment variables read when the process starts). That
 costs twice:
 
-* start-up: each of the three processes imports torch and vLLM (about 8-25 s each on the 2-core hosts here), one
-  after the other, so the worker's import is added to every actor start;
+* start-up: each of the three processes imports torch and vLLM (6-25 s each on the 2-core hosts here, by the day),
+  one after the other, so the worker's import is added to every actor start;
 * while generating: the engine core hands every step to the worker over a shared-memory queue and busy-polls for the
   answer, about a fifth of a core beside the worker on the recipe.
 

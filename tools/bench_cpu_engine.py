@@ -40,7 +40,8 @@ from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 VLLM_CPU_DEFAULT_BLOCK = 128
 
 
-def _prompts(tokenizer: object, start: int, count: int) -> list[str]:
+def recipe_prompts(tokenizer: object, start: int, count: int) -> list[str]:
+    """``count`` of the recipe's chat prompts (\"What is a + b? ...\"), the ``start``-th on, with the chat template."""
     out = []
     for i in range(start, start + count):
         a, b = 10 + i % 89, 10 + (i // 89) % 89
@@ -113,7 +114,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     drawn = 0
     for rnd in range(args.rounds + 1):
-        prompts = _prompts(tokenizer, drawn, args.groups)
+        prompts = recipe_prompts(tokenizer, drawn, args.groups)
         drawn += args.groups
         seconds = {}
         for name in names[rnd % len(names) :] + names[: rnd % len(names)]:

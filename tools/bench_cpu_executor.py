@@ -31,6 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_cpu_engine import recipe_prompts  # noqa: E402  (tools/ is this script's sys.path[0])
+
 from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 
 LAYOUTS = ("mp", "uni")
@@ -46,16 +48,6 @@ while True:
         break
 print(n / (time.perf_counter() - t0), flush=True)
 """
-
-
-def _prompts(tokenizer: Any, start: int, count: int) -> list[str]:
-    """``count`` of the recipe's chat prompts ("What is a + b? ..."), the ``start``-th on."""
-    out = []
-    for i in range(start, start + count):
-        a, b = 10 + (i * 37) % 90, 10 + (i * 53 + 11) % 90
-        msg = [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}]
-        out.append(tokenizer.apply_chat_template(msg, tokenize=False, add_generation_prompt=True))
-    return out
 
 
 async def _child(args: argparse.Namespace, started: float) -> None:
@@ -114,9 +106,8 @@ async def _child(args: argparse.Namespace, started: float) -> None:
         if rnd == 1:
             print("GENERATING", flush=True)  # the parent starts the matmul processes
         t0 = time.perf_counter()
-        tokens = await asyncio.gather(
-            *[one(llm, p, f"{rnd}-{i}") for i, p in enumerate(_prompts(tokenizer, rnd * 97, args.groups))]
-        )
+        prompts = recipe_prompts(tokenizer, rnd * args.groups, args.groups)
+        tokens = await asyncio.gather(*[one(llm, p, f"{rnd}-{i}") for i, p in enumerate(prompts)])
         if rnd:
             seconds.append(time.perf_counter() - t0)
         assert sum(tokens) == args.groups * args.n * args.max_tokens, tokens

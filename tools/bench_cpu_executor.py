@@ -54,7 +54,6 @@ async def _child(args: argparse.Namespace, started: float) -> None:
     """One layout in this process: start the engine, generate, and print a JSON line of the timings."""
     import vllm
     from vllm.sampling_params import RequestOutputKind
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     from async_rl.actor.engine import engine_args
     from async_rl.actor.vllm_launch import start_async_llm
@@ -79,8 +78,8 @@ async def _child(args: argparse.Namespace, started: float) -> None:
         worker_extension_cls=EXTENSION_CLS,
     )
     if args.child == "mp":
-        eargs.distributed_executor_backend = "mp"
-    llm = AsyncLLM.from_engine_args(eargs) if args.child == "mp" else start_async_llm(eargs, on_cpu=True)
+        eargs.distributed_executor_backend = "mp"  # what engine_kwargs.vllm does: vLLM's layout, through the same call
+    llm = start_async_llm(eargs, on_cpu=True)
     up = time.time() - started
     tokenizer = llm.get_tokenizer()
     if asyncio.iscoroutine(tokenizer):

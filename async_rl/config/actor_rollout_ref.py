@@ -240,8 +240,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dtype: Annotated[
         RolloutDtype,
         doc(
-            "vLLM weight/activation dtype; 'auto' = bfloat16 on CUDA and on CPUs with AMX/AVX512-BF16, float32 on"
-            " other CPUs (resolved by each actor on its own host)."
+            "vLLM weight/activation dtype; 'auto' = bfloat16 on CUDA, on CPUs with amx_bf16 and on AMD CPUs with"
+            " avx512_bf16, float32 on other CPUs (resolved by each actor on its own host, by the learner's rule)."
         ),
     ] = "bfloat16"
     gpu_memory_utilization: Annotated[UnitInterval, doc("Fraction of device memory vLLM may use, in (0, 1].")] = 0.5

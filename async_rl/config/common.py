@@ -94,7 +94,7 @@ class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     """verl's ``fsdp_config.mixed_precision``: the dtypes FSDP2 computes and reduces in (verl's null = these).
 
     verl's spelling ``param_dtype: bf16`` keeps its meaning (mixed precision); the default ``auto`` differs from verl's
-    ``bf16`` only on CPUs without native bf16, where it computes in fp32 (:mod:`async_rl.config.precision`).
+    ``bf16`` only on CPUs where bf16 is slower than fp32, where it computes in fp32 (:mod:`async_rl.config.precision`).
     """
 
     param_dtype: Annotated[
@@ -104,9 +104,10 @@ class MixedPrecisionConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
             " process without torchrun uses torch.autocast): 'bf16' ="
             " mixed precision wherever the learner runs, CPU included (master weights, gradients, gradient reduction"
             " and optimizer state stay fp32; log-probs are computed in fp32 from the bf16 logits), 'fp32' = full"
-            " precision, 'auto' = 'bf16' on CUDA and on CPUs with AMX/AVX512-BF16 (avx512_bf16 or amx_bf16 in"
-            " /proc/cpuinfo), 'fp32' on other CPUs, where bf16 matmuls are emulated and slow (an explicit 'bf16'"
-            " there gets a start-up warning). The actor, the critic and the frozen reference model all follow it."
+            " precision, 'auto' = 'bf16' on CUDA, on CPUs with amx_bf16 and on AMD CPUs with avx512_bf16 (flags in"
+            " /proc/cpuinfo), 'fp32' on other CPUs, where bf16 matmuls are emulated (AVX2 only) or slower than fp32"
+            " (Intel avx512_bf16 without AMX); an explicit 'bf16' there gets a start-up warning. The actor, the critic"
+            " and the frozen reference model all follow it."
         ),
     ] = "auto"
     reduce_dtype: Annotated[Literal["fp32"], doc("Dtype of the gradient reduction (always fp32).")] = "fp32"

@@ -181,8 +181,8 @@ class RewardModelServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
     dtype: Annotated[
         RewardModelDtype,
         doc(
-            "Precision of the scoring forward pass: 'auto' = bfloat16 on CUDA and on CPUs with native bf16"
-            " (avx512_bf16/amx_bf16), else float32."
+            "Precision of the scoring forward pass: 'auto' = bfloat16 on CUDA, on CPUs with amx_bf16 and on AMD"
+            " CPUs with avx512_bf16, else float32 (the learner's rule)."
         ),
     ] = "auto"
     max_batch_sequences: Annotated[

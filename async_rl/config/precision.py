@@ -1,11 +1,17 @@
-"""The precision rule for ``auto``: bf16 where the hardware multiplies it natively, fp32 elsewhere (no torch import).
+"""The precision rule for ``auto``: bf16 where the hardware multiplies it faster than fp32, fp32 elsewhere (no torch
+import).
 
 ``actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype: auto`` (the learner) and
 ``actor_rollout_ref.rollout.dtype: auto`` (vLLM) resolve by the same rule, on the host that runs them:
 
 * CUDA: bf16;
-* a CPU whose ``/proc/cpuinfo`` flags include ``avx512_bf16`` or ``amx_bf16`` (e.g. Sapphire Rapids): bf16, where
-  the SmolLM2 learner step measured 2.36x faster than fp32;
+* a CPU with ``amx_bf16`` in its ``/proc/cpuinfo`` flags (Intel Sapphire Rapids and later, where the hypervisor
+  passes AMX through): bf16, where the SmolLM2 learner step measured 2.36x faster than fp32;
+* an AMD CPU with ``avx512_bf16`` (Zen 4 and later): bf16, where the SmolLM2 recipe measured 1.47x faster end to end;
+* an Intel CPU with ``avx512_bf16`` but no ``amx_bf16`` (Cooper Lake, or a Xeon whose hypervisor hides AMX): fp32.
+  There ``vdpbf16ps`` is the only bf16 path and does not beat fp32 FMAs: on a Xeon (model 207, AMX hidden) a
+  one-thread [256 x 576] x [576 x 1536] matmul ran 188-196 times a second in bf16 against 351-355 in fp32, and the
+  SmolLM2 recipe took 486 s to step 16 in bf16 against 353 s in fp32 (docs/recipes.md);
 * any other CPU (AVX2 only, or flags unknown): fp32, since torch emulates bf16 matmuls there and they are far slower.
 
 Each process resolves for itself (actors and learners may run on different kinds of host); :func:`precision_line`
@@ -16,40 +22,70 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["CPUINFO", "cpu_bf16_flags", "learner_precision", "native_bf16", "precision_line", "rollout_precision"]
+__all__ = [
+    "CPUINFO",
+    "auto_bf16",
+    "cpu_bf16_flags",
+    "cpu_vendor",
+    "learner_precision",
+    "precision_line",
+    "rollout_precision",
+]
 
 CPUINFO = "/proc/cpuinfo"
-_CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+AMX, AVX512 = "amx_bf16", "avx512_bf16"
+_CPU_BF16_FLAGS = frozenset({AVX512, AMX})
+_AVX512_BF16_VENDORS = frozenset({"AuthenticAMD"})
+"""Vendors whose ``avx512_bf16`` alone (without AMX) makes bf16 matmuls faster than fp32, as measured."""
+
+
+def _read(cpuinfo: str | Path) -> str | None:
+    try:
+        return Path(cpuinfo).read_text()
+    except OSError:
+        return None
 
 
 def cpu_bf16_flags(cpuinfo: str | Path = CPUINFO) -> frozenset[str] | None:
-    """The native-bf16 flags (``avx512_bf16``, ``amx_bf16``) in ``cpuinfo``; None when it cannot be read."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
+    """The bf16 flags (``avx512_bf16``, ``amx_bf16``) in ``cpuinfo``; None when it cannot be read."""
+    text = _read(cpuinfo)
+    if text is None:
         return None
     flags = {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
     return frozenset(flags & _CPU_BF16_FLAGS)
 
 
-def native_bf16(device_type: str, cpuinfo: str | Path = CPUINFO) -> tuple[bool, str]:
-    """Whether ``device_type`` ("cuda" or "cpu") computes bf16 natively, and why (for the start-up line)."""
+def cpu_vendor(cpuinfo: str | Path = CPUINFO) -> str | None:
+    """The first ``vendor_id`` in ``cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``, ...); None when absent."""
+    for line in (_read(cpuinfo) or "").splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[-1].strip() or None
+    return None
+
+
+def auto_bf16(device_type: str, cpuinfo: str | Path = CPUINFO) -> tuple[bool, str]:
+    """Whether ``auto`` computes in bf16 on ``device_type`` ("cuda" or "cpu"), and why (for the start-up line)."""
     if device_type == "cuda":
         return True, "CUDA"
     flags = cpu_bf16_flags(cpuinfo)
     if flags is None:
         return False, f"CPU flags unknown ({cpuinfo} unreadable)"
-    if flags:
+    if AMX in flags:
         return True, f"CPU has {'/'.join(sorted(flags))}"
-    return False, "CPU without avx512_bf16/amx_bf16 (bf16 would be emulated)"
+    vendor = cpu_vendor(cpuinfo)
+    if AVX512 in flags and vendor in _AVX512_BF16_VENDORS:
+        return True, f"{vendor} CPU with {AVX512}"
+    if AVX512 in flags:
+        return False, f"{vendor or 'a'} CPU with {AVX512} but no {AMX} (bf16 matmuls slower than fp32 there)"
+    return False, f"CPU without {AVX512}/{AMX} (bf16 would be emulated)"
 
 
 def _resolve(value: str, names: tuple[str, str], device_type: str, cpuinfo: str | Path) -> tuple[str, str]:
-    """``value`` with ``auto`` replaced by ``names[0]`` (bf16) or ``names[1]`` (fp32) per :func:`native_bf16`."""
+    """``value`` with ``auto`` replaced by ``names[0]`` (bf16) or ``names[1]`` (fp32) per :func:`auto_bf16`."""
     if value != "auto":
         return value, "set in the config"
-    native, why = native_bf16(device_type, cpuinfo)
-    return names[0] if native else names[1], f"auto: {why}"
+    bf16, why = auto_bf16(device_type, cpuinfo)
+    return names[0] if bf16 else names[1], f"auto: {why}"
 
 
 def learner_precision(param_dtype: str, device_type: str, cpuinfo: str | Path = CPUINFO) -> tuple[str, str]:

@@ -10,8 +10,8 @@ export without that record (an older one, or a model from elsewhere) scores resp
 The score is read at the last token that is not the pad token, as transformers' sequence classification reads it.
 Longer sequences keep their last ``max_length`` tokens. Sequences are scored in batches of at most
 ``max_batch`` (right-padded), a group's prompt computed once (:meth:`RewardModelScorer.group_scores`), on CUDA when
-there is a GPU, else on the CPU, in ``dtype`` (``auto``: bf16 where the device computes it natively,
-:func:`async_rl.config.precision.native_bf16`).
+there is a GPU, else on the CPU, in ``dtype`` (``auto``: bf16 where the device computes it faster than fp32,
+:func:`async_rl.config.precision.auto_bf16`).
 
 A score that is not finite raises :class:`UntrustedScore`: it is never replaced by a guess.
 """

@@ -15,6 +15,7 @@ from _learner_testlib import START, scripted_groups, settings, tiny_policy
 from torch import nn
 
 from async_rl.config import default_config, load_config
+from async_rl.config.precision import auto_bf16
 from async_rl.learner import Learner, local_context
 from async_rl.learner import precision as precision_mod
 from async_rl.learner.model import build_model
@@ -58,14 +59,20 @@ def test_param_dtype_resolves_per_device(
         )
 
 
-@pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
-def test_auto_is_bf16_on_a_cpu_with_native_bf16(flag: str, cpuinfo: Path) -> None:
-    cpuinfo.write_text(f"processor\t: 0\n{FLAGS} {flag}\n")
-    assert resolve_compute_dtype("auto", CPU, cpuinfo=cpuinfo) == BF16
+@pytest.mark.parametrize(
+    ("vendor", "flags", "expected"),
+    [
+        ("AuthenticAMD", "avx512_bf16", BF16),  # Zen 4: bf16 measured faster
+        ("GenuineIntel", "avx512_bf16 amx_bf16", BF16),  # AMX
+        ("GenuineIntel", "avx512_bf16", FP32),  # AMX hidden: bf16 measured slower than fp32
+    ],
+)
+def test_auto_follows_the_cpus_bf16_instructions(vendor: str, flags: str, expected: torch.dtype, cpuinfo: Path) -> None:
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\n{FLAGS} {flags}\n")
+    assert resolve_compute_dtype("auto", CPU, cpuinfo=cpuinfo) == expected
     # this host: whatever its flags say, the learner follows the same rule
-    native = cpu_native_bf16()
     assert Learner(settings(param_dtype="auto"), START, local_context(CPU), tiny_policy).compute_dtype == (
-        BF16 if native else FP32
+        BF16 if auto_bf16("cpu")[0] else FP32
     )
 
 
@@ -97,14 +104,23 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_once(cpuinfo: Path, caplog: pyt
         resolve_compute_dtype("bf16", CPU, cpuinfo=cpuinfo)
         resolve_compute_dtype("bf16", CPU, cpuinfo=cpuinfo)
     assert len(caplog.records) == 1
-    assert "no avx512_bf16/amx_bf16 flag" in caplog.records[0].getMessage()
+    assert "CPU without avx512_bf16/amx_bf16 (bf16 would be emulated)" in caplog.records[0].getMessage()
 
 
-@pytest.mark.parametrize("flag", ["avx512_bf16", "amx_bf16"])
-def test_native_bf16_flags_and_an_unknown_cpu_do_not_warn(
-    flag: str, cpuinfo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_bf16_on_an_intel_cpu_without_amx_warns(cpuinfo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: GenuineIntel\n{FLAGS} avx512f avx512_bf16\n")
+    assert cpu_native_bf16(cpuinfo) is True  # it has bf16 instructions, but they lose to fp32 here
+    with caplog.at_level(logging.WARNING, logger=precision_mod.__name__):
+        assert resolve_compute_dtype("bf16", CPU, cpuinfo=cpuinfo) == BF16  # asked for: kept
+    assert len(caplog.records) == 1
+    assert "avx512_bf16 but no amx_bf16 (bf16 matmuls slower than fp32 there)" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(("vendor", "flag"), [("AuthenticAMD", "avx512_bf16"), ("GenuineIntel", "amx_bf16")])
+def test_bf16_where_it_is_faster_and_on_an_unknown_cpu_does_not_warn(
+    vendor: str, flag: str, cpuinfo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cpuinfo.write_text(f"processor\t: 0\n{FLAGS} {flag} avx512f\n")
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\n{FLAGS} {flag} avx512f\n")
     assert cpu_native_bf16(cpuinfo) is True
     missing = tmp_path / "no-such-file"
     assert cpu_native_bf16(missing) is None

@@ -101,7 +101,10 @@ def rollout_precision(dtype: str, device_type: str, cpuinfo: str | Path = CPUINF
 def precision_line(
     param_dtype: str, rollout_dtype: str, *, learner_device: str, actor_device: str, cpuinfo: str | Path = CPUINFO
 ) -> str:
-    """One line naming the learner's and the actors' precision and why (the actors' as this host would resolve it)."""
+    """One line naming the learner's and the actors' precision and why (the actors' as this host would resolve it);
+    a reason both share is given once."""
     learner, why_l = learner_precision(param_dtype, learner_device, cpuinfo)
     rollout, why_r = rollout_precision(rollout_dtype, actor_device, cpuinfo)
+    if why_l == why_r:
+        return f"precision: learner {learner}, actors {rollout} ({why_l})"
     return f"precision: learner {learner} ({why_l}), actors {rollout} ({why_r})"

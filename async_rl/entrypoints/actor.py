@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from async_rl.runtime.allocator import reexec_with_allocator
 
     if argv is None:  # a real start (not a call from Python): re-run with tcmalloc preloaded when it should be
-        reexec_with_allocator(cfg.async_training.cpu_allocator, "async_rl.entrypoints.actor", announce=True)
+        reexec_with_allocator(cfg.async_training.cpu_allocator, ["-m", "async_rl.entrypoints.actor"], announce=True)
 
     from async_rl.runtime.parent_watch import watch_parent
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv is None:  # a real start (not a call from Python): re-run with tcmalloc preloaded when it should be
         announce = os.environ.get("RANK", "0") == "0"
-        reexec_with_allocator(cfg.async_training.cpu_allocator, "async_rl.entrypoints.train", announce=announce)
+        reexec_with_allocator(cfg.async_training.cpu_allocator, ["-m", "async_rl.entrypoints.train"], announce=announce)
     from async_rl.runtime.parent_watch import watch_parent
 
     # Past its stop deadline the rank exits by itself; this only backs that up should the SIGTERM be lost.

@@ -102,10 +102,18 @@ def plan_allocator(choice: CpuAllocator, env: Mapping[str, str], dirs: Sequence[
     return library, f"allocator: tcmalloc ({library})", False
 
 
-def reexec_with_allocator(choice: CpuAllocator, module: str, *, announce: bool) -> None:
-    """Re-run ``python -m module <this process's arguments>`` with tcmalloc preloaded when ``choice`` asks for it and
-    it is not loaded yet (does not return then); otherwise log (when ``announce``) which allocator this process uses.
-    Call it before any thread starts."""
+def child_env(choice: CpuAllocator, env: Mapping[str, str], dirs: Sequence[str]) -> tuple[dict[str, str], str, bool]:
+    """The environment for a child process that should run on the allocator ``choice`` plans (``LD_PRELOAD`` of the
+    library found in ``dirs`` when one is to be loaded), the line saying which, and whether that line is a warning.
+    For processes that are not entry points (the tuner's probes): they measure what a run's ranks would."""
+    library, line, warn = plan_allocator(choice, env, dirs)
+    return (dict(env) if library is None else preload_env(env, library)), line, warn
+
+
+def reexec_with_allocator(choice: CpuAllocator, entry: Sequence[str], *, announce: bool) -> None:
+    """Re-run ``python <entry> <this process's arguments>`` (``entry``: ``["-m", module]`` for an entry point, or a
+    tool's script path) with tcmalloc preloaded when ``choice`` asks for it and it is not loaded yet (does not return
+    then); otherwise log (when ``announce``) which allocator this process uses. Call it before any thread starts."""
     library, line, warn = plan_allocator(choice, os.environ, search_dirs(os.environ))
     if library is None:
         if announce:
@@ -113,9 +121,17 @@ def reexec_with_allocator(choice: CpuAllocator, module: str, *, announce: bool) 
         return
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    argv = [sys.executable, "-m", module, *sys.argv[1:]]
+    argv = [sys.executable, *entry, *sys.argv[1:]]
     os.execve(sys.executable, argv, preload_env(os.environ, library))
     raise AssertionError("unreachable")  # pragma: no cover - execve does not return
 
 
-__all__ = ["find_tcmalloc", "plan_allocator", "preload_env", "preloaded", "reexec_with_allocator", "search_dirs"]
+__all__ = [
+    "child_env",
+    "find_tcmalloc",
+    "plan_allocator",
+    "preload_env",
+    "preloaded",
+    "reexec_with_allocator",
+    "search_dirs",
+]

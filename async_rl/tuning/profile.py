@@ -26,10 +26,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from async_rl.config.names import CpuAllocator
+from async_rl.runtime.allocator import child_env, search_dirs
 from async_rl.tuning.probes import KNOBS, PROBE_FAILED, PROGRESS, ProbeError, median_step
 from async_rl.tuning.simulator import Curve, LearnerModel, SharedCompute, Workload
 
@@ -258,14 +261,18 @@ def _failure(log: Path, code: int | None) -> Exception:
     return RuntimeError(f"profiling probe failed (exit {code}); see {log}, which ends:\n  {tail}")
 
 
-def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float) -> None:
-    """Start the commands together, wait for all, relaying their progress; a failure stops the others and raises
-    naming its log, and a run past ``timeout_s`` stops them all."""
-    env = {
-        **os.environ,
-        "PYTHONWARNINGS": "ignore",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    }
+def probe_env(allocator: CpuAllocator, env: Mapping[str, str]) -> dict[str, str]:
+    """The probes' environment: ``env`` on the C allocator a run's learner ranks and actors would use
+    (``async_training.cpu_allocator``; their entry points re-run themselves on tcmalloc, the probes are started on it),
+    quiet warnings, and vLLM's CPU KV cache at 1 GiB unless set. Logs which allocator."""
+    base, line, warn = child_env(allocator, env, search_dirs(env))
+    logger.log(logging.WARNING if warn else logging.INFO, "profiling: %s", line)
+    return {**base, "PYTHONWARNINGS": "ignore", "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+
+
+def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float, env: Mapping[str, str]) -> None:
+    """Start the commands together in ``env`` (:func:`probe_env`), wait for all, relaying their progress; a failure
+    stops the others and raises naming its log, and a run past ``timeout_s`` stops them all."""
     procs = []
     for cmd, log in zip(cmds, logs, strict=True):
         with open(log, "wb") as f:
@@ -317,6 +324,7 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
 
     opts = opts or MeasureOptions()
     cfg = load_config(config, overrides)
+    env = probe_env(cfg.async_training.cpu_allocator, os.environ)
     work.mkdir(parents=True, exist_ok=True)
     marks = work / "marks"
     marks.mkdir(exist_ok=True)
@@ -360,6 +368,7 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
             ],
             [work / "generation.log", work / f"learner-{first}.log"],
             opts.timeout_s,
+            env,
         )
     gen = json.loads(gen_out.read_text())
     learner_runs = {first: json.loads((work / f"learner-{first}.json").read_text())}
@@ -369,7 +378,7 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
             learner_runs[ws] = json.loads(out.read_text())
             continue
         logger.info("profiling: learner at world size %d%s", ws, ", then the setting trials" if ws == last else "")
-        _run([_probe_cmd("learner", params_at(ws), out, ws)], [work / f"learner-{ws}.log"], opts.timeout_s)
+        _run([_probe_cmd("learner", params_at(ws), out, ws)], [work / f"learner-{ws}.log"], opts.timeout_s, env)
         learner_runs[ws] = json.loads(out.read_text())
     for ws, run in learner_runs.items():
         points += [LearnerPoint(ws, p["groups"], p["tokens"], p["step_s"]) for p in run["points"]]

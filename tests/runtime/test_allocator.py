@@ -12,6 +12,7 @@ import pytest
 
 from async_rl.runtime.allocator import (
     REEXEC_MARK,
+    child_env,
     find_tcmalloc,
     plan_allocator,
     preload_env,
@@ -75,11 +76,21 @@ def test_plans(tmp_path):
         plan_allocator("tcmalloc", {}, empty)
 
 
+def test_a_child_env_preloads_what_the_plan_finds(tmp_path):
+    lib = _lib(tmp_path, "libtcmalloc_minimal.so.4")
+    env, line, warn = child_env("auto", {"A": "1"}, [str(tmp_path)])
+    assert env == {"A": "1", "LD_PRELOAD": lib, REEXEC_MARK: "1"}
+    assert (line, warn) == (f"allocator: tcmalloc ({lib})", False)
+    assert child_env("system", {"A": "1"}, [str(tmp_path)])[0] == {"A": "1"}
+    env, line, warn = child_env("auto", {"A": "1"}, [str(tmp_path / "none")])
+    assert env == {"A": "1"} and warn and "no tcmalloc found" in line
+
+
 PROBE = """
 import os, sys
 from async_rl.runtime.allocator import reexec_with_allocator
 print("pid", os.getpid(), sys.argv[1:], flush=True)
-reexec_with_allocator(sys.argv[1], "allocprobe", announce=True)
+reexec_with_allocator(sys.argv[1], ["-m", "allocprobe"], announce=True)
 maps = open("/proc/self/maps").read()
 print("mapped", "libtcmalloc" in maps, os.environ.get("LD_PRELOAD", ""), flush=True)
 """

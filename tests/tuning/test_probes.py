@@ -4,6 +4,7 @@ the tuner's probe runner with real child processes (a progress line relayed, a p
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from async_rl.runtime.allocator import REEXEC_MARK, find_tcmalloc, search_dirs
 from async_rl.tuning import probes
 from async_rl.tuning.probes import CONTENDED_STEPS, PROBE_FAILED, PROGRESS, ProbeError, clear_winner, median_step
-from async_rl.tuning.profile import MeasureOptions, _run
+from async_rl.tuning.profile import MeasureOptions, _run, probe_env
 
 
 def test_median_step_names_the_probe_and_the_fix() -> None:
@@ -101,7 +103,7 @@ def test_run_relays_progress_and_raises_the_probes_own_error(tmp_path: Path, cap
     sleeper, slog = _child(tmp_path, "generation", "import time; time.sleep(60)")
     caplog.set_level(logging.INFO, logger="async_rl.tuning.profile")
     with pytest.raises(ProbeError, match=rf"^learner probe: 0 step\(s\) recorded \(log: {log}\)$"):
-        _run([cmd, sleeper], [log, slog], timeout_s=60)
+        _run([cmd, sleeper], [log, slog], timeout_s=60, env=os.environ)
     assert "learner world 2: step 1/3: 38.1 s" in caplog.messages
     assert not any("noise" in m for m in caplog.messages)
 
@@ -109,10 +111,33 @@ def test_run_relays_progress_and_raises_the_probes_own_error(tmp_path: Path, cap
 def test_run_without_a_probe_message_shows_the_log_tail_and_stops_at_the_limit(tmp_path: Path) -> None:
     cmd, log = _child(tmp_path, "learner-1", "import sys; print('Traceback: boom'); sys.exit(1)")
     with pytest.raises(RuntimeError, match=r"exit 1\); see .*learner-1.log, which ends:\n  Traceback: boom"):
-        _run([cmd], [log], timeout_s=60)
+        _run([cmd], [log], timeout_s=60, env=os.environ)
     cmd, log = _child(tmp_path, "learner-2", "import time; time.sleep(60)")
     with pytest.raises(ProbeError, match=r"probe learner-2 still running after 1 s .*raise --probe-timeout"):
-        _run([cmd], [log], timeout_s=1)
+        _run([cmd], [log], timeout_s=1, env=os.environ)
+
+
+def test_the_probes_run_on_the_allocator_a_runs_ranks_would_use(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run's learner ranks re-run themselves on tcmalloc; the probes that time them must too (on the system malloc
+    an fp32 SmolLM2 step was 1.8x slower, enough to flip the precision trial)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", REEXEC_MARK)}
+    library = find_tcmalloc(search_dirs(base))
+    code = "print('mapped', 'libtcmalloc' in open('/proc/self/maps').read())"
+    caplog.set_level(logging.INFO, logger="async_rl.tuning.profile")
+    for choice, mapped in (("auto", library is not None), ("system", False)):
+        env = probe_env(choice, base)
+        assert env["PYTHONWARNINGS"] == "ignore"
+        cmd, log = _child(tmp_path, f"learner-{choice}", code)
+        _run([cmd], [log], timeout_s=60, env=env)
+        assert log.read_text().splitlines() == [f"mapped {mapped}"]
+    said = [m for m in caplog.messages if m.startswith("profiling: allocator:")]
+    assert said[-1] == "profiling: allocator: the system malloc (async_training.cpu_allocator=system)"
+    if library is not None:
+        assert said[0] == f"profiling: allocator: tcmalloc ({library})"
+    else:
+        assert "no tcmalloc found" in said[0]
 
 
 def test_a_trial_is_decided_early_only_when_every_step_of_one_side_is_twice_the_other() -> None:

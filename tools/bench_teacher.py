@@ -5,15 +5,14 @@ add to every step: the same cost as a reference pass), side by side on one model
 Usage: ``python tools/bench_teacher.py [--model builtin:smollm2-135m-instruct] [--groups 16] [--n 8] [--prompt-len 46]
 [--response-len 12] [--rounds 3] [--threads 2]``
 
-The defaults are the SmolLM2 recipe's geometry (16 prompts x 8 completions). The learner side is one FSDP2 rank in
-this process (gloo), its precision ``auto`` (bf16 on CPUs with native bf16), shared-prompt layout, computing the
-teacher's log-probs of every completion token with no gradient (``Learner._log_probs``, the reference pass). The actor
-side is :class:`async_rl.actor.teacher.TeacherEngine` in the rollout's dtype (``auto``) scoring the same completions,
-all groups at once, as an actor scoring overlapping groups would. Rounds alternate the order; the ratio is learner
-forward time / teacher engine time (above 1: the engine scores a step's samples faster than the learner's forward).
-Which side has slack is the other half of the answer: the recipe's ``actor/idle_seconds`` and
-``learner/perf/step_time_s`` (docs/distillation.md).
-"""
+The defaults are the SmolLM2 recipe's geometry (16 prompts x 8 completions). The learner side is one FSDP2 rank in this
+process (gloo), its precision ``auto`` (bf16 where the CPU computes it faster, :mod:`async_rl.config.precision`),
+shared-prompt layout, computing the teacher's log-probs of every completion token with no gradient
+(``Learner._log_probs``, the reference pass). The actor side is :class:`async_rl.actor.teacher.TeacherEngine` in the
+rollout's dtype (``auto``) scoring the same completions, all groups at once, as an actor scoring overlapping groups
+would. Rounds alternate the order; the ratio is learner forward time / teacher engine time (above 1: the engine scores a
+step's samples faster than the learner's forward). Which side has slack is the other half of the answer: the recipe's
+``actor/idle_seconds`` and ``learner/perf/step_time_s`` (docs/distillation.md)."""
 
 from __future__ import annotations
 

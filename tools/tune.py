@@ -15,9 +15,10 @@ measure stops the tuner with a message naming it and what to change (``--probe-t
 It also times three learner settings both ways on this host and recommends each, with the measured step times, as
 ``set key=value (measured X s vs Y s per learner step: ...)`` on the console and in ``recommendations.md``:
 ``actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype`` (fp32 vs bf16: bf16 is slower on AVX2-only CPUs
-and faster on native-bf16 ones), ``actor_rollout_ref.model.use_shared_prompt`` (each group's prompt computed once, or
-per sequence) and ``trainer.n_gpus_per_node`` (the learner as 2 ranks x 1 thread or 1 rank x all cores). The config's
-own value is kept unless the other was more than 5% faster (``async_rl.tuning.settings.SWITCH_MARGIN``).
+and on an Intel Xeon without AMX, faster with AMX and on AMD's avx512_bf16),
+``actor_rollout_ref.model.use_shared_prompt`` (each group's prompt computed once, or per sequence) and
+``trainer.n_gpus_per_node`` (the learner as 2 ranks x 1 thread or 1 rank x all cores). The config's own value
+is kept unless the other was more than 5% faster (``async_rl.tuning.settings.SWITCH_MARGIN``).
 
 The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the actor:learner split, rollout
 concurrency, train_batch_size and max_staleness; the scaling assumptions from this machine to the target are printed

@@ -237,7 +237,7 @@ def served_check_tolerance(
     both the rollout and the learner compute in fp32, and 3e-2 otherwise (a bf16 side computes the probe less exactly).
     ``rollout_dtype`` is ``rollout.dtype``, its ``auto`` resolved for the actors' ``device_type``; ``param_dtype`` is
     the learner's ``actor.fsdp_config.mixed_precision.param_dtype``, its ``auto`` resolved for ``learner_device_type``
-    (on a CPU with native bf16 both ``auto`` are bf16, so a float32 rollout still meets a bf16 learner)."""
+    (where ``auto`` is bf16 on a CPU, both are, so a float32 rollout still meets a bf16 learner)."""
     if configured is not None:
         return configured
     rollout, _ = rollout_precision(rollout_dtype, device_type)

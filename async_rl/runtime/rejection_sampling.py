@@ -208,7 +208,7 @@ class RejectionSampler:
         t = cfg.async_training.timeouts
         every = cfg.async_training.checkpoint.save_every_n_steps
         self.coordinator.start()
-        if self.validator.schedule.at_start():
+        if self.validator.at_start():
             self.validator.start(0)
         patience = t.step_s + t.actor_start_s  # the first batch also waits for the actors to start
         waiting = time.monotonic()

@@ -201,7 +201,7 @@ class Trainer:
             if self.start_step:
                 self.coordinator.set_policy_version(self.learner.version)
             self.coordinator.start()
-        if self.validator.schedule.at_start():
+        if self.validator.at_start():
             self.validator.start(self.learner.version)
         summary: dict[str, float] = {}
         for step in range(self.start_step, self.total_steps):
@@ -259,7 +259,7 @@ class Trainer:
     def _sync(self, version: int) -> dict[str, float]:
         """Publish ``version`` every ``sync_every_n_steps`` and whenever it is due for validation (its round needs it
         on the actors); otherwise the coordinator only learns the new version."""
-        validate = self.validator.schedule.due(version)
+        validate = self.validator.due(version)
         if self.stop.agreed(self.ctx):  # collective; the actors are being stopped too: checkpoint, do not publish
             return {}
         if version % self.cfg.async_training.sync_every_n_steps == 0 or validate:
@@ -313,7 +313,7 @@ class Trainer:
         from async_rl.learner.export import export_adapter, export_hf
 
         version = self.learner.version
-        if self.validator.schedule.at_end() and self.validator.last_version != version:
+        if self.validator.at_end() and self.validator.last_version != version:
             if self.published != version:
                 self._publish(version)
             self.validator.start(version)

@@ -30,11 +30,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from async_rl import metric_catalog as mc
 from async_rl.config import Config
+from async_rl.config.data_reward import DataConfig
+from async_rl.config.trainer import TrainerConfig
 from async_rl.transport.evaluation import EvalResult
 from async_rl.transport.protocol import GroupSampling
 
@@ -58,30 +59,10 @@ class _Coordinator(Protocol):
     def finish_eval(self, round_id: int) -> EvalResult: ...
 
 
-@dataclass(frozen=True)
-class ValSchedule:
-    """Which policy versions are validated (see the module docstring)."""
-
-    enabled: bool
-    before_train: bool
-    test_freq: int
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> ValSchedule:
-        return cls(cfg.data.val_files is not None, cfg.trainer.val_before_train, cfg.trainer.test_freq)
-
-    def at_start(self) -> bool:
-        return self.enabled and self.before_train
-
-    def due(self, version: int) -> bool:
-        return self.enabled and self.test_freq > 0 and version % self.test_freq == 0
-
-    def at_end(self) -> bool:
-        return self.enabled and self.test_freq > 0
-
-    def any(self) -> bool:
-        """Whether any round runs at all (only then are the validation prompts loaded)."""
-        return self.at_start() or self.at_end()
+def any_round(data: DataConfig, trainer: TrainerConfig) -> bool:
+    """Whether the schedule (see the module docstring) runs any round at all; only then are the validation prompts
+    loaded and the Validator enabled."""
+    return data.val_files is not None and (trainer.val_before_train or trainer.test_freq > 0)
 
 
 def validation_metrics(result: EvalResult, sources: Sequence[str]) -> dict[str, float]:
@@ -146,16 +127,17 @@ class Validator:
         self,
         ctx: _Ctx,
         coordinator: _Coordinator | None,
-        schedule: ValSchedule,
+        trainer: TrainerConfig,
         *,
-        records: Sequence[Any] = (),
-        sources: Sequence[str] = (),
-        sampling: GroupSampling | None = None,
+        enabled: bool,
+        records: Sequence[Any],
+        sources: Sequence[str],
+        sampling: GroupSampling | None,
         timeout_s: float,
         log: LogFn | None,
         poll_s: float = 2.0,
     ) -> None:
-        if ctx.rank == 0 and schedule.enabled and (coordinator is None or not records or sampling is None):
+        if ctx.rank == 0 and enabled and (coordinator is None or not records or sampling is None):
             raise ValueError(
                 "learner rank 0 needs the coordinator, the validation records and their sampling when validation is on"
             )
@@ -163,7 +145,8 @@ class Validator:
             raise ValueError(f"{len(sources)} data sources for {len(records)} validation records")
         self.ctx = ctx
         self.coordinator = coordinator
-        self.schedule = schedule
+        self.trainer = trainer  # its val_before_train and test_freq are the schedule
+        self.enabled = enabled  # rounds run at all (:func:`any_round`, the same on every rank)
         self.records = list(records)
         self.sources = list(sources)
         self.sampling = sampling
@@ -174,6 +157,18 @@ class Validator:
         self.last_version: int | None = None  # every rank: the version the last round evaluated
         self._round: int | None = None  # rank 0: the coordinator's id of the open round (None once closed)
         self.results: list[EvalResult] = []  # rank 0: every closed round's results
+
+    def at_start(self) -> bool:
+        """Whether a round on the starting policy runs before step 1 (``trainer.val_before_train``)."""
+        return self.enabled and self.trainer.val_before_train
+
+    def due(self, version: int) -> bool:
+        """Whether ``version`` is validated during training (``trainer.test_freq`` divides it)."""
+        return self.enabled and self.trainer.test_freq > 0 and version % self.trainer.test_freq == 0
+
+    def at_end(self) -> bool:
+        """Whether the final version is validated (``trainer.test_freq`` > 0, as verl)."""
+        return self.enabled and self.trainer.test_freq > 0
 
     def start(self, version: int) -> None:
         """Start a round on ``version``, which the actors must already have (called on every rank)."""
@@ -258,12 +253,10 @@ def build_validator(
     """
     from async_rl.runtime import resources
 
-    schedule = ValSchedule.from_config(cfg)
-    if not schedule.any():
-        schedule = ValSchedule(enabled=False, before_train=False, test_freq=-1)
+    enabled = any_round(cfg.data, cfg.trainer)
     records: list[Any] = []
     sources: list[str] = []
-    if schedule.enabled:
+    if enabled:
         error = b""
         if ctx.rank == 0:
             try:
@@ -277,7 +270,8 @@ def build_validator(
     return Validator(
         ctx,
         coordinator,
-        schedule,
+        cfg.trainer,
+        enabled=enabled,
         records=records,
         sources=sources,
         sampling=GroupSampling.for_validation(cfg, seed=cfg.trainer.seed),
@@ -286,4 +280,4 @@ def build_validator(
     )
 
 
-__all__ = ["ValSchedule", "Validator", "build_validator", "validation_metrics"]
+__all__ = ["Validator", "any_round", "build_validator", "validation_metrics"]

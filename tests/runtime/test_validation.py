@@ -14,7 +14,7 @@ import pytest
 from async_rl.config import load_config
 from async_rl.metric_catalog import unknown_keys
 from async_rl.runtime import resources
-from async_rl.runtime.validation import Validator, ValSchedule, validation_metrics
+from async_rl.runtime.validation import Validator, any_round, validation_metrics
 from async_rl.transport import GroupSampling, PromptRecord, make_completion
 from async_rl.transport.evaluation import EvalResult, EvalRound
 
@@ -66,16 +66,28 @@ def test_metrics_greedy_and_partial() -> None:
     assert math.isnan(empty["val/reward_mean"]) and empty["val/prompts_missing"] == 2.0
 
 
+def _scheduled(overrides: list[str]) -> Validator:
+    """A rank-0 Validator built from a config's own sections (nothing to validate: only its schedule is read)."""
+    cfg = load_config(None, overrides)
+    return Validator(
+        _Rank0(), _FakeCoordinator(), cfg.trainer, enabled=any_round(cfg.data, cfg.trainer),
+        records=[PromptRecord(np.array([0], dtype=np.int32))], sources=["arith"],
+        sampling=GroupSampling.defaults(n=1), timeout_s=1.0, log=None,
+    )  # fmt: skip
+
+
 def test_schedule_follows_verl() -> None:
-    every3 = ValSchedule(enabled=True, before_train=True, test_freq=3)
+    every3 = _scheduled(["trainer.test_freq=3", "trainer.val_before_train=true"])
     assert [v for v in range(1, 10) if every3.due(v)] == [3, 6, 9] and every3.at_start() and every3.at_end()
-    never = ValSchedule(enabled=True, before_train=False, test_freq=-1)  # verl: no final validation either
+    never = _scheduled(["trainer.test_freq=-1", "trainer.val_before_train=false"])  # verl: no final validation either
     assert not any(never.due(v) for v in range(1, 10)) and not never.at_start() and not never.at_end()
-    assert not never.any() and every3.any() and ValSchedule(True, True, -1).any()
-    off = ValSchedule(enabled=False, before_train=True, test_freq=1)  # data.val_files null
-    assert not off.at_start() and not off.due(1) and not off.at_end()
-    cfg = load_config(None, ["trainer.test_freq=5", "trainer.val_before_train=false"])
-    assert ValSchedule.from_config(cfg) == ValSchedule(enabled=True, before_train=False, test_freq=5)
+    assert not never.enabled and every3.enabled
+    start_only = _scheduled(["trainer.test_freq=-1", "trainer.val_before_train=true"])
+    assert start_only.enabled and start_only.at_start() and not start_only.at_end() and not start_only.due(4)
+    off = _scheduled(["trainer.test_freq=1", "data.val_files=null"])  # nothing to validate on
+    assert not off.enabled and not off.at_start() and not off.due(1) and not off.at_end()
+    five = _scheduled(["trainer.test_freq=5", "trainer.val_before_train=false"])
+    assert five.trainer.test_freq == 5 and not five.at_start() and five.due(10) and not five.due(4)
 
 
 class _Rank0:
@@ -124,7 +136,8 @@ def _validator(timeout_s: float = 5.0) -> tuple[Validator, _FakeCoordinator, _Ra
     logged: list[tuple[int, dict]] = []
     records = [PromptRecord(np.array([i], dtype=np.int32)) for i in range(2)]
     val = Validator(
-        ctx, coord, ValSchedule(True, True, 2), records=records, sources=["arith", "arith"],
+        ctx, coord, load_config(None, ["trainer.test_freq=2"]).trainer, enabled=True, records=records,
+        sources=["arith", "arith"],
         sampling=GroupSampling.defaults(n=1, temperature=0.0), timeout_s=timeout_s,
         log=lambda s, m: logged.append((s, m)), poll_s=0.01,
     )  # fmt: skip
@@ -238,9 +251,9 @@ def test_build_validator_loads_prompts_only_when_a_round_will_run(tmp_path: Any)
 
     ctx = _Rank0()
     off = build_validator(load_config(None, ["trainer.val_before_train=false"]), ctx, None, _CharTokenizer(), None)
-    assert not off.schedule.enabled and ctx.broadcasts == []  # test_freq -1, no round before training: nothing loaded
+    assert not off.enabled and ctx.broadcasts == []  # test_freq -1, no round before training: nothing loaded
     on = build_validator(load_config(None, ["data.val_max_samples=3"]), ctx, _FakeCoordinator(), _CharTokenizer(), None)
-    assert on.schedule.at_start() and len(on.records) == 3 and ctx.broadcasts == [b""]
+    assert on.at_start() and len(on.records) == 3 and ctx.broadcasts == [b""]
     missing = load_config(None, [f"data.val_files={tmp_path / 'nope.jsonl'}"])
     with pytest.raises(ValueError, match="not found"):  # rank 0 broadcasts the error so every rank raises it
         build_validator(missing, ctx, _FakeCoordinator(), _CharTokenizer(), None)

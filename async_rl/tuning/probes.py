@@ -42,7 +42,10 @@ CLEAR_RATIO = 2.0
 other's (bf16 emulated on an AVX2 CPU is about 14x slower: further rounds would only cost minutes)."""
 CONTENDED_STEPS = 2
 """Learner steps the contended level must time beside generation (a step still running when generation stops is not
-counted)."""
+counted), for the generation/learner slow-down the simulator uses."""
+LAYOUT_CONTENDED_STEPS = 1
+"""... and for the ranks x threads trial only (the other world size's probe): one step beside generation decides it,
+since a layout whose threads fight the actor's for the cores is many times slower there, not a few percent."""
 PROGRESS = "probe| "
 """Prefix of a probe's progress lines (relayed to the tuner's console)."""
 PROBE_FAILED = "probe failed: "
@@ -213,10 +216,11 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
             seconds = float(params["contend_seconds"])
             # the learner's step in flight when generation starts, then the steps it must time, each allowed
             # contend_slowdown x its time alone
-            cap_s = seconds + float(params["contend_slowdown"]) * (CONTENDED_STEPS + 1) * alone_s
+            steps = int(params.get("contend_steps", CONTENDED_STEPS))
+            cap_s = seconds + float(params["contend_slowdown"]) * (steps + 1) * alone_s
             await asyncio.sleep(1.0)  # let the learner's first contended step start
             _progress(
-                f"generation beside the learner: until it has timed {CONTENDED_STEPS} steps (a step alone took"
+                f"generation beside the learner: until it has timed {steps} step(s) (a step alone took"
                 f" {alone_s:.2f} s; at most {cap_s:.0f} s)"
             )
             _signal(params, "gen_started")
@@ -399,7 +403,9 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
         results.append({"groups": size, "tokens": tokens, "step_s": step_s, "all_s": times})
     out: dict[str, Any] = {"world_size": ws, "threads": threads, "points": results}
     if paired:
-        out["contended_step_s"] = _contended(bench, learner, groups, prompts, results[-1]["step_s"], where)
+        least = int(params.get("contend_steps", CONTENDED_STEPS))
+        contended = _contended(bench, learner, groups, prompts, results[-1]["step_s"], where, least)
+        out["contended_step_s"], out["contended_all_s"] = statistics.median(contended), contended
     trials = [_trial(bench, KNOBS[key], cfg, learner, params["batch_sizes"][0]) for key in params.get("trials", [])]
     out["trials"] = [t for t in trials if t is not None]
     teardown(ctx)
@@ -407,10 +413,17 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _contended(
-    bench: _Bench, learner: Any, groups: list[Any], prompts: dict[int, list[int]], alone_s: float, where: str
-) -> float:
-    """Keep training ``groups`` while the generation probe runs beside it; the median step that ran entirely
-    beside generation. A step counts when it started after generation had started and ended before it stopped."""
+    bench: _Bench,
+    learner: Any,
+    groups: list[Any],
+    prompts: dict[int, list[int]],
+    alone_s: float,
+    where: str,
+    least: int,
+) -> list[float]:
+    """Keep training ``groups`` while the generation probe runs beside it; the steps that ran entirely beside
+    generation (at least ``least``). A step counts when it started after generation had started and ended before it
+    stopped."""
     ctx, params = bench.ctx, bench.params
     if ctx.is_rank0:
         _signal(params, "learner_alone_done", f"{alone_s}")  # the generation probe sizes its cap from it
@@ -426,7 +439,7 @@ def _contended(
         if pending is not None:
             contended.append(pending)
             bench.say(f"learner beside generation: step {len(contended)}: {pending:.3f} s (alone {alone_s:.3f} s)")
-            if len(contended) == CONTENDED_STEPS and ctx.is_rank0:
+            if len(contended) == least and ctx.is_rank0:
                 _signal(params, "learner_contended_enough")  # generation may stop once its seconds are up
         elapsed = _timed_step(ctx, learner, groups, prompts)
         pending = elapsed if flag == b"time" else None
@@ -434,9 +447,9 @@ def _contended(
         f"generation stopped waiting after {params['contend_slowdown']:g}x the step time alone per step: the learner"
         " is starved beside vLLM here; free the machine's cores, or raise --contend-slowdown"
     )
-    step_s = median_step(contended, f"{where}, beside generation", fix, least=CONTENDED_STEPS)
+    step_s = median_step(contended, f"{where}, beside generation", fix, least=least)
     bench.say(f"learner beside generation: {len(contended)} steps, median {step_s:.3f} s")
-    return step_s
+    return contended
 
 
 def main() -> None:

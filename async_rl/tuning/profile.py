@@ -33,7 +33,15 @@ from typing import Any
 
 from async_rl.config.names import CpuAllocator
 from async_rl.runtime.allocator import child_env, search_dirs
-from async_rl.tuning.probes import KNOBS, PROBE_FAILED, PROGRESS, ProbeError, median_step
+from async_rl.tuning.probes import (
+    CONTENDED_STEPS,
+    KNOBS,
+    LAYOUT_CONTENDED_STEPS,
+    PROBE_FAILED,
+    PROGRESS,
+    ProbeError,
+    median_step,
+)
 from async_rl.tuning.simulator import Curve, LearnerModel, SharedCompute, Workload
 
 logger = logging.getLogger(__name__)
@@ -355,31 +363,30 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     def params_at(ws: int) -> dict[str, Any]:  # the last learner probe also times the setting trials
         return {**learner_params, **trials} if ws == last else learner_params
 
-    gen_out, points = work / "generation.json", []
-    first_out = work / f"learner-{first}.json"
-    if not (opts.reuse and gen_out.exists() and first_out.exists()):
+    def paired(ws: int, gen_out: Path) -> None:  # generation and a learner probe together, meeting at the markers
         for old in marks.iterdir():
             old.unlink()
-        logger.info("profiling: vLLM generation at %s groups in flight, learner at world size %d", levels, first)
-        _run(
-            [
-                _probe_cmd("generation", gen_params, gen_out),
-                _probe_cmd("learner", {**params_at(first), "contend": True}, first_out, first),
-            ],
-            [work / "generation.log", work / f"learner-{first}.log"],
-            opts.timeout_s,
-            env,
-        )
-    gen = json.loads(gen_out.read_text())
-    learner_runs = {first: json.loads((work / f"learner-{first}.json").read_text())}
-    for ws in world_sizes[1:]:
+        learner_out, logs = work / f"learner-{ws}.json", [gen_out.with_suffix(".log"), work / f"learner-{ws}.log"]
+        steps = CONTENDED_STEPS if ws == first else LAYOUT_CONTENDED_STEPS  # only the first feeds the simulator
+        gen_cmd = _probe_cmd("generation", {**gen_params, "contend_steps": steps}, gen_out)
+        learner_cmd = _probe_cmd("learner", {**params_at(ws), "contend": True, "contend_steps": steps}, learner_out, ws)
+        _run([gen_cmd, learner_cmd], logs, opts.timeout_s, env)
+
+    # every world size is timed beside generation too (each paired with a generation probe of its own), so the
+    # ranks x threads trial compares the layouts as a run on this host shares its cores with the actor
+    gen_out, points = work / "generation.json", []
+    learner_runs: dict[int, dict[str, Any]] = {}
+    for i, ws in enumerate(world_sizes):
         out = work / f"learner-{ws}.json"
-        if opts.reuse and out.exists():
-            learner_runs[ws] = json.loads(out.read_text())
-            continue
-        logger.info("profiling: learner at world size %d%s", ws, ", then the setting trials" if ws == last else "")
-        _run([_probe_cmd("learner", params_at(ws), out, ws)], [work / f"learner-{ws}.log"], opts.timeout_s, env)
+        this_gen = gen_out if i == 0 else work / f"generation-beside-{ws}.json"
+        if not (opts.reuse and this_gen.exists() and out.exists()):
+            then = ", then the setting trials" if ws == last else ""
+            logger.info(
+                "profiling: vLLM generation at %s groups in flight, learner at world size %d%s", levels, ws, then
+            )
+            paired(ws, this_gen)
         learner_runs[ws] = json.loads(out.read_text())
+    gen = json.loads(gen_out.read_text())
     for ws, run in learner_runs.items():
         points += [LearnerPoint(ws, p["groups"], p["tokens"], p["step_s"]) for p in run["points"]]
     shared = None
@@ -465,23 +472,28 @@ LAYOUT_KEY = "trainer.n_gpus_per_node"
 
 
 def layout_trial(runs: dict[int, dict[str, Any]], configured: int, groups: int) -> SettingTrial | None:
-    """Ranks x threads for the learner on this host: its step at ``groups`` groups alone at world sizes 1 and 2 (the
-    learner probes' ``runs`` by world size; torchrun gives each of several ranks one thread, one rank all the cores),
-    the ``configured`` world size first when it is one of them; None unless both were measured."""
+    """Ranks x threads for the learner on this host, from the learner probes' ``runs`` by world size (torchrun gives
+    each of several ranks one thread, one rank all the cores): the step at ``groups`` groups beside generation where
+    both world sizes were timed beside it (a run here shares its cores with the actor; the learner alone can rank the
+    layouts the other way), else alone. The ``configured`` world size first when it is 1 or 2; None unless both were
+    measured."""
     if not {1, 2} <= set(runs):
         return None
     order = (configured, 3 - configured) if configured in (1, 2) else (2, 1)
+    beside = all(runs[ws].get("contended_all_s") for ws in order)  # absent in results saved before it was recorded
     at = {ws: next(p for p in runs[ws]["points"] if p["groups"] == groups) for ws in order}
+    times = {ws: runs[ws]["contended_all_s"] if beside else at[ws]["all_s"] for ws in order}
 
     def label(ws: int) -> str:
         threads = runs[ws].get("threads", "?")  # absent in learner probe results saved before it was recorded
-        return f"{ws} rank{'s' if ws > 1 else ''} x {threads} thread{'' if threads == 1 else 's'}"
+        where = ", beside generation" if beside else ", alone"
+        return f"{ws} rank{'s' if ws > 1 else ''} x {threads} thread{'' if threads == 1 else 's'}{where}"
 
     return SettingTrial(
         LAYOUT_KEY,
         (str(order[0]), str(order[1])),
         (label(order[0]), label(order[1])),
-        (tuple(at[order[0]]["all_s"]), tuple(at[order[1]]["all_s"])),
+        (tuple(times[order[0]]), tuple(times[order[1]])),
         at[order[0]]["tokens"],
     )
 

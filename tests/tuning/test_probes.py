@@ -15,7 +15,15 @@ import pytest
 
 from async_rl.runtime.allocator import REEXEC_MARK, find_tcmalloc, search_dirs
 from async_rl.tuning import probes
-from async_rl.tuning.probes import CONTENDED_STEPS, PROBE_FAILED, PROGRESS, ProbeError, clear_winner, median_step
+from async_rl.tuning.probes import (
+    CONTENDED_STEPS,
+    LAYOUT_CONTENDED_STEPS,
+    PROBE_FAILED,
+    PROGRESS,
+    ProbeError,
+    clear_winner,
+    median_step,
+)
 from async_rl.tuning.profile import MeasureOptions, _run, probe_env
 
 
@@ -62,10 +70,20 @@ def test_contended_counts_only_steps_that_ended_while_generation_ran(
     # learner then says it has enough, generation stops during step 3 (10 s), which ran partly alone: not counted
     ran, step = _script(bench, [20.0, 30.0, 50.0, 10.0], {0: "gen_started", 3: "gen_done"})
     monkeypatch.setattr(probes, "_timed_step", step)
-    assert probes._contended(bench, None, [], {}, 12.5, "learner probe") == 40.0
+    assert probes._contended(bench, None, [], {}, 12.5, "learner probe", CONTENDED_STEPS) == [30.0, 50.0]
     assert ran == [0, 1, 2, 3]
     assert (marks / "learner_alone_done").read_text() == "12.5"  # the generation probe sizes its cap from it
     assert (marks / "learner_contended_enough").exists() and CONTENDED_STEPS == 2
+
+
+def test_the_layout_probe_needs_one_step_beside_generation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the demo's 1 rank x 2 threads beside vLLM on 2 cores: 5.75 s a step against 0.2 s alone; generation stops
+    # (its cap) during the next one, so one step is all there is, and it decides the ranks x threads trial
+    bench = _bench(tmp_path)
+    ran, step = _script(bench, [0.2, 5.75, 0.3], {0: "gen_started", 2: "gen_done"})
+    monkeypatch.setattr(probes, "_timed_step", step)
+    assert probes._contended(bench, None, [], {}, 0.2, "learner probe", LAYOUT_CONTENDED_STEPS) == [5.75]
+    assert ran == [0, 1, 2] and (Path(bench.params["marks"]) / "learner_contended_enough").exists()
 
 
 def test_contended_with_no_step_recorded_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,7 +92,9 @@ def test_contended_with_no_step_recorded_is_a_clear_error(tmp_path: Path, monkey
     ran, step = _script(bench, [40.0, 300.0], {0: "gen_started", 1: "gen_done"})
     monkeypatch.setattr(probes, "_timed_step", step)
     with pytest.raises(ProbeError) as err:
-        probes._contended(bench, None, [], {}, 40.0, "learner probe (world size 2, 1 thread(s) per rank)")
+        probes._contended(
+            bench, None, [], {}, 40.0, "learner probe (world size 2, 1 thread(s) per rank)", CONTENDED_STEPS
+        )
     assert str(err.value) == (
         "learner probe (world size 2, 1 thread(s) per rank), beside generation: 0 step(s) recorded, 2 needed;"
         " generation stopped waiting after 6x the step time alone per step: the learner is starved beside vLLM"

@@ -77,12 +77,15 @@ def test_knob_trial_from_the_probe_report_and_shared_prompts() -> None:
         knob_trial({**report, "times_s": [[21.2], []]})
 
 
-def _run(ws: int, threads: int, times: list[float]) -> dict[str, object]:
+def _run(ws: int, threads: int, times: list[float], beside: list[float] | None = None) -> dict[str, object]:
     points = [
         {"groups": 8, "tokens": 500, "step_s": 9.0, "all_s": [9.0]},
         {"groups": 16, "tokens": 1000, "step_s": sorted(times)[len(times) // 2], "all_s": times},
     ]
-    return {"world_size": ws, "threads": threads, "points": points}
+    run: dict[str, object] = {"world_size": ws, "threads": threads, "points": points}
+    if beside is not None:  # the probe was paired with generation: its steps beside it
+        run["contended_all_s"], run["contended_step_s"] = beside, sorted(beside)[len(beside) // 2]
+    return run
 
 
 def test_layout_trial_compares_ranks_and_threads_at_the_full_batch() -> None:
@@ -92,20 +95,38 @@ def test_layout_trial_compares_ranks_and_threads_at_the_full_batch() -> None:
     assert trial == SettingTrial(
         "trainer.n_gpus_per_node",
         ("2", "1"),
-        ("2 ranks x 1 thread", "1 rank x 2 threads"),
+        ("2 ranks x 1 thread, alone", "1 rank x 2 threads, alone"),
         ((39.1, 34.7, 40.0), (29.3, 28.5, 30.0)),
         1000,
     )
     choice = choose(trial)
     assert (choice.value, choice.chosen_s, choice.other_s) == ("1", 29.3, 39.1)
     assert choice.line().startswith(
-        "set trainer.n_gpus_per_node=1 (measured 29.3 s vs 39.1 s per learner step: 1 rank x 2 threads vs 2 ranks x"
-        " 1 thread,"
+        "set trainer.n_gpus_per_node=1 (measured 29.3 s vs 39.1 s per learner step: 1 rank x 2 threads, alone vs 2"
+        " ranks x 1 thread, alone,"
     )
     # configured as 1 rank: that is the incumbent; a GPU config's 8 ranks is neither, so 2 ranks is
     assert layout_trial(runs, configured=1, groups=16).values == ("1", "2")  # type: ignore[union-attr]
     assert layout_trial(runs, configured=8, groups=16).values == ("2", "1")  # type: ignore[union-attr]
     assert layout_trial({2: runs[2]}, configured=2, groups=16) is None  # one world size measured: nothing to compare
+
+
+def test_layout_trial_compares_the_layouts_beside_generation_where_both_were_timed_there() -> None:
+    # the Zen 4 host's tuner run (docs/tuning.md): alone 1 x 2 stepped faster, beside the actor's generation 2 x 1 did
+    runs = {
+        2: _run(2, 1, [12.6, 12.5, 12.8], beside=[26.4, 25.0]),
+        1: _run(1, 2, [11.9, 11.8, 12.0], beside=[31.0, 33.5]),
+    }
+    trial = layout_trial(runs, configured=2, groups=16)
+    assert trial is not None and trial.times_s == ((26.4, 25.0), (31.0, 33.5))
+    assert trial.labels == ("2 ranks x 1 thread, beside generation", "1 rank x 2 threads, beside generation")
+    choice = choose(trial)
+    assert (choice.value, choice.chosen_s, choice.other_s, choice.changed) == ("2", 25.7, 32.25, False)
+    # only one world size timed beside generation (an older profile): both compared alone, where 1 x 2 wins
+    runs[1].pop("contended_all_s")
+    alone = layout_trial(runs, configured=2, groups=16)
+    assert alone is not None and alone.times_s == ((12.6, 12.5, 12.8), (11.9, 11.8, 12.0))
+    assert alone.labels[1] == "1 rank x 2 threads, alone" and choose(alone).value == "1"
 
 
 def test_choose_settings_on_a_profile(tuner_profile: Profile) -> None:

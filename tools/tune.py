@@ -17,7 +17,8 @@ It also times three learner settings both ways on this host and recommends each,
 ``actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype`` (fp32 vs bf16: bf16 is slower on AVX2-only CPUs
 and on an Intel Xeon without AMX, faster with AMX and on AMD's avx512_bf16),
 ``actor_rollout_ref.model.use_shared_prompt`` (each group's prompt computed once, or per sequence) and
-``trainer.n_gpus_per_node`` (the learner as 2 ranks x 1 thread or 1 rank x all cores). The config's own value
+``trainer.n_gpus_per_node`` (the learner as 2 ranks x 1 thread or 1 rank x all cores, each timed beside vLLM
+generation as a run here shares its cores with the actor). The config's own value
 is kept unless the other was more than 5% faster (``async_rl.tuning.settings.SWITCH_MARGIN``).
 
 The simulator (``async_rl.tuning.simulator``) then searches, for every GPU count, the actor:learner split, rollout

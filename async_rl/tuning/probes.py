@@ -404,8 +404,12 @@ def _learner(params: dict[str, Any]) -> dict[str, Any] | None:
     out: dict[str, Any] = {"world_size": ws, "threads": threads, "points": results}
     if paired:
         least = int(params.get("contend_steps", CONTENDED_STEPS))
-        contended = _contended(bench, learner, groups, prompts, results[-1]["step_s"], where, least)
+        bound_ok = bool(params.get("contend_bound_ok"))
+        contended, bound = _contended(
+            bench, learner, groups, prompts, results[-1]["step_s"], where, least, bound_ok=bound_ok
+        )
         out["contended_step_s"], out["contended_all_s"] = statistics.median(contended), contended
+        out["contended_lower_bound"] = bound
     trials = [_trial(bench, KNOBS[key], cfg, learner, params["batch_sizes"][0]) for key in params.get("trials", [])]
     out["trials"] = [t for t in trials if t is not None]
     teardown(ctx)
@@ -420,10 +424,14 @@ def _contended(
     alone_s: float,
     where: str,
     least: int,
-) -> list[float]:
+    *,
+    bound_ok: bool,
+) -> tuple[list[float], bool]:
     """Keep training ``groups`` while the generation probe runs beside it; the steps that ran entirely beside
-    generation (at least ``least``). A step counts when it started after generation had started and ended before it
-    stopped."""
+    generation (at least ``least``), and whether they are only a lower bound. A step counts when it started after
+    generation had started and ended before it stopped. With ``bound_ok`` (the ranks x threads trial), a learner so
+    starved that no step ended before generation gave up returns the one step that started beside it: it ran partly
+    alone, so a step wholly beside generation takes at least as long."""
     ctx, params = bench.ctx, bench.params
     if ctx.is_rank0:
         _signal(params, "learner_alone_done", f"{alone_s}")  # the generation probe sizes its cap from it
@@ -443,13 +451,16 @@ def _contended(
                 _signal(params, "learner_contended_enough")  # generation may stop once its seconds are up
         elapsed = _timed_step(ctx, learner, groups, prompts)
         pending = elapsed if flag == b"time" else None
+    if not contended and bound_ok and pending is not None:
+        bench.say(f"learner beside generation: no step ended while it ran; the one it started took {pending:.3f} s")
+        return [pending], True
     fix = (
         f"generation stopped waiting after {params['contend_slowdown']:g}x the step time alone per step: the learner"
         " is starved beside vLLM here; free the machine's cores, or raise --contend-slowdown"
     )
     step_s = median_step(contended, f"{where}, beside generation", fix, least=least)
     bench.say(f"learner beside generation: {len(contended)} steps, median {step_s:.3f} s")
-    return contended
+    return contended, False
 
 
 def main() -> None:

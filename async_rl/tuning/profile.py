@@ -367,9 +367,11 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         for old in marks.iterdir():
             old.unlink()
         learner_out, logs = work / f"learner-{ws}.json", [gen_out.with_suffix(".log"), work / f"learner-{ws}.log"]
-        steps = CONTENDED_STEPS if ws == first else LAYOUT_CONTENDED_STEPS  # only the first feeds the simulator
+        layout_only = ws != first  # only the first pair's contended steps feed the simulator
+        steps = LAYOUT_CONTENDED_STEPS if layout_only else CONTENDED_STEPS
         gen_cmd = _probe_cmd("generation", {**gen_params, "contend_steps": steps}, gen_out)
-        learner_cmd = _probe_cmd("learner", {**params_at(ws), "contend": True, "contend_steps": steps}, learner_out, ws)
+        contend = {"contend": True, "contend_steps": steps, "contend_bound_ok": layout_only}
+        learner_cmd = _probe_cmd("learner", {**params_at(ws), **contend}, learner_out, ws)
         _run([gen_cmd, learner_cmd], logs, opts.timeout_s, env)
 
     # every world size is timed beside generation too (each paired with a generation probe of its own), so the
@@ -475,18 +477,28 @@ def layout_trial(runs: dict[int, dict[str, Any]], configured: int, groups: int) 
     """Ranks x threads for the learner on this host, from the learner probes' ``runs`` by world size (torchrun gives
     each of several ranks one thread, one rank all the cores): the step at ``groups`` groups beside generation where
     both world sizes were timed beside it (a run here shares its cores with the actor; the learner alone can rank the
-    layouts the other way), else alone. The ``configured`` world size first when it is 1 or 2; None unless both were
+    layouts the other way), else alone. A side whose step beside generation is only a lower bound (none ended while
+    generation ran) decides the trial only when that bound exceeds the other side's every step there; otherwise the
+    layouts are compared alone. The ``configured`` world size first when it is 1 or 2; None unless both were
     measured."""
     if not {1, 2} <= set(runs):
         return None
     order = (configured, 3 - configured) if configured in (1, 2) else (2, 1)
     beside = all(runs[ws].get("contended_all_s") for ws in order)  # absent in results saved before it was recorded
+    bounded = {ws for ws in order if runs[ws].get("contended_lower_bound")}
+    if beside and bounded:  # a bound decides only against a side timed in full, and only when it exceeds its every step
+        full = [ws for ws in order if ws not in bounded]
+        beside = len(full) == 1 and all(
+            min(runs[ws]["contended_all_s"]) > max(runs[full[0]]["contended_all_s"]) for ws in bounded
+        )
     at = {ws: next(p for p in runs[ws]["points"] if p["groups"] == groups) for ws in order}
     times = {ws: runs[ws]["contended_all_s"] if beside else at[ws]["all_s"] for ws in order}
 
     def label(ws: int) -> str:
         threads = runs[ws].get("threads", "?")  # absent in learner probe results saved before it was recorded
-        where = ", beside generation" if beside else ", alone"
+        where = ", alone"
+        if beside:
+            where = ", beside generation" + (" (at least: no step ended there)" if ws in bounded else "")
         return f"{ws} rank{'s' if ws > 1 else ''} x {threads} thread{'' if threads == 1 else 's'}{where}"
 
     return SettingTrial(

@@ -77,7 +77,9 @@ def test_knob_trial_from_the_probe_report_and_shared_prompts() -> None:
         knob_trial({**report, "times_s": [[21.2], []]})
 
 
-def _run(ws: int, threads: int, times: list[float], beside: list[float] | None = None) -> dict[str, object]:
+def _run(
+    ws: int, threads: int, times: list[float], beside: list[float] | None = None, bound: bool = False
+) -> dict[str, object]:
     points = [
         {"groups": 8, "tokens": 500, "step_s": 9.0, "all_s": [9.0]},
         {"groups": 16, "tokens": 1000, "step_s": sorted(times)[len(times) // 2], "all_s": times},
@@ -85,6 +87,7 @@ def _run(ws: int, threads: int, times: list[float], beside: list[float] | None =
     run: dict[str, object] = {"world_size": ws, "threads": threads, "points": points}
     if beside is not None:  # the probe was paired with generation: its steps beside it
         run["contended_all_s"], run["contended_step_s"] = beside, sorted(beside)[len(beside) // 2]
+        run["contended_lower_bound"] = bound
     return run
 
 
@@ -170,3 +173,18 @@ def test_a_learner_timed_twice_far_apart_is_a_warning() -> None:
     run["points"][0]["all_s"] = [0.184, 0.186, 0.178]  # type: ignore[index]
     assert drift_warning(run, 32) is None  # the quiet run: 0.184 vs 0.1485 s, 1.24x apart (< 1.5)
     assert drift_warning({**run, "trials": []}, 32) is None  # no trials, nothing to compare
+
+
+def test_a_lower_bound_beside_generation_decides_only_when_it_exceeds_the_other_side() -> None:
+    # SmolLM2 on the Zen 4 host (docs/tuning.md): 2 x 1 stepped 18.2-19.0 s beside generation; no 1 x 2 step ended
+    full = _run(2, 1, [11.3, 11.8, 11.4], beside=[19.0, 18.2])
+    starved = {2: full, 1: _run(1, 2, [11.5, 11.6, 11.5], beside=[160.0], bound=True)}
+    trial = layout_trial(starved, configured=2, groups=16)
+    assert trial is not None and trial.times_s == ((19.0, 18.2), (160.0,))
+    assert trial.labels[1] == "1 rank x 2 threads, beside generation (at least: no step ended there)"
+    assert choose(trial).value == "2"
+    # a bound under the other side's slowest step says nothing: both compared alone
+    unsure = {2: full, 1: _run(1, 2, [11.5, 11.6, 11.5], beside=[18.5], bound=True)}
+    alone = layout_trial(unsure, configured=2, groups=16)
+    assert alone is not None and alone.times_s == ((11.3, 11.8, 11.4), (11.5, 11.6, 11.5))
+    assert alone.labels == ("2 ranks x 1 thread, alone", "1 rank x 2 threads, alone")

@@ -391,15 +391,7 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     gen = json.loads(gen_out.read_text())
     for ws, run in learner_runs.items():
         points += [LearnerPoint(ws, p["groups"], p["tokens"], p["step_s"]) for p in run["points"]]
-    shared = None
-    contended = learner_runs[first].get("contended_step_s")
-    if contended and gen.get("contended_tokens_per_s"):
-        alone = next(p["step_s"] for p in learner_runs[first]["points"] if p["groups"] == b)
-        rate_alone = gen["tokens_per_s"][gen["sequences_in_flight"].index(most * n)]
-        shared = SharedCompute(
-            generation_factor=min(1.0, gen["contended_tokens_per_s"] / rate_alone),
-            train_factor=min(1.0, alone / contended),
-        )
+    shared = shared_compute(gen, learner_runs[first], b, most * n)
     settings = [knob_trial(t) for t in learner_runs[last].get("trials", [])]
     drift = drift_warning(learner_runs[last], batches[0])
     if drift is not None:
@@ -445,6 +437,21 @@ def knob_trial(result: dict[str, Any]) -> SettingTrial:
     labels = (f"{leaf}={base}", f"{leaf}={other}")
     return SettingTrial(
         key, (base, other), labels, (tuple(result["times_s"][0]), tuple(result["times_s"][1])), result["tokens"]
+    )
+
+
+def shared_compute(gen: dict[str, Any], run: dict[str, Any], groups: int, sequences: int) -> SharedCompute | None:
+    """How much generation and the learner slow each other on shared cores, from the paired probes: the generation
+    probe's rate beside the learner against its rate alone at ``sequences`` in flight, and the learner ``run``'s step
+    beside generation against its step alone at ``groups`` groups; None when either was not measured."""
+    contended = run.get("contended_step_s")
+    if not contended or not gen.get("contended_tokens_per_s"):
+        return None
+    alone = next(p["step_s"] for p in run["points"] if p["groups"] == groups)
+    rate_alone = gen["tokens_per_s"][gen["sequences_in_flight"].index(sequences)]
+    return SharedCompute(
+        generation_factor=min(1.0, gen["contended_tokens_per_s"] / rate_alone),
+        train_factor=min(1.0, alone / contended),
     )
 
 

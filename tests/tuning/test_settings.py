@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from async_rl.tuning.probes import ProbeError
-from async_rl.tuning.profile import Profile, SettingTrial, drift_warning, knob_trial, layout_trial
+from async_rl.tuning.profile import (
+    Profile,
+    SettingTrial,
+    SharedCompute,
+    drift_warning,
+    knob_trial,
+    layout_trial,
+    shared_compute,
+)
 from async_rl.tuning.settings import SWITCH_MARGIN, choose, choose_settings, settings_lines
 
 PRECISION = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
@@ -188,3 +196,16 @@ def test_a_lower_bound_beside_generation_decides_only_when_it_exceeds_the_other_
     alone = layout_trial(unsure, configured=2, groups=16)
     assert alone is not None and alone.times_s == ((11.3, 11.8, 11.4), (11.5, 11.6, 11.5))
     assert alone.labels == ("2 ranks x 1 thread, alone", "1 rank x 2 threads, alone")
+
+
+def test_shared_compute_from_the_paired_probes_of_the_real_model() -> None:
+    # SmolLM2's recipe on the Zen 4 host (docs/tuning.md): generation 269.4 tokens/s alone at 128 sequences, 228.2
+    # beside the learner; the 2-rank learner 11.36 s a step alone at 16 groups, 18.2 and 19.0 s beside generation
+    gen = {"sequences_in_flight": [8, 32, 128], "tokens_per_s": [164.7, 258.0, 269.4], "contended_tokens_per_s": 228.2}
+    run = _run(2, 1, [11.27, 11.36, 11.79], beside=[19.0, 18.2])
+    run["contended_step_s"] = 18.6
+    assert shared_compute(gen, run, 16, 128) == SharedCompute(
+        generation_factor=pytest.approx(228.2 / 269.4), train_factor=pytest.approx(11.36 / 18.6)
+    )
+    assert shared_compute({**gen, "contended_tokens_per_s": None}, run, 16, 128) is None
+    assert shared_compute(gen, _run(2, 1, [11.36]), 16, 128) is None  # the learner probe was not paired

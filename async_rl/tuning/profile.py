@@ -369,7 +369,9 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         learner_out, logs = work / f"learner-{ws}.json", [gen_out.with_suffix(".log"), work / f"learner-{ws}.log"]
         layout_only = ws != first  # only the first pair's contended steps feed the simulator
         steps = LAYOUT_CONTENDED_STEPS if layout_only else CONTENDED_STEPS
-        gen_cmd = _probe_cmd("generation", {**gen_params, "contend_steps": steps}, gen_out)
+        # the layout pair's generation only has to load the cores: one level alone (its warm-up), not the whole curve
+        gen_levels = [most] if layout_only else levels
+        gen_cmd = _probe_cmd("generation", {**gen_params, "levels": gen_levels, "contend_steps": steps}, gen_out)
         contend = {"contend": True, "contend_steps": steps, "contend_bound_ok": layout_only}
         learner_cmd = _probe_cmd("learner", {**params_at(ws), **contend}, learner_out, ws)
         _run([gen_cmd, learner_cmd], logs, opts.timeout_s, env)
@@ -383,9 +385,8 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         this_gen = gen_out if i == 0 else work / f"generation-beside-{ws}.json"
         if not (opts.reuse and this_gen.exists() and out.exists()):
             then = ", then the setting trials" if ws == last else ""
-            logger.info(
-                "profiling: vLLM generation at %s groups in flight, learner at world size %d%s", levels, ws, then
-            )
+            at = levels if i == 0 else [most]
+            logger.info("profiling: vLLM generation at %s groups in flight, learner at world size %d%s", at, ws, then)
             paired(ws, this_gen)
         learner_runs[ws] = json.loads(out.read_text())
     gen = json.loads(gen_out.read_text())

@@ -371,6 +371,10 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         steps = LAYOUT_CONTENDED_STEPS if layout_only else CONTENDED_STEPS
         # the layout pair's generation only has to load the cores: one level alone (its warm-up), not the whole curve
         gen_levels = [most] if layout_only else levels
+        then = ", then the setting trials" if ws == last else ""
+        logger.info(
+            "profiling: vLLM generation at %s groups in flight, learner at world size %d%s", gen_levels, ws, then
+        )
         gen_cmd = _probe_cmd("generation", {**gen_params, "levels": gen_levels, "contend_steps": steps}, gen_out)
         contend = {"contend": True, "contend_steps": steps, "contend_bound_ok": layout_only}
         learner_cmd = _probe_cmd("learner", {**params_at(ws), **contend}, learner_out, ws)
@@ -380,13 +384,10 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     # ranks x threads trial compares the layouts as a run on this host shares its cores with the actor
     gen_out, points = work / "generation.json", []
     learner_runs: dict[int, dict[str, Any]] = {}
-    for i, ws in enumerate(world_sizes):
+    for ws in world_sizes:
         out = work / f"learner-{ws}.json"
-        this_gen = gen_out if i == 0 else work / f"generation-beside-{ws}.json"
+        this_gen = gen_out if ws == first else work / f"generation-beside-{ws}.json"
         if not (opts.reuse and this_gen.exists() and out.exists()):
-            then = ", then the setting trials" if ws == last else ""
-            at = levels if i == 0 else [most]
-            logger.info("profiling: vLLM generation at %s groups in flight, learner at world size %d%s", at, ws, then)
             paired(ws, this_gen)
         learner_runs[ws] = json.loads(out.read_text())
     gen = json.loads(gen_out.read_text())

@@ -430,13 +430,15 @@ def _contended(
     """Keep training ``groups`` while the generation probe runs beside it; the steps that ran entirely beside
     generation (at least ``least``), and whether they are only a lower bound. A step counts when it started after
     generation had started and ended before it stopped. With ``bound_ok`` (the ranks x threads trial), a learner so
-    starved that no step ended before generation gave up returns the one step that started beside it: it ran partly
-    alone, so a step wholly beside generation takes at least as long."""
+    starved that no step ended before generation gave up returns the step in flight when it stopped (it started
+    beside generation, or before and ran through all of it): it ran partly alone, so a step wholly beside generation
+    takes at least as long."""
     ctx, params = bench.ctx, bench.params
     if ctx.is_rank0:
         _signal(params, "learner_alone_done", f"{alone_s}")  # the generation probe sizes its cap from it
     contended: list[float] = []
     pending: float | None = None  # the last step, timed beside generation, not yet known to have ended before it
+    last: float | None = None  # the last step timed at all: at the stop, the one generation stopped during
     while True:
         flag = None
         if ctx.is_rank0:
@@ -449,11 +451,11 @@ def _contended(
             bench.say(f"learner beside generation: step {len(contended)}: {pending:.3f} s (alone {alone_s:.3f} s)")
             if len(contended) == least and ctx.is_rank0:
                 _signal(params, "learner_contended_enough")  # generation may stop once its seconds are up
-        elapsed = _timed_step(ctx, learner, groups, prompts)
-        pending = elapsed if flag == b"time" else None
-    if not contended and bound_ok and pending is not None:
-        bench.say(f"learner beside generation: no step ended while it ran; the one it started took {pending:.3f} s")
-        return [pending], True
+        last = _timed_step(ctx, learner, groups, prompts)
+        pending = last if flag == b"time" else None
+    if not contended and bound_ok and last is not None:
+        bench.say(f"learner beside generation: no step ended while it ran; the one in flight took {last:.3f} s")
+        return [last], True
     fix = (
         f"generation stopped waiting after {params['contend_slowdown']:g}x the step time alone per step: the learner"
         " is starved beside vLLM here; free the machine's cores, or raise --contend-slowdown"

@@ -101,6 +101,20 @@ def test_a_layout_probe_starved_past_generation_returns_its_step_as_a_lower_boun
     got = probes._contended(bench, None, [], {}, 11.5, "learner probe", LAYOUT_CONTENDED_STEPS, bound_ok=True)
     assert got == ([160.0], True) and ran == [0, 1]
     assert not (Path(bench.params["marks"]) / "learner_contended_enough").exists()
+    # the demo's 1 x 2: generation started and gave up during the one step that began before it: also a lower bound
+    (tmp_path / "spanning").mkdir()
+    spanning = _bench(tmp_path / "spanning")
+    steps: list[int] = []
+
+    def through_all_of_it(ctx: Any, learner: Any, groups: Any, prompts: Any) -> float:
+        steps.append(len(steps))
+        for marker in ("gen_started", "gen_done"):  # both appear while step 0 runs
+            probes._signal(spanning.params, marker)
+        return 12.0
+
+    monkeypatch.setattr(probes, "_timed_step", through_all_of_it)
+    got = probes._contended(spanning, None, [], {}, 0.2, "learner probe", LAYOUT_CONTENDED_STEPS, bound_ok=True)
+    assert got == ([12.0], True) and steps == [0]
 
 
 def test_contended_with_no_step_recorded_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

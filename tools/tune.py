@@ -12,8 +12,10 @@ and the actor/learner slow-down when sharing cores (generation keeps running unt
 beside it, however long a step takes), prints the probes' progress, and saves ``profile.json``. A probe that cannot
 measure stops the tuner with a message naming it and what to change (``--probe-timeout``, ``--contend-slowdown``).
 
-It also times three learner settings both ways on this host and recommends each, with the measured step times, as
-``set key=value (measured X s vs Y s per learner step: ...)`` on the console and in ``recommendations.md``:
+It also times three learner settings, and on CPU the actor's rollout dtype, both ways on this host and recommends
+each, with the measured times, as ``set key=value (measured X s vs Y s per learner step: ...)`` (``per step's
+generation`` for ``actor_rollout_ref.rollout.dtype``, bfloat16 vs float32) on the console and in
+``recommendations.md``:
 ``actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype`` (fp32 vs bf16: bf16 is slower on AVX2-only CPUs
 and on an Intel Xeon without AMX, faster with AMX and on AMD's avx512_bf16),
 ``actor_rollout_ref.model.use_shared_prompt`` (each group's prompt computed once, or per sequence) and
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile saved to {out / 'profile.json'}")
     print(describe_profile(profile))
     settings = settings_lines(profile)
-    print("\nlearner settings for the profiled host (each timed both ways here):")
+    print("\nsettings for the profiled host (each timed both ways here):")
     for line in settings:
         print(f"  {line}")
     assumptions = Assumptions(
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     header = "\n".join(f"- {line}" for line in assumptions.lines(profile))
     measured = "\n".join(f"- {line}" for line in settings)
     (out / "recommendations.md").write_text(
-        f"# Recommendations\n\nLearner settings for the profiled host ({profile.device}, {profile.cores} cores), each"
+        f"# Recommendations\n\nSettings for the profiled host ({profile.device}, {profile.cores} cores), each"
         f" timed both ways there:\n{measured}\n\nDeployments. Assumptions:\n{header}\n\n{table}\n"
     )
     write_csv(best, out / "recommendations.csv")

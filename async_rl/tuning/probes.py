@@ -10,7 +10,11 @@
   on synthetic groups shaped like the workload (real prompt lengths, measured response lengths) at one or more
   batch sizes; rank 0 reports the median step time per size. With ``trials`` it then times, on the smallest batch,
   a second learner that differs in one setting (:data:`KNOBS`: compute precision, shared-prompt layout), in rounds
-  that alternate which of the two goes first.
+  that alternate which of the two goes first;
+* ``rollout_dtype``: the actor's precision trial: two engines, at the config's ``rollout.dtype`` as it resolves here
+  and at the other of bfloat16 / float32, take turns generating in rounds (CPU only: on a GPU bf16 is the rule, and
+  two engines would not share one GPU's memory); reported like a learner setting trial, as the seconds one step's
+  tokens take at each round's rate.
 
 Paired (the generation probe and the first learner probe started together), they meet at marker files: both up ->
 generation alone -> learner alone -> both at once. The last level keeps generation running until the learner has
@@ -150,6 +154,38 @@ def _model_and_records(cfg: Any, workdir: Path) -> tuple[str, list[Any]]:
 # Generation
 
 
+async def keep_in_flight(
+    engine: Any,
+    sampling: Any,
+    next_prompt: Callable[[], list[int]],
+    groups: int,
+    seconds: float,
+    past: Callable[[float], bool] = lambda elapsed: True,
+) -> tuple[float, list[int]]:
+    """Keep ``groups`` prompt groups in flight on ``engine`` for ``seconds``, and after that until ``past(elapsed)``
+    says stop; returns the generated tokens/s and every completion's length. :class:`ProbeError` when no token came."""
+    start = time.perf_counter()
+    lengths: list[int] = []
+
+    def going() -> bool:
+        elapsed = time.perf_counter() - start
+        return elapsed < seconds or not past(elapsed)
+
+    async def worker() -> None:
+        while going():
+            for c in await engine.generate(next_prompt(), sampling):
+                lengths.append(len(c.token_ids))
+
+    await asyncio.gather(*[worker() for _ in range(groups)])
+    elapsed = time.perf_counter() - start
+    if not sum(lengths):
+        raise ProbeError(
+            f"generation probe: no token generated in {elapsed:.1f} s at {groups} groups in flight; check"
+            " data.max_response_length and the rollout's sampling settings"
+        )
+    return sum(lengths) / elapsed, lengths
+
+
 async def _generation(params: dict[str, Any]) -> dict[str, Any]:
     from async_rl.runtime.actor_main import build_engine
     from async_rl.transport.protocol import GroupSampling
@@ -175,29 +211,11 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
     ) -> tuple[float, list[int]]:
         """Keep ``groups`` in flight for ``seconds``, and past that until marker ``until`` appears (at most ``cap_s``
         in all): a real model's learner step can outlast the planned seconds. Returns tokens/s and the lengths."""
-        start = time.perf_counter()
-        deadline = start + seconds
-        lengths: list[int] = []
 
-        def going() -> bool:
-            now = time.perf_counter()
-            if now < deadline:
-                return True
-            return until is not None and not _seen(params, until) and now < start + cap_s
+        def past(elapsed: float) -> bool:
+            return until is None or _seen(params, until) or elapsed >= cap_s
 
-        async def worker() -> None:
-            while going():
-                for c in await engine.generate(next_prompt(), sampling):
-                    lengths.append(len(c.token_ids))
-
-        await asyncio.gather(*[worker() for _ in range(groups)])
-        elapsed = time.perf_counter() - start
-        if not sum(lengths):
-            raise ProbeError(
-                f"generation probe: no token generated in {elapsed:.1f} s at {groups} groups in flight; check"
-                " data.max_response_length and the rollout's sampling settings"
-            )
-        return sum(lengths) / elapsed, lengths
+        return await keep_in_flight(engine, sampling, next_prompt, groups, seconds, past)
 
     try:
         await run_level(max(params["levels"]), 2.0)  # warm-up: first-request compilation, allocator growth
@@ -241,6 +259,77 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
         "prompt_len_mean": statistics.fmean(prompt_lens),
         "contended_tokens_per_s": contended,
     }
+
+
+ROLLOUT_DTYPE_KEY = "actor_rollout_ref.rollout.dtype"
+ROLLOUT_DTYPES = ("bfloat16", "float32")
+"""The rollout dtypes the precision trial of the actor compares (``auto`` resolves to one of them)."""
+
+
+async def _rollout_dtype(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The actor's precision trial: one vLLM engine at the config's ``rollout.dtype`` as it resolves here and one at
+    the other of :data:`ROLLOUT_DTYPES`, timed in ``rounds`` that alternate which goes first, each keeping ``groups``
+    groups in flight for ``seconds``. Reported like a learner setting trial, as the seconds to generate one step's
+    tokens (``data.train_batch_size`` x ``rollout.n`` x the mean response length both saw) at each round's rate.
+    None when the config's dtype is neither (float16: nothing to compare it with here)."""
+    from async_rl.actor.engine import actor_device
+    from async_rl.config.precision import rollout_precision
+    from async_rl.runtime.actor_main import build_engine
+    from async_rl.transport.protocol import GroupSampling
+
+    cfg = _config(params)
+    incumbent = rollout_precision(cfg.actor_rollout_ref.rollout.dtype, actor_device())[0]
+    if incumbent not in ROLLOUT_DTYPES:
+        return None
+    other = ROLLOUT_DTYPES[1 - ROLLOUT_DTYPES.index(incumbent)]
+    model_path, records = _model_and_records(cfg, Path(params["workdir"]))
+    sampling = GroupSampling.from_config(cfg, seed=None)
+    prompts = [[int(t) for t in rec.token_ids] for rec in records[:4096]]
+    cursor = 0
+
+    def next_prompt() -> list[int]:
+        nonlocal cursor
+        cursor += 1
+        return prompts[cursor % len(prompts)]
+
+    engines = {}
+    try:
+        for dtype in (incumbent, other):
+            engines[dtype] = build_engine(_config(params, f"{ROLLOUT_DTYPE_KEY}={dtype}"), model_path)
+            await engines[dtype].start()
+        rates, lengths = await dtype_rounds(engines, sampling, next_prompt, params)
+    finally:
+        for engine in engines.values():
+            await engine.shutdown()
+    tokens = cfg.data.train_batch_size * sampling.n * statistics.fmean(lengths)
+    return {
+        "key": ROLLOUT_DTYPE_KEY,
+        "values": [incumbent, other],
+        "times_s": [[tokens / r for r in rates[incumbent]], [tokens / r for r in rates[other]]],
+        "tokens": round(tokens),
+        "generation": True,
+    }
+
+
+async def dtype_rounds(
+    engines: dict[str, Any], sampling: Any, next_prompt: Callable[[], list[int]], params: dict[str, Any]
+) -> tuple[dict[str, list[float]], list[int]]:
+    """Each engine's generated tokens/s per round (``params``: ``rounds``, ``groups`` in flight, ``seconds``), after
+    a warm-up on each; the engines take turns, the first of a round going last in the next. Returns the rates by
+    engine key and every completion's length."""
+    groups, seconds = int(params["groups"]), float(params["seconds"])
+    order = list(engines)
+    for key in order:  # warm-up: first-request work, allocator growth
+        await keep_in_flight(engines[key], sampling, next_prompt, groups, 2.0)
+    rates: dict[str, list[float]] = {key: [] for key in order}
+    lengths: list[int] = []
+    for r in range(int(params["rounds"])):
+        for key in order if r % 2 == 0 else order[::-1]:
+            rate, seen = await keep_in_flight(engines[key], sampling, next_prompt, groups, seconds)
+            rates[key].append(rate)
+            lengths.extend(seen)
+            _progress(f"actor precision: round {r + 1}, rollout dtype {key}: {rate:.0f} tokens/s")
+    return rates, lengths
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -467,22 +556,25 @@ def _contended(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("probe", choices=["generation", "learner"])
+    p.add_argument("probe", choices=["generation", "rollout_dtype", "learner"])
     p.add_argument("--params", required=True, help="JSON object of probe parameters")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     params = json.loads(args.params)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if args.probe == "generation":
+    if args.probe != "learner":
         from async_rl.actor import vllm_exit
 
         vllm_exit.arm()
     try:
-        result = asyncio.run(_generation(params)) if args.probe == "generation" else _learner(params)
+        if args.probe == "learner":
+            result = _learner(params)
+        else:
+            result = asyncio.run(_generation(params) if args.probe == "generation" else _rollout_dtype(params))
     except ProbeError as err:
         print(PROBE_FAILED + str(err), flush=True)
         sys.exit(3)
-    if result is not None:
+    if result is not None or args.probe == "rollout_dtype":  # other learner ranks than 0 report nothing
         Path(args.out).write_text(json.dumps(result))
 
 

@@ -3,15 +3,17 @@
 A :class:`Profile` holds what the probes saw on this machine: generated tokens/s of one actor at several numbers of
 sequences in flight, learner step times at world sizes 1 and 2 and two batch sizes, weight-update times at two model
 sizes, the response lengths sampled, the mutual slow-down of actor and learner when they share the cores (measured by
-running both at once), and learner settings timed both ways on the same batch (:class:`SettingTrial`: compute
-precision, shared-prompt layout, ranks x threads; :mod:`async_rl.tuning.settings` turns them into recommendations).
+running both at once), and settings timed both ways on the same work (:class:`SettingTrial`: the learner's compute
+precision, shared-prompt layout and ranks x threads, the actor's rollout dtype; :mod:`async_rl.tuning.settings`
+turns them into recommendations).
 ``Profile.to_json`` / ``Profile.from_json`` round-trip it, so ``tools/tune.py --profile FILE`` skips the minutes of
 measuring.
 
 :func:`measure` runs the probes (:mod:`async_rl.tuning.probes`) as child processes, in this order, so that no
 measurement overlaps another's start-up: the vLLM probe and the 2-rank learner probe start together and meet at
 file markers (both up -> generation alone -> learner alone -> both at once); then the 1-rank learner probe, which also
-runs the setting trials; then ``tools/bench_weight_sync.py`` at two model sizes. It relays the probes' progress lines
+runs the setting trials, beside a vLLM probe of its own; on CPU the actor's precision trial (vLLM at two rollout
+dtypes in turn); then ``tools/bench_weight_sync.py`` at two model sizes. It relays the probes' progress lines
 and stops with a :class:`~async_rl.tuning.probes.ProbeError` naming the probe when one cannot measure.
 """
 
@@ -69,21 +71,24 @@ class SyncPoint:
 
 @dataclass(frozen=True)
 class SettingTrial:
-    """One learner setting timed at two values on the same batch: ``times_s[i]`` are the step times with ``key`` at
-    ``values[i]`` (labelled ``labels[i]``: how that ran, e.g. ``1 rank x 2 threads``). ``values[0]`` is the incumbent,
-    the config's own value as it ran here (``auto`` resolved), which a recommendation keeps unless the other value
-    was clearly faster; ``tokens`` is the batch's size."""
+    """One setting timed at two values on the same work: ``times_s[i]`` are the times with ``key`` at ``values[i]``
+    (labelled ``labels[i]``: how that ran, e.g. ``1 rank x 2 threads``). ``values[0]`` is the incumbent, the config's
+    own value as it ran here (``auto`` resolved), which a recommendation keeps unless the other value was clearly
+    faster; ``tokens`` is the work's size. A learner setting times learner steps on one batch; ``generation``: an
+    actor setting, timing rounds of generation, each as the seconds one step's ``tokens`` took at its rate."""
 
     key: str
     values: tuple[str, str]
     labels: tuple[str, str]
     times_s: tuple[tuple[float, ...], tuple[float, ...]]
     tokens: int
+    generation: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SettingTrial:
         a, b = data["times_s"]
-        return cls(data["key"], tuple(data["values"]), tuple(data["labels"]), (tuple(a), tuple(b)), data["tokens"])
+        values, labels = tuple(data["values"]), tuple(data["labels"])
+        return cls(data["key"], values, labels, (tuple(a), tuple(b)), data["tokens"], data.get("generation", False))
 
 
 @dataclass(frozen=True)
@@ -401,6 +406,20 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     layout = layout_trial(learner_runs, cfg.trainer.n_gpus_per_node, b)
     if layout is not None:
         settings.append(layout)
+    if cfg.trainer.device == "cpu":  # on a GPU bf16 is the rule, and two engines would not share its memory
+        dtype_out = work / "rollout-dtype.json"
+        if not (opts.reuse and dtype_out.exists()):
+            logger.info("profiling: the actor's precision, vLLM at two rollout dtypes in turn")
+            dtype_params = {**common, "groups": most, "seconds": opts.gen_seconds, "rounds": opts.trial_rounds}
+            _run(
+                [_probe_cmd("rollout_dtype", dtype_params, dtype_out)],
+                [dtype_out.with_suffix(".log")],
+                opts.timeout_s,
+                env,
+            )
+        dtype_trial = json.loads(dtype_out.read_text())
+        if dtype_trial is not None:  # None: a float16 rollout, which has nothing to compare with here
+            settings.append(knob_trial(dtype_trial))
     sync = []
     for hidden, layers in opts.sync_sizes:
         logger.info("profiling: weight sync of a hidden=%d layers=%d model", hidden, layers)
@@ -437,9 +456,8 @@ def knob_trial(result: dict[str, Any]) -> SettingTrial:
     for value, times in zip(result["values"], result["times_s"], strict=True):
         median_step(times, f"setting trial {key}={value}", "set the tuner's trial rounds to at least 1")
     labels = (f"{leaf}={base}", f"{leaf}={other}")
-    return SettingTrial(
-        key, (base, other), labels, (tuple(result["times_s"][0]), tuple(result["times_s"][1])), result["tokens"]
-    )
+    times = (tuple(result["times_s"][0]), tuple(result["times_s"][1]))
+    return SettingTrial(key, (base, other), labels, times, result["tokens"], result.get("generation", False))
 
 
 def shared_compute(gen: dict[str, Any], run: dict[str, Any], groups: int, sequences: int) -> SharedCompute | None:

@@ -1,10 +1,11 @@
-"""Learner settings for the profiled host, chosen from the setting trials the probes timed (no model of the hardware).
+"""Settings for the profiled host, chosen from the setting trials the probes timed (no model of the hardware).
 
-Each :class:`~async_rl.tuning.profile.SettingTrial` timed the learner's step on one batch at two values of one config
-key: the config's own value as it ran here (``values[0]``, the incumbent: ``auto`` resolved) and the other. The
-recommendation is the faster of the two by the median step time, except that the incumbent stays unless the other
-was faster by more than :data:`SWITCH_MARGIN` (a few rounds on a shared machine cannot tell 2% apart). So bf16 is
-recommended only where its step was measurably faster than fp32's, whatever the CPU flags say.
+Each :class:`~async_rl.tuning.profile.SettingTrial` timed the same work at two values of one config key (the
+learner's step on one batch, or for the actor's rollout dtype rounds of generation): the config's own value as it
+ran here (``values[0]``, the incumbent: ``auto`` resolved) and the other. The recommendation is the faster of the two
+by the median time, except that the incumbent stays unless the other was faster by more than :data:`SWITCH_MARGIN`
+(a few rounds on a shared machine cannot tell 2% apart). So bf16 is recommended only where it was measurably faster
+than fp32, whatever the CPU flags say.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ class SettingChoice:
         if not self.changed:
             close = self.other_s < self.chosen_s
             note = f"; the config's value here{f', the other within {SWITCH_MARGIN:.0%}' if close else ''}"
+        per, unit = ("step's generation", "rounds") if t.generation else ("learner step", "steps")
         return (
-            f"set {t.key}={self.value} (measured {self.chosen_s:.3g} s vs {self.other_s:.3g} s per learner step:"
+            f"set {t.key}={self.value} (measured {self.chosen_s:.3g} s vs {self.other_s:.3g} s per {per}:"
             f" {t.labels[mine]} vs {t.labels[theirs]}, {t.tokens} tokens, medians of {len(t.times_s[mine])} and"
-            f" {len(t.times_s[theirs])} steps{note})"
+            f" {len(t.times_s[theirs])} {unit}{note})"
         )
 
 

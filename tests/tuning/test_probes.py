@@ -233,3 +233,126 @@ def test_a_learner_probe_of_a_distillation_config_times_a_real_step(tmp_path: Pa
     assert (learner.teacher is not None) == (placement == "learner")
     assert all((c.teacher_logprobs is not None) == (placement == "actor") for g in groups for c in g.completions)
     assert probes._timed_step(bench.ctx, learner, groups, prompts) > 0
+
+
+class _TimedEngine:
+    """A fake generation engine: each ``generate`` call takes ``seconds`` and returns ``n`` completions of
+    ``length`` tokens; ``calls`` records which engine ran, in order (shared between engines)."""
+
+    def __init__(self, name: str, seconds: float, length: int, calls: list[str]) -> None:
+        self.name, self.seconds, self.length, self.calls = name, seconds, length, calls
+        self.started = self.stopped = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def shutdown(self) -> None:
+        self.stopped = True
+
+    async def generate(self, prompt: list[int], sampling: Any) -> list[SimpleNamespace]:
+        import asyncio
+
+        self.calls.append(self.name)
+        await asyncio.sleep(self.seconds)
+        return [SimpleNamespace(token_ids=[1] * self.length) for _ in range(sampling.n)]
+
+
+def test_keep_in_flight_measures_tokens_per_second_and_refuses_no_tokens() -> None:
+    import asyncio
+
+    calls: list[str] = []
+    sampling = SimpleNamespace(n=2)
+    engine = _TimedEngine("a", 0.02, 5, calls)
+    rate, lengths = asyncio.run(probes.keep_in_flight(engine, sampling, lambda: [1, 2], 3, 0.2))
+    # 3 groups in flight, each call 0.02 s for 2 x 5 tokens: about 3 x 10 / 0.02 = 1,500 tokens/s
+    assert 900 < rate < 1600
+    assert set(lengths) == {5} and len(lengths) == 2 * len(calls)
+    empty = _TimedEngine("b", 0.01, 0, calls)
+    with pytest.raises(ProbeError, match="no token generated .* at 2 groups in flight"):
+        asyncio.run(probes.keep_in_flight(empty, sampling, lambda: [1], 2, 0.05))
+
+
+def test_dtype_rounds_alternate_which_engine_goes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    calls: list[str] = []
+    engines = {"float32": _TimedEngine("float32", 0.02, 4, calls), "bfloat16": _TimedEngine("bfloat16", 0.01, 4, calls)}
+    turns: list[tuple[str, float]] = []
+
+    async def fake_keep(engine: Any, sampling: Any, next_prompt: Any, groups: int, seconds: float, *a: Any) -> Any:
+        turns.append((engine.name, seconds))
+        return (100.0 if engine.name == "float32" else 250.0), [4, 4]
+
+    monkeypatch.setattr(probes, "keep_in_flight", fake_keep)
+    params = {"groups": 2, "seconds": 1.5, "rounds": 3}
+    rates, lengths = asyncio.run(probes.dtype_rounds(engines, SimpleNamespace(n=2), lambda: [1], params))
+    # a 2 s warm-up on each, then rounds whose first engine goes last in the next
+    assert turns == [
+        ("float32", 2.0),
+        ("bfloat16", 2.0),
+        ("float32", 1.5),
+        ("bfloat16", 1.5),
+        ("bfloat16", 1.5),
+        ("float32", 1.5),
+        ("float32", 1.5),
+        ("bfloat16", 1.5),
+    ]
+    assert rates == {"float32": [100.0] * 3, "bfloat16": [250.0] * 3}
+    assert lengths == [4] * 12  # the timed rounds' lengths only
+
+
+def test_rollout_dtype_trial_reports_seconds_per_steps_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo config sets rollout.dtype float32: the trial compares it with bfloat16 and reports the seconds one
+    step's tokens (train_batch_size x n x mean length) take at each round's rate; bf16 2.5x faster here."""
+    import asyncio
+
+    from async_rl.runtime import actor_main
+    from async_rl.tuning.profile import knob_trial
+    from async_rl.tuning.settings import choose
+
+    calls: list[str] = []
+    built: list[_TimedEngine] = []
+
+    def fake_build(cfg: Any, model_path: str) -> _TimedEngine:
+        dtype = cfg.actor_rollout_ref.rollout.dtype
+        built.append(_TimedEngine(dtype, 0.025 if dtype == "float32" else 0.01, 6, calls))
+        return built[-1]
+
+    records = [SimpleNamespace(token_ids=[3, 4, 5])]
+    monkeypatch.setattr(actor_main, "build_engine", fake_build)
+    monkeypatch.setattr(probes, "_model_and_records", lambda cfg, workdir: ("model", records))
+    monkeypatch.setattr(probes, "keep_in_flight", _fixed_rates({"float32": 200.0, "bfloat16": 500.0}))
+    params = {"config": ["configs/demo_grpo.yaml"], "workdir": "unused", "groups": 2, "seconds": 0.1, "rounds": 2}
+    result = asyncio.run(probes._rollout_dtype(params))
+    cfg = probes._config(params)
+    tokens = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n * 6
+    assert result == {
+        "key": "actor_rollout_ref.rollout.dtype",
+        "values": ["float32", "bfloat16"],
+        "times_s": [[tokens / 200.0] * 2, [tokens / 500.0] * 2],
+        "tokens": tokens,
+        "generation": True,
+    }
+    assert [e.name for e in built] == ["float32", "bfloat16"] and all(e.started and e.stopped for e in built)
+    choice = choose(knob_trial(result))
+    assert (choice.value, choice.changed) == ("bfloat16", True)
+    assert choice.line() == (
+        f"set actor_rollout_ref.rollout.dtype=bfloat16 (measured {tokens / 500.0:.3g} s vs {tokens / 200.0:.3g} s per"
+        f" step's generation: dtype=bfloat16 vs dtype=float32, {tokens} tokens, medians of 2 and 2 rounds)"
+    )
+
+
+def _fixed_rates(rates: dict[str, float]) -> Callable[..., Any]:
+    async def keep(engine: Any, sampling: Any, next_prompt: Any, groups: int, seconds: float, *a: Any) -> Any:
+        return rates[engine.name], [6] * sampling.n
+
+    return keep
+
+
+def test_a_float16_rollout_has_no_dtype_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    params = {"config": ["configs/demo_grpo.yaml"], "overrides": ["actor_rollout_ref.rollout.dtype=float16"]}
+    params |= {"workdir": "unused", "groups": 1, "seconds": 0.1, "rounds": 1}
+    monkeypatch.setattr(probes, "_model_and_records", lambda cfg, workdir: pytest.fail("no engine needed"))
+    assert asyncio.run(probes._rollout_dtype(params)) is None

@@ -14,17 +14,31 @@ def test_json_round_trip(tuner_profile: Profile, tmp_path: Path) -> None:
     trial = SettingTrial(
         "trainer.n_gpus_per_node", ("2", "1"), ("2 ranks x 1 thread", "1 rank x 2 threads"), ((0.3, 0.32), (0.22,)), 900
     )
+    dtype = SettingTrial(
+        "actor_rollout_ref.rollout.dtype",
+        ("bfloat16", "float32"),
+        ("dtype=bfloat16", "dtype=float32"),
+        ((2.1, 2.0), (3.4, 3.3)),
+        1800,
+        generation=True,
+    )
     full = Profile(
         **{
             **tuner_profile.__dict__,
             "shared": SharedCompute(0.6, 0.4),
             "calibration": InJob(1.8, 0.07, 0.005),
-            "settings": (trial,),
+            "settings": (trial, dtype),
         }
     )
     for p in (tuner_profile, full):
         p.save(tmp_path / "p.json")
         assert Profile.load(tmp_path / "p.json") == p
+    assert Profile.load(tmp_path / "p.json").settings[1].generation is True
+
+
+def test_a_setting_trial_saved_before_actor_trials_is_a_learner_trial() -> None:
+    saved = {"key": "k", "values": ["a", "b"], "labels": ["k=a", "k=b"], "times_s": [[1.0], [2.0]], "tokens": 5}
+    assert SettingTrial.from_dict(saved) == SettingTrial("k", ("a", "b"), ("k=a", "k=b"), ((1.0,), (2.0,)), 5, False)
 
 
 def test_a_profile_saved_before_setting_trials_still_loads(tuner_profile: Profile) -> None:

@@ -16,7 +16,8 @@ Part 1 (one process) trains the same batch of rollout groups, whose response len
 rollouts, with padded micro-batches and with packed ones, and prints update tokens/s, padding waste and the ratio.
 Part 2 launches ``torchrun`` with 1 and then 2 ranks (gloo on CPU, NCCL when GPUs are present; one thread per rank)
 on the same global batch and prints step time and tokens/s of each and the speed-up. The tiny Qwen2 is built in code;
-nothing is downloaded.
+nothing is downloaded. Everything runs on the C allocator a run's learner ranks use (``--allocator``, as
+``async_training.cpu_allocator``: ``auto`` is tcmalloc where found).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,6 +40,7 @@ from torch import nn  # noqa: E402
 
 from async_rl import metric_catalog as mc  # noqa: E402
 from async_rl.config import Config, load_config  # noqa: E402
+from async_rl.config.names import CpuAllocator  # noqa: E402
 from async_rl.config.resolve import LearnerStart  # noqa: E402
 from async_rl.learner import (  # noqa: E402
     Learner,
@@ -47,6 +49,7 @@ from async_rl.learner import (  # noqa: E402
     teardown,
 )
 from async_rl.learner.batching import local_group  # noqa: E402
+from async_rl.runtime.allocator import reexec_with_allocator  # noqa: E402
 from async_rl.transport.protocol import RolloutGroup, make_completion  # noqa: E402
 from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 
@@ -301,7 +304,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds of the shared-prompt part")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the shared-prompt part")
     p.add_argument("--shared-only", action="store_true", help="run only the shared-prompt part")
+    p.add_argument(
+        "--allocator",
+        choices=get_args(CpuAllocator),
+        default="auto",
+        help="C allocator, as async_training.cpu_allocator (auto: tcmalloc where found, as a run's learner ranks)",
+    )
     args = p.parse_args()
+    # a run's learner ranks re-run themselves on tcmalloc (glibc's malloc fragments over steps); its workers inherit it
+    reexec_with_allocator(args.allocator, [__file__], announce=True)
     worker_params = os.environ.get("BENCH_LEARNER_WORKER")
     if worker_params:
         worker(argparse.Namespace(**json.loads(worker_params)))

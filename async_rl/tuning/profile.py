@@ -315,7 +315,9 @@ def _run(cmds: list[list[str]], logs: list[Path], timeout_s: float, env: Mapping
                 p.wait(timeout=30)
 
 
-def _sync_point(hidden: int, layers: int, log: Path, timeout_s: float) -> SyncPoint:
+def _sync_point(hidden: int, layers: int, work: Path, timeout_s: float) -> SyncPoint:
+    logger.info("profiling: weight sync of a hidden=%d layers=%d model", hidden, layers)
+    log = work / f"sync-{hidden}x{layers}.log"
     cmd = [sys.executable, str(REPO_ROOT / "tools" / "bench_weight_sync.py"), "--hidden", str(hidden)]
     cmd += ["--layers", str(layers), "--reps", "2"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -407,23 +409,10 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
     if layout is not None:
         settings.append(layout)
     if cfg.trainer.device == "cpu":  # on a GPU bf16 is the rule, and two engines would not share its memory
-        dtype_out = work / "rollout-dtype.json"
-        if not (opts.reuse and dtype_out.exists()):
-            logger.info("profiling: the actor's precision, vLLM at two rollout dtypes in turn")
-            dtype_params = {**common, "groups": most, "seconds": opts.gen_seconds, "rounds": opts.trial_rounds}
-            _run(
-                [_probe_cmd("rollout_dtype", dtype_params, dtype_out)],
-                [dtype_out.with_suffix(".log")],
-                opts.timeout_s,
-                env,
-            )
-        dtype_trial = json.loads(dtype_out.read_text())
-        if dtype_trial is not None:  # None: a float16 rollout, which has nothing to compare with here
-            settings.append(knob_trial(dtype_trial))
-    sync = []
-    for hidden, layers in opts.sync_sizes:
-        logger.info("profiling: weight sync of a hidden=%d layers=%d model", hidden, layers)
-        sync.append(_sync_point(hidden, layers, work / f"sync-{hidden}x{layers}.log", opts.timeout_s))
+        dtype_trial = actor_precision_trial({**common, "groups": most}, work, opts, env)
+        if dtype_trial is not None:
+            settings.append(dtype_trial)
+    sync = [_sync_point(hidden, layers, work, opts.timeout_s) for hidden, layers in opts.sync_sizes]
     model_dir = Path(resources.resolve_model_path(cfg.actor_rollout_ref.model.path, work / "model"))
     model_bytes = sync_bytes(cfg, model_dir)
     return Profile(
@@ -446,6 +435,20 @@ def measure(config: list[str], overrides: list[str], work: Path, opts: MeasureOp
         shared=shared,
         settings=tuple(settings),
     )
+
+
+def actor_precision_trial(
+    params: dict[str, Any], work: Path, opts: MeasureOptions, env: Mapping[str, str]
+) -> SettingTrial | None:
+    """The rollout dtype timed both ways by the ``rollout_dtype`` probe (``params``: the probes' common parameters and
+    ``groups`` in flight); None for a float16 rollout, which has nothing to compare with here."""
+    out = work / "rollout-dtype.json"
+    if not (opts.reuse and out.exists()):
+        logger.info("profiling: the actor's precision, vLLM at two rollout dtypes in turn")
+        params = {**params, "seconds": opts.gen_seconds, "rounds": opts.trial_rounds}
+        _run([_probe_cmd("rollout_dtype", params, out)], [out.with_suffix(".log")], opts.timeout_s, env)
+    result = json.loads(out.read_text())
+    return None if result is None else knob_trial(result)
 
 
 def knob_trial(result: dict[str, Any]) -> SettingTrial:

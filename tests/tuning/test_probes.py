@@ -3,6 +3,7 @@ the tuner's probe runner with real child processes (a progress line relayed, a p
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -356,3 +357,40 @@ def test_a_float16_rollout_has_no_dtype_trial(monkeypatch: pytest.MonkeyPatch) -
     params |= {"workdir": "unused", "groups": 1, "seconds": 0.1, "rounds": 1}
     monkeypatch.setattr(probes, "_model_and_records", lambda cfg, workdir: pytest.fail("no engine needed"))
     assert asyncio.run(probes._rollout_dtype(params)) is None
+
+
+def test_the_tuner_runs_the_actor_precision_probe_and_reads_its_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from async_rl.tuning import profile
+
+    ran: list[list[str]] = []
+    report: dict[str, Any] | None = {
+        "key": "actor_rollout_ref.rollout.dtype",
+        "values": ["bfloat16", "float32"],
+        "times_s": [[6.7, 6.3, 6.7], [10.9, 10.7, 11.1]],
+        "tokens": 1747,
+        "generation": True,
+    }
+
+    def fake_run(cmds: list[list[str]], logs: list[Path], timeout_s: float, env: Any) -> None:
+        ran.extend(cmds)
+        Path(cmds[0][cmds[0].index("--out") + 1]).write_text(json.dumps(report))
+
+    monkeypatch.setattr(profile, "_run", fake_run)
+    opts = MeasureOptions(gen_seconds=4.0, trial_rounds=3)
+    trial = profile.actor_precision_trial({"config": ["c.yaml"], "groups": 16}, tmp_path, opts, {})
+    assert trial is not None and trial.generation and trial.values == ("bfloat16", "float32")
+    assert trial.labels == ("dtype=bfloat16", "dtype=float32") and trial.tokens == 1747
+    cmd = ran[0]
+    assert cmd[cmd.index("async_rl.tuning.probes") + 1] == "rollout_dtype"
+    assert json.loads(cmd[cmd.index("--params") + 1]) == {
+        "config": ["c.yaml"],
+        "groups": 16,
+        "seconds": 4.0,
+        "rounds": 3,
+    }
+    # a float16 rollout: the probe reports null and there is no trial; with --reuse-probes the saved report is read
+    report = None
+    assert profile.actor_precision_trial({"groups": 1}, tmp_path, opts, {}) is None
+    assert profile.actor_precision_trial({}, tmp_path, MeasureOptions(reuse=True), {}) is None and len(ran) == 2

@@ -66,7 +66,7 @@ from async_rl.learner.metrics import MetricAccumulator
 from async_rl.learner.model import ModelSource, build_model
 from async_rl.learner.objective_spec import objective_spec
 from async_rl.learner.optim import NonFiniteGuard, build_optimizer
-from async_rl.learner.partition import Layout, padding_waste, plan_updates
+from async_rl.learner.partition import Layout, UpdatePlan, padding_waste, plan_updates
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs, row_groups
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.shared_prompt import shared_prompt_enabled
@@ -403,9 +403,44 @@ class Learner:
     def train_batch(self, batch: RolloutBatch, group_ids: Sequence[Any]) -> dict[str, float]:
         """One policy version from a collated ``batch`` (the same on every rank; ``group_ids[i]`` names dense group
         ``i`` in log lines). Returns ``learner/...`` metrics."""
-        ctx, actor_cfg, spec = self.ctx, self.actor_cfg, self.objective
         t_start = time.perf_counter()
         out: dict[str, float] = {}
+        reuse = self._prepare_batch(batch, group_ids, out)
+        t_update = time.perf_counter()
+        acc = MetricAccumulator()
+        seed = self.seed * 1_000_003 + self.version
+        skipped_critic = self.critic.update(batch, acc, seed) if self.critic is not None else 0
+        plan = self._plan_updates(batch, seed)
+        skipped = run_updates(self.ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc, reuse), acc)
+        offpolicy, computed, total_slots = self._reduce_update_metrics(batch, plan, acc, out)
+        t_end = time.perf_counter()
+        out.update(self._batch_metrics(batch, offpolicy if reuse else None))
+        out[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED] = float(reuse or self.objective.bypass_loss_type is not None)
+        self.version += 1
+        out.update(
+            {
+                mc.LEARNER_BATCH_PADDING_WASTE: 1.0 - computed / total_slots if total_slots else 0.0,
+                mc.LEARNER_BATCH_TOKENS_COMPUTED: total_slots,
+                mc.LEARNER_BATCH_TOKEN_IMBALANCE: plan.imbalance,
+                mc.LEARNER_ACTOR_SKIPPED_UPDATES: float(skipped),
+                mc.LEARNER_ACTOR_SKIPPED_TOTAL: float(self.actor.guard.skipped_total),
+                mc.LEARNER_PERF_STEP_TIME_S: t_end - t_start,
+                mc.LEARNER_PERF_UPDATE_TIME_S: t_end - t_update,
+                mc.LEARNER_PERF_TOKENS_PER_S: float(batch.attention_mask.sum()) / max(t_end - t_start, 1e-9),
+                mc.LEARNER_PERF_UPDATE_TOKENS_PER_S: computed / max(t_end - t_update, 1e-9),
+                mc.LEARNER_VERSION: float(self.version),
+            }
+        )
+        if self.critic is not None:
+            out[mc.LEARNER_CRITIC_SKIPPED_UPDATES] = float(skipped_critic)
+        log_rank0(self.ctx, logger, "step -> version %d: %s", self.version, _brief(out))
+        return out
+
+    def _prepare_batch(self, batch: RolloutBatch, group_ids: Sequence[Any], out: dict[str, float]) -> bool:
+        """Everything before the updates: out-of-vocabulary groups masked out, the no-grad passes (proximal,
+        reference, teacher, critic values), rewards and advantages, truncated responses masked. Returns whether the
+        update reuses its own first forward as the proximal policy (the proximal pass skipped)."""
+        ctx, spec = self.ctx, self.objective
         # the tokens the model sampled, before any leaves the loss: behaviour log-probs exist only there (an
         # observation token's is 0), so the off-policy metrics compare the policies over them
         batch.sampled_mask = batch.loss_mask != 0
@@ -417,7 +452,6 @@ class Learner:
             what = "dropped %d group(s) with token ids outside the vocabulary of %d: %s"
             log_rank0(ctx, logger, what, len(bad), self.vocab_size, bad, level=logging.ERROR)
         out[mc.LEARNER_BATCH_INVALID_GROUPS] = float(len(invalid))
-        acc = MetricAccumulator()
         self.model.eval()  # no-grad passes: HF checkpointing stays off, dropout is already 0
         reuse = self._reuses_proximal(len(batch))
         if spec.bypass_loss_type is not None:
@@ -438,29 +472,31 @@ class Learner:
             batch.values = self.critic.values(batch)
         self.model.train()
         self._rewards_and_advantages(batch, out)
-        out[mc.LEARNER_BATCH_TRUNCATED_MASKED] = float(
-            mask_truncated(batch) if actor_cfg.mask_truncated_responses else 0
-        )
-        t_update = time.perf_counter()
-        seed = self.seed * 1_000_003 + self.version
-        skipped_critic = 0
-        if self.critic is not None:
-            skipped_critic = self.critic.update(batch, acc, seed)
-        lengths = (batch.prompt_lengths + batch.response_lengths).tolist()
-        plan = plan_updates(
-            lengths,
+        truncated = mask_truncated(batch) if self.actor_cfg.mask_truncated_responses else 0
+        out[mc.LEARNER_BATCH_TRUNCATED_MASKED] = float(truncated)
+        return reuse
+
+    def _plan_updates(self, batch: RolloutBatch, seed: int) -> UpdatePlan:
+        """This rank's mini- and micro-batches of ``batch`` for every epoch (``ppo_mini_batch_size`` counts prompts)."""
+        actor_cfg = self.actor_cfg
+        micro_key = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+        return plan_updates(
+            (batch.prompt_lengths + batch.response_lengths).tolist(),
             mini_size=actor_cfg.ppo_mini_batch_size * self.rollout_cfg.n,
-            micro_size=resolved(
-                actor_cfg.ppo_micro_batch_size_per_gpu, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
-            ),
+            micro_size=resolved(actor_cfg.ppo_micro_batch_size_per_gpu, micro_key),
             epochs=actor_cfg.ppo_epochs,
-            world_size=ctx.world_size,
-            rank=ctx.rank,
+            world_size=self.ctx.world_size,
+            rank=self.ctx.rank,
             shuffle=actor_cfg.shuffle,
             seed=seed,
             groups=row_groups(batch, self.layout),
         )
-        skipped = run_updates(ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc, reuse), acc)
+
+    def _reduce_update_metrics(
+        self, batch: RolloutBatch, plan: UpdatePlan, acc: MetricAccumulator, out: dict[str, float]
+    ) -> tuple[dict[str, float], float, float]:
+        """Reduce the updates' metrics over the ranks into ``out`` (losses averaged over the updates); returns the
+        off-policy ones apart, and the real tokens and the slots (padding included) the updates computed."""
         micro_batches = [mb for epoch in plan.epochs for mini in epoch for mb in mini]
         real, slots = padding_waste(
             batch.prompt_lengths.tolist(),
@@ -471,37 +507,15 @@ class Learner:
         )
         acc.total("_real_tokens_computed", real)
         acc.total("_slots_computed", slots)
-        n_updates = plan.num_updates
-        reduced = acc.reduce(ctx)
+        reduced = acc.reduce(self.ctx)
         for name, key in (("_pg_loss_sum", mc.LEARNER_ACTOR_PG_LOSS), ("_kl_loss_sum", mc.LEARNER_ACTOR_KL_LOSS)):
             if name in reduced:
-                reduced[key] = reduced.pop(name) / n_updates
+                reduced[key] = reduced.pop(name) / plan.num_updates
         computed = reduced.pop("_real_tokens_computed")
         total_slots = reduced.pop("_slots_computed")
         offpolicy = {k: reduced.pop(k) for k in list(reduced) if k.startswith("_offpolicy/")}
         out.update(reduced)
-        t_end = time.perf_counter()
-        out.update(self._batch_metrics(batch, offpolicy if reuse else None))
-        out[mc.LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED] = float(reuse or spec.bypass_loss_type is not None)
-        self.version += 1
-        out.update(
-            {
-                mc.LEARNER_BATCH_PADDING_WASTE: 1.0 - computed / total_slots if total_slots else 0.0,
-                mc.LEARNER_BATCH_TOKENS_COMPUTED: total_slots,
-                mc.LEARNER_BATCH_TOKEN_IMBALANCE: plan.imbalance,
-                mc.LEARNER_ACTOR_SKIPPED_UPDATES: float(skipped),
-                mc.LEARNER_ACTOR_SKIPPED_TOTAL: float(self.actor.guard.skipped_total),
-                mc.LEARNER_PERF_STEP_TIME_S: t_end - t_start,
-                mc.LEARNER_PERF_UPDATE_TIME_S: t_end - t_update,
-                mc.LEARNER_PERF_TOKENS_PER_S: float(batch.attention_mask.sum()) / max(t_end - t_start, 1e-9),
-                mc.LEARNER_PERF_UPDATE_TOKENS_PER_S: computed / max(t_end - t_update, 1e-9),
-                mc.LEARNER_VERSION: float(self.version),
-            }
-        )
-        if self.critic is not None:
-            out[mc.LEARNER_CRITIC_SKIPPED_UPDATES] = float(skipped_critic)
-        log_rank0(ctx, logger, "step -> version %d: %s", self.version, _brief(out))
-        return out
+        return offpolicy, computed, total_slots
 
     def _batch_metrics(self, batch: RolloutBatch, offpolicy: dict[str, float] | None = None) -> dict[str, float]:
         """Whole-batch statistics (identical on every rank, so no reduction).

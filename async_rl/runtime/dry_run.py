@@ -80,7 +80,6 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     from async_rl.learner.lora import lora_spec
     from async_rl.learner.objective_spec import objective_spec
     from async_rl.learner.optim import check_schedule
-    from async_rl.rewards import load_reward_fn
     from async_rl.transport.admission import inflight_cap
     from async_rl.transport.protocol import GroupSampling
     from async_rl.weight_sync.group import resolve_backend
@@ -98,24 +97,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
     needs_ref = arr.actor.use_kl_loss or algo.use_kl_in_reward
     sampling = GroupSampling.from_config(cfg, seed=cfg.trainer.seed)
     engine = engine_start(cfg, model_path=cfg.actor_rollout_ref.model.path, device_type=actor_device())
-    custom = cfg.custom_reward_function
-    if custom.path:
-        load_reward_fn(f"{custom.path}:{custom.name}", verl_style=True)
-        reward = f"{custom.path}:{custom.name} (verl signature)"
-    else:
-        load_reward_fn(cfg.reward.function)
-        reward = cfg.reward.function
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if mt.enable:  # the environment scores episodes; check it imports and takes its arguments
-        from async_rl.envs.base import load_environment_class
-        from async_rl.runtime.actor_main import environment_kwargs
-
-        env_cls = load_environment_class(str(mt.environment))
-        try:
-            env_cls(**environment_kwargs(cfg))
-        except TypeError as exc:
-            raise ValueError(f"actor_rollout_ref.rollout.multi_turn.environment_kwargs: {exc}") from None
-        reward = f"the environment {mt.environment} (multi-turn episodes)"
+    reward = _reward_report(cfg)
     if arr.rollout.engine_kwargs:  # built as the actor builds its engine's arguments (imports vLLM; starts nothing)
         from async_rl.runtime.actor_main import build_engine
 
@@ -144,15 +126,7 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         ),
         "train_files": {str(f): _path_status(f) for f in ([files] if isinstance(files, str) else files)},
         "adv_estimator": algo.adv_estimator,
-        "loss": {
-            "mode": spec.loss_mode,
-            "agg": spec.loss_agg_mode,
-            "rollout_is": spec.rollout_is,
-            "rollout_is_threshold": algo.rollout_correction.rollout_is_threshold,
-            "rollout_rs": algo.rollout_correction.rollout_rs,
-            "bypass_mode": algo.rollout_correction.bypass_mode,
-            "mask_truncated_responses": arr.actor.mask_truncated_responses,
-        },
+        "loss": _loss_report(cfg, spec),
         "run_length": run_length,
         "sequences_per_step": cfg.data.train_batch_size * arr.rollout.n,
         "optimizer_steps_per_step": (cfg.data.train_batch_size // arr.actor.ppo_mini_batch_size) * arr.actor.ppo_epochs,
@@ -170,6 +144,46 @@ def dry_run_report(cfg: Config) -> dict[str, Any]:
         },
         "weight_sync": {"backend": backend, "bucket_size_mb": ws.bucket_size_mb},
         "reward": reward,
+    }
+
+
+def _reward_report(cfg: Config) -> str:
+    """What scores the rollouts: the reward function (imported, so a bad name fails here) or, for multi-turn
+    episodes, the environment (imported and built with its arguments)."""
+    from async_rl.rewards import load_reward_fn
+
+    custom = cfg.custom_reward_function
+    if custom.path:
+        load_reward_fn(f"{custom.path}:{custom.name}", verl_style=True)
+        reward = f"{custom.path}:{custom.name} (verl signature)"
+    else:
+        load_reward_fn(cfg.reward.function)
+        reward = cfg.reward.function
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if not mt.enable:
+        return reward
+    from async_rl.envs.base import load_environment_class
+    from async_rl.runtime.actor_main import environment_kwargs
+
+    env_cls = load_environment_class(str(mt.environment))
+    try:
+        env_cls(**environment_kwargs(cfg))
+    except TypeError as exc:
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.environment_kwargs: {exc}") from None
+    return f"the environment {mt.environment} (multi-turn episodes)"
+
+
+def _loss_report(cfg: Config, spec: Any) -> dict[str, Any]:
+    """The policy loss as the learner will compute it (``spec``: its objective spec)."""
+    correction = cfg.algorithm.rollout_correction
+    return {
+        "mode": spec.loss_mode,
+        "agg": spec.loss_agg_mode,
+        "rollout_is": spec.rollout_is,
+        "rollout_is_threshold": correction.rollout_is_threshold,
+        "rollout_rs": correction.rollout_rs,
+        "bypass_mode": correction.bypass_mode,
+        "mask_truncated_responses": cfg.actor_rollout_ref.actor.mask_truncated_responses,
     }
 
 

@@ -153,36 +153,16 @@ class WeightReceiver:
             group.mark_broken(f"receive abandoned mid-update: {exc}")
             raise
         pool.restore()  # every tensor was consumed; nothing is in flight
-        seq, nbytes = len(plan.buckets), sum(b.nbytes for b in plan.buckets)
         assembler.finish()
-        if end.version != plan.version:
-            raise WeightSyncError(f"END message is for weights v{end.version}, the plan was v{plan.version}")
-        if (end.buckets, end.nbytes) != (seq, nbytes):
-            raise WeightSyncError(
-                f"sender reports {end.buckets} buckets / {end.nbytes} B, received {seq} buckets / {nbytes} B"
-            )
-        compare_digests(end.tensors, got)
-        seconds = time.perf_counter() - t0
-        report = ReceiveReport(
-            end.version,
-            len(got),
-            seq,
-            nbytes,
-            seconds,
-            consume_s,
-            nbytes / (1 << 30) / max(seconds, 1e-9),
-            fingerprint(got.values()),
-        )
-        assert report.fingerprint == end.fingerprint, "equal per-tensor digests must give equal fingerprints"
-        self.report = report
+        self.report = report = _checked_report(plan, end, got, time.perf_counter() - t0, consume_s)
         logger.info(
             "weights v%d received: %d tensors, %d buckets, %.1f MiB in %.3f s (%.3f s loading), fingerprint %s",
             report.version,
             report.tensors,
             report.buckets,
-            nbytes / (1 << 20),
-            seconds,
-            consume_s,
+            report.nbytes / (1 << 20),
+            report.seconds,
+            report.consume_seconds,
             report.fingerprint,
         )
 
@@ -200,3 +180,30 @@ class WeightReceiver:
         if frame_seq != seq:
             raise WeightSyncError(f"frame sequence {frame_seq} received, expected {seq}")
         return kind, raw, data_len
+
+
+def _checked_report(
+    plan: UpdatePlan, end: EndMessage, got: dict[str, TensorDigest], seconds: float, consume_s: float
+) -> ReceiveReport:
+    """The END checks of a received update (version, bucket count and bytes, every tensor's digest), then its
+    report; :class:`WeightSyncError` naming the first mismatch."""
+    seq, nbytes = len(plan.buckets), sum(b.nbytes for b in plan.buckets)
+    if end.version != plan.version:
+        raise WeightSyncError(f"END message is for weights v{end.version}, the plan was v{plan.version}")
+    if (end.buckets, end.nbytes) != (seq, nbytes):
+        raise WeightSyncError(
+            f"sender reports {end.buckets} buckets / {end.nbytes} B, received {seq} buckets / {nbytes} B"
+        )
+    compare_digests(end.tensors, got)
+    report = ReceiveReport(
+        end.version,
+        len(got),
+        seq,
+        nbytes,
+        seconds,
+        consume_s,
+        nbytes / (1 << 30) / max(seconds, 1e-9),
+        fingerprint(got.values()),
+    )
+    assert report.fingerprint == end.fingerprint, "equal per-tensor digests must give equal fingerprints"
+    return report

@@ -394,3 +394,25 @@ def test_the_tuner_runs_the_actor_precision_probe_and_reads_its_trial(
     report = None
     assert profile.actor_precision_trial({"groups": 1}, tmp_path, opts, {}) is None
     assert profile.actor_precision_trial({}, tmp_path, MeasureOptions(reuse=True), {}) is None and len(ran) == 2
+
+
+@pytest.mark.slow
+def test_the_actor_precision_probe_times_two_real_vllm_engines(tmp_path: Path) -> None:
+    """The probe as the tuner starts it (its own process, the probes' environment) on the demo config: two real vLLM
+    engines, float32 (the config's) and bfloat16, one short round each; the report is a trial of the rollout dtype."""
+    from async_rl.tuning.profile import knob_trial
+
+    out = tmp_path / "rollout-dtype.json"
+    params = {"config": ["configs/demo_grpo.yaml"], "overrides": [], "workdir": str(tmp_path / "model")}
+    params |= {"groups": 4, "seconds": 0.5, "rounds": 1, "timeout_s": 600}
+    cmd = [sys.executable, "-m", "async_rl.tuning.probes", "rollout_dtype", "--params", json.dumps(params)]
+    _run([[*cmd, "--out", str(out)]], [tmp_path / "probe.log"], 600, probe_env("system", os.environ))
+    report = json.loads(out.read_text())
+    assert report["key"] == "actor_rollout_ref.rollout.dtype" and report["generation"] is True
+    assert report["values"] == ["float32", "bfloat16"]
+    (fp32,), (bf16,) = report["times_s"]
+    assert fp32 > 0 and bf16 > 0 and report["tokens"] > 0
+    log = (tmp_path / "probe.log").read_text()
+    assert "actor precision: round 1, rollout dtype float32:" in log and "rollout dtype bfloat16:" in log
+    trial = knob_trial(report)
+    assert trial.labels == ("dtype=float32", "dtype=bfloat16") and trial.times_s == ((fp32,), (bf16,))

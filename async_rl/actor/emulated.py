@@ -213,6 +213,9 @@ class EmulatedEngine:
             self.stats.generated_tokens += sampling.n * length
         return completions
 
+    async def set_cpu_threads(self, n: int) -> None:
+        """Nothing to lend: the emulated engine computes no model (its timing comes from its speed settings)."""
+
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Pause -> ``load()`` -> set version -> resume, like ``GenerationEngine.update_weights``.
 

@@ -150,6 +150,10 @@ class GenerationEngine:
             raise RuntimeError("GenerationEngine.start() was not called")
         return self._engine
 
+    async def set_cpu_threads(self, n: int) -> None:
+        """Run the model on ``n`` threads from its next step on (a CPU engine bound to at least ``n`` cores)."""
+        await self.vllm.collective_rpc("cpu_threads", args=(n,))
+
     @property
     def dead(self) -> bool:
         """True once vLLM's engine core has died: nothing can be generated any more."""

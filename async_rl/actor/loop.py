@@ -86,6 +86,7 @@ class PlaneClient(Protocol):
     shutdown_requested: bool
     weight_sync: WeightSyncPlan | None  # the learner's latest plan
     report: dict[str, float]  # cumulative counters sent on heartbeats
+    learner_waiting: bool  # the learner is blocked waiting for the actors (the coordinator's heartbeats say)
 
     def hello(self, loaded_version: int = 0) -> object: ...
 
@@ -126,6 +127,10 @@ class Engine(Protocol):
         ...
 
     async def generate(self, prompt_token_ids: list[int], sampling: GroupSampling) -> list[EngineOutput]: ...
+
+    async def set_cpu_threads(self, n: int) -> None:
+        """Run on ``n`` CPU threads from the next step on (only called when the actor lends the learner's cores)."""
+        ...
 
     async def update_weights(self, new_version: int, load: Callable[[], Awaitable[None]], mode: UpdateMode) -> None:
         """Pause -> ``load()`` -> set version -> resume; when ``load`` raises: abort every running request, stay
@@ -178,6 +183,7 @@ class ActorLoopStats:
     served_check_diff: float = 0.0  # the last check's mean |difference| of log-probs
     joins_left_out: int = 0  # invited to a weight-sync epoch but not in its roster (too late, or the join failed)
     idle_seconds: float = 0.0
+    lend_switches: int = 0  # thread-count changes made to lend the engine the learner's cores (lend_learner_cores)
     reward_model_deferred: int = 0  # groups whose reward-model scoring waited for the server (then tried again)
     reward_model_given_up: int = 0  # ... given up after give_up_s (the prompt is granted again)
     reward_model_refused: int = 0  # groups refused for an untrusted reward-model answer
@@ -202,6 +208,7 @@ class ActorLoop:
         teacher: Teacher | None = None,
         max_concurrent_groups: int,
         update_mode: UpdateMode,
+        lend_threads: tuple[int, int] | None = None,
         poll_interval_s: float = 0.01,
         max_groups: int | None = None,
     ) -> None:
@@ -222,6 +229,9 @@ class ActorLoop:
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
         self.update_mode = update_mode
+        # (threads normally, threads while the learner waits): the engine runs on the learner's idle cores then
+        self.lend_threads = lend_threads
+        self._lending: bool | None = None
         self.poll_interval_s = poll_interval_s
         self.max_groups = max_groups
         self.stats = ActorLoopStats()
@@ -553,6 +563,7 @@ class ActorLoop:
         idle_since: float | None = None
         while not self._stop and not self.client.shutdown_requested:
             self.client.poll()
+            await self._lend_learner_cores()
             await self._maybe_update_weights()
             if self._fatal is not None or self.engine.dead or (self.teacher is not None and self.teacher.dead):
                 await self._fail()
@@ -607,6 +618,16 @@ class ActorLoop:
         self._model_pool.shutdown(wait=True)
         self.client.wait_acked(timeout_s=5.0)
         return self.stats
+
+    async def _lend_learner_cores(self) -> None:
+        """With ``lend_threads``: the engine's thread count follows whether the learner waits for the actors."""
+        if self.lend_threads is None:
+            return
+        waiting = self.client.learner_waiting
+        if waiting != self._lending:
+            self._lending = waiting
+            await self.engine.set_cpu_threads(self.lend_threads[1] if waiting else self.lend_threads[0])
+            self.stats.lend_switches += 1
 
     async def _fail(self) -> None:
         """Stop everything and raise the fatal error; leases of unfinished work expire and are granted again."""

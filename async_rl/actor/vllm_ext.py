@@ -322,6 +322,13 @@ class WeightSyncWorkerExtension:
             return {"configured": False}
         return engine.state()
 
+    def cpu_threads(self, n: int) -> int:
+        """Run the model on ``n`` OpenMP threads from the next step on (CPU; vLLM binds its threads to cores when it
+        starts, and replaces ``torch.set_num_threads`` with a no-op after that, so torch's own setter is called).
+        Returns the count now in force."""
+        torch._C.set_num_threads(int(n))
+        return torch.get_num_threads()
+
     def cpu_sampler_state(self) -> dict[str, bool]:
         """Whether this worker process replaced vLLM's CPU sampler (``actor/cpu_sampler.py``), and whether the
         engine's sampler draws with it."""

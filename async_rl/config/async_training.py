@@ -194,6 +194,15 @@ class ActorSettingsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     """Per-actor generation settings."""
 
     max_concurrent_groups: Annotated[PosInt, doc("Prompt groups one actor generates concurrently.")] = 64
+    lend_learner_cores: Annotated[
+        bool,
+        doc(
+            "CPU, one actor on the learner's host: bind its vLLM threads to every core the actor process may use, run"
+            " on all but one of them (vLLM's own share), and on all of them while the learner waits for the actors"
+            " (for groups or a validation round), when the learner's cores would idle. Nothing on a GPU, or when"
+            " VLLM_CPU_OMP_THREADS_BIND is set (then that binding holds)."
+        ),
+    ] = False
     logprobs_mode: Annotated[
         LogprobsMode,
         doc(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,29 @@ Report = Callable[[dict[str, Any]], None]
 the launcher waits)."""
 
 
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def lend_threads(cfg: Config, env: MutableMapping[str, str], cores: list[int]) -> tuple[int, int] | None:
+    """``async_training.actor.lend_learner_cores``: (vLLM threads normally, threads while the learner waits), after
+    binding vLLM's threads to every one of ``cores`` in ``env``; None (and ``env`` untouched) when it is off, on a
+    GPU, with fewer than 2 cores, or when the binding is set already (warned: that binding holds)."""
+    from async_rl.actor.engine import has_cuda
+
+    if not cfg.async_training.actor.lend_learner_cores or has_cuda() or len(cores) < 2:
+        return None
+    if CPU_BIND_ENV in env:
+        logger.warning(
+            "async_training.actor.lend_learner_cores does nothing: %s=%s is set, and vLLM keeps that binding",
+            CPU_BIND_ENV,
+            env[CPU_BIND_ENV],
+        )
+        return None
+    env[CPU_BIND_ENV] = ",".join(str(c) for c in cores)
+    logger.info("actor: vLLM on %d thread(s), %d while the learner waits for the actors", len(cores) - 1, len(cores))
+    return len(cores) - 1, len(cores)
+
+
 async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, report: Report) -> dict[str, float]:
     from async_rl.actor.loop import ActorLoop
     from async_rl.transport import RolloutClient
@@ -169,11 +192,14 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, repo
     scorer = reward_worker(cfg)
     model_scorer = reward_model(cfg, coordinator)
     client = RolloutClient(coordinator, actor_id, cfg.async_training.transport)
+    lend = lend_threads(cfg, os.environ, sorted(os.sched_getaffinity(0)))  # sets the binding before vLLM starts
     engine = build_engine(cfg, model_path)
     teacher = build_teacher(cfg, model_path, workdir)
     episodes = None
     try:
         await engine.start()
+        if lend is not None:
+            await engine.set_cpu_threads(lend[0])
         if teacher is not None:
             await teacher.start()
         episodes = episode_runner(cfg, engine, model_path)
@@ -193,6 +219,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, repo
             ),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
             update_mode=cfg.async_training.update_mode,
+            lend_threads=lend,
         )
         await loop.run()
         result = loop.metrics()

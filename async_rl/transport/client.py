@@ -109,6 +109,7 @@ class RolloutClient:
         self.min_version = 0
         self.loaded_version = 0
         self.weight_sync: WeightSyncPlan | None = None  # the learner's latest plan (Welcome, VersionUpdate)
+        self.learner_waiting = False  # the learner blocked waiting for the actors (the coordinator's heartbeats)
         self.shutdown_requested = False
         self.version_updates = 0
         self.counters: Counter[str] = Counter()  # transport/client/{counter}
@@ -363,6 +364,7 @@ class RolloutClient:
                     self.acks[ack.status] += 1
         elif isinstance(msg, Heartbeat):
             self.policy_version = max(self.policy_version, msg.policy_version)
+            self.learner_waiting = msg.learner_waiting
         elif isinstance(msg, VersionUpdate):
             self.policy_version = max(self.policy_version, msg.policy_version)
             self.min_version = max(self.min_version, msg.min_version)

@@ -150,6 +150,8 @@ class Coordinator:
         self._notify_on_close = True
         self._last_scan = 0.0
         self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
+        self._learner_waiting = False  # the learner is blocked in get_groups or wait_eval (actors are told)
+        self._waiting_dirty = False  # ... and the actors have not been told of its last change yet
         self._eval: EvalRound | None = None  # the validation round being served (one at a time)
         self._next_eval_round = 0
         self._io = RouterIO(self.transport, self.codec)  # binds now: bad bind settings raise here
@@ -271,7 +273,7 @@ class Coordinator:
                         f"(leased={len(led.leases)}, actors alive={len(self._actors.alive())})"
                     )
                 self._learner_wants = num_groups
-                self._cv.wait(timeout=remaining)
+                self._wait_locked(remaining)
 
     def mark_trained(self, prompt_ids: Sequence[int]) -> None:
         """Record that the groups of ``prompt_ids`` (from get_groups) were trained; they are never served again."""
@@ -320,7 +322,21 @@ class Coordinator:
                     return False
                 if self._stopping:
                     raise RuntimeError("coordinator is closed")
-                self._cv.wait(timeout=remaining)
+                self._wait_locked(remaining)
+
+    def _wait_locked(self, timeout_s: float | None) -> None:
+        """The learner's thread blocks on the condition; the actors are told it waits (they may lend it cores)."""
+        self._set_learner_waiting_locked(True)
+        try:
+            self._cv.wait(timeout=timeout_s)
+        finally:
+            self._set_learner_waiting_locked(False)
+
+    def _set_learner_waiting_locked(self, waiting: bool) -> None:
+        if waiting != self._learner_waiting:
+            self._learner_waiting = waiting
+            self._waiting_dirty = True
+            self._io.wake()
 
     def finish_eval(self, round_id: int) -> EvalResult:
         """Close round ``round_id`` (complete or not) and return its results; later deliveries are dropped."""
@@ -706,10 +722,14 @@ class Coordinator:
                 weight_sync=self._weight_sync,
             )
             out.extend((s.rid, update) for s in self._actors.alive())
+        told, self._waiting_dirty = self._waiting_dirty, False
         for s in self._actors.alive():
-            if now - s.last_heartbeat_sent >= self.transport.heartbeat_interval_s:
+            if told or now - s.last_heartbeat_sent >= self.transport.heartbeat_interval_s:
                 s.last_heartbeat_sent = now
-                out.append((s.rid, Heartbeat(sender=COORDINATOR_ID, policy_version=self._version)))
+                beat = Heartbeat(
+                    sender=COORDINATOR_ID, policy_version=self._version, learner_waiting=self._learner_waiting
+                )
+                out.append((s.rid, beat))
         return [state.rid for state in dead]
 
     def _allowance_locked(self, loaded: int | None = None) -> int:

@@ -315,6 +315,9 @@ class Heartbeat(Message, tag="heartbeat"):
     policy_version: NonNegInt = 0
     # Actor -> coordinator only: cumulative counters since the actor started (see transport.metrics.ACTOR_REPORT_KEYS).
     stats: dict[str, float] = {}
+    # Coordinator -> actors only: the learner is blocked waiting for the actors (for groups, or a validation round);
+    # sent at once when it changes, and on every heartbeat
+    learner_waiting: bool = False
 
 
 class VersionUpdate(Message, tag="version_update"):

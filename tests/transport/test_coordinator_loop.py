@@ -281,3 +281,23 @@ def test_grants_follow_weights_actually_sent_not_an_actors_claim(
     assert coord.actors()["liar"].loaded_version == 0 and coord.actors()["honest"].loaded_version == 1
     m = coord.metrics()  # the versions the live actors serve, on every step's line
     assert (m["transport/actors/loaded_version_min"], m["transport/actors/loaded_version_max"]) == (0, 1)
+
+
+def test_actors_are_told_at_once_while_the_learner_waits_for_them(
+    coordinator_factory: Factory, client_factory: ClientFactory
+) -> None:
+    """The coordinator's heartbeat carries whether the learner is blocked in get_groups (it may lend its cores to
+    the actors then); sent when that changes, not a heartbeat interval later."""
+    import threading
+
+    s = plane_config(heartbeat_interval_s=30.0)  # no periodic heartbeat within the test: only the immediate ones
+    coord = coordinator_factory(8, s)
+    client = client_factory(coord.address, cfg=s)
+    client.hello()
+    assert _wait(lambda: coord.metrics()["transport/actors_alive"] == 1)
+    assert client.learner_waiting is False
+    learner = threading.Thread(target=lambda: pytest.raises(TimeoutError, coord.get_groups, 1, timeout_s=1.5))
+    learner.start()
+    assert _wait(lambda: client.learner_waiting, poll=client.poll, timeout_s=1.0)
+    learner.join()
+    assert _wait(lambda: not client.learner_waiting, poll=client.poll, timeout_s=1.0)

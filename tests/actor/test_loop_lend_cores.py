@@ -1,0 +1,81 @@
+"""Lending the learner's idle cores to the actor's engine (``async_training.actor.lend_learner_cores``): the loop sets
+the engine's thread count from the coordinator's word that the learner waits, and the actor's start-up binds vLLM
+to every core of the process only when the key is on and no binding was set."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant
+
+from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
+from async_rl.actor.loop import ActorLoop
+from async_rl.config import load_config
+from async_rl.runtime.actor_main import CPU_BIND_ENV, lend_threads
+
+
+class ThreadsEngine(EmulatedEngine):
+    """The emulated engine, recording every thread count it is set to."""
+
+    def __init__(self) -> None:
+        super().__init__(2000.0, response_len=4)
+        self.threads: list[int] = []
+
+    async def set_cpu_threads(self, n: int) -> None:
+        self.threads.append(n)
+
+
+class WaitingClient(ScriptedClient):
+    """The learner waits while the first and the fourth groups are out (the coordinator's heartbeats say so)."""
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        super().poll(timeout_s)
+        self.learner_waiting = len(self.sent) in (0, 3)
+
+
+def _loop(engine: ThreadsEngine, client: ScriptedClient, lend: tuple[int, int] | None) -> ActorLoop:
+    loop = ActorLoop(
+        actor_id="a0",
+        client=client,
+        engine=engine,
+        scorer=EmulatedScorer(),
+        weight_sync=InstantWeightSync(),
+        max_concurrent_groups=1,
+        max_groups=4,
+        update_mode="inflight",
+        lend_threads=lend,
+        poll_interval_s=0.005,
+    )
+    asyncio.run(asyncio.wait_for(loop.run(), timeout=20.0))
+    return loop
+
+
+def test_the_engine_runs_wide_exactly_while_the_learner_waits() -> None:
+    engine, client = ThreadsEngine(), WaitingClient([make_grant(i, min_version=0) for i in range(4)])
+    loop = _loop(engine, client, lend=(1, 2))
+    assert len(client.sent) == 4
+    # waiting at first (2 threads), not once a group is back (1), waiting again with 3 sent (2), then not (1)
+    assert engine.threads == [2, 1, 2, 1][: len(engine.threads)] and engine.threads[:3] == [2, 1, 2]
+    assert loop.stats.lend_switches == len(engine.threads)
+
+
+def test_without_lending_the_thread_count_is_never_touched() -> None:
+    engine, client = ThreadsEngine(), WaitingClient([make_grant(i, min_version=0) for i in range(4)])
+    _loop(engine, client, lend=None)
+    assert len(client.sent) == 4 and engine.threads == []
+
+
+def test_lend_threads_binds_every_core_only_when_asked_and_unbound(caplog: pytest.LogCaptureFixture) -> None:
+    on = load_config(["configs/demo_grpo.yaml"], ["async_training.actor.lend_learner_cores=true"])
+    off = load_config(["configs/demo_grpo.yaml"], [])
+    assert off.async_training.actor.lend_learner_cores is False
+    env: dict[str, str] = {}
+    assert lend_threads(off, env, [0, 1]) is None and env == {}
+    assert lend_threads(on, env, [0, 1, 2, 3]) == (3, 4) and env == {CPU_BIND_ENV: "0,1,2,3"}
+    assert lend_threads(on, {}, [5]) is None  # one core: nothing to lend
+    with caplog.at_level(logging.WARNING):
+        bound = {CPU_BIND_ENV: "0"}
+        assert lend_threads(on, bound, [0, 1]) is None and bound == {CPU_BIND_ENV: "0"}
+    assert "lend_learner_cores does nothing: VLLM_CPU_OMP_THREADS_BIND=0 is set" in caplog.text

@@ -620,14 +620,21 @@ class ActorLoop:
         return self.stats
 
     async def _lend_learner_cores(self) -> None:
-        """With ``lend_threads``: the engine's thread count follows whether the learner waits for the actors."""
+        """With ``lend_threads``: the engine's thread count follows whether the learner waits for the actors. A call
+        that fails (a dying engine) stops the lending, logged; the loop's own checks deal with the engine."""
         if self.lend_threads is None:
             return
         waiting = self.client.learner_waiting
-        if waiting != self._lending:
-            self._lending = waiting
+        if waiting == self._lending:
+            return
+        self._lending = waiting
+        try:
             await self.engine.set_cpu_threads(self.lend_threads[1] if waiting else self.lend_threads[0])
-            self.stats.lend_switches += 1
+        except Exception as exc:  # noqa: BLE001 - lending is an optimisation; generation goes on without it
+            logger.warning("actor %s: stopped lending the learner's cores: %r", self.actor_id, exc)
+            self.lend_threads = None
+            return
+        self.stats.lend_switches += 1
 
     async def _fail(self) -> None:
         """Stop everything and raise the fatal error; leases of unfinished work expire and are granted again."""

@@ -79,3 +79,18 @@ def test_lend_threads_binds_every_core_only_when_asked_and_unbound(caplog: pytes
         bound = {CPU_BIND_ENV: "0"}
         assert lend_threads(on, bound, [0, 1]) is None and bound == {CPU_BIND_ENV: "0"}
     assert "lend_learner_cores does nothing: VLLM_CPU_OMP_THREADS_BIND=0 is set" in caplog.text
+
+
+class FailingThreadsEngine(ThreadsEngine):
+    async def set_cpu_threads(self, n: int) -> None:
+        self.threads.append(n)
+        raise RuntimeError("engine core gone")
+
+
+def test_a_failed_switch_stops_the_lending_and_generation_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    engine, client = FailingThreadsEngine(), WaitingClient([make_grant(i, min_version=0) for i in range(4)])
+    with caplog.at_level(logging.WARNING):
+        loop = _loop(engine, client, lend=(1, 2))
+    assert len(client.sent) == 4 and engine.threads == [2]  # tried once, then never again
+    assert loop.lend_threads is None and loop.stats.lend_switches == 0
+    assert "stopped lending the learner's cores: RuntimeError('engine core gone')" in caplog.text

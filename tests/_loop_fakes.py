@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from async_rl.actor.emulated import EmulatedScorer
+from async_rl.actor.loop import ActorLoop
 from async_rl.transport.protocol import GroupSampling, PromptGrant, RolloutGroup, WeightSyncPlan, pack_array
 from async_rl.weight_sync.membership import JoinInfo
 
@@ -95,3 +97,22 @@ class InstantWeightSync:
         await asyncio.sleep(0.05)
         self.updates.append(version)
         return {}
+
+
+def run_loop(engine: Any, client: Any, *, max_groups: int, max_concurrent_groups: int, **kwargs: Any) -> ActorLoop:
+    """Run an actor loop on ``engine`` and ``client`` with the emulated scorer and an instant weight sync until it
+    has sent ``max_groups`` groups (at most 20 s); ``kwargs`` go to :class:`ActorLoop` as well."""
+    loop = ActorLoop(
+        actor_id="a0",
+        client=client,
+        engine=engine,
+        scorer=EmulatedScorer(),
+        weight_sync=InstantWeightSync(),
+        max_concurrent_groups=max_concurrent_groups,
+        max_groups=max_groups,
+        update_mode="inflight",
+        poll_interval_s=0.005,
+        **kwargs,
+    )
+    asyncio.run(asyncio.wait_for(loop.run(), timeout=20.0))
+    return loop

@@ -154,6 +154,18 @@ def _model_and_records(cfg: Any, workdir: Path) -> tuple[str, list[Any]]:
 # Generation
 
 
+def prompt_cycle(records: list[Any]) -> Callable[[], list[int]]:
+    """The records' prompt token ids in turn, round and round (the probes' closed loop of real prompts)."""
+    cursor = 0
+
+    def next_prompt() -> list[int]:
+        nonlocal cursor
+        cursor += 1
+        return [int(t) for t in records[cursor % len(records)].token_ids]
+
+    return next_prompt
+
+
 async def keep_in_flight(
     engine: Any,
     sampling: Any,
@@ -199,12 +211,7 @@ async def _generation(params: dict[str, Any]) -> dict[str, Any]:
     if paired:  # wait until the learner probe has started up too: its start-up must not overlap a measurement
         _signal(params, "gen_up")
         _await(params, "learner_up")
-    cursor = 0
-
-    def next_prompt() -> list[int]:
-        nonlocal cursor
-        cursor += 1
-        return [int(t) for t in records[cursor % len(records)].token_ids]
+    next_prompt = prompt_cycle(records)
 
     async def run_level(
         groups: int, seconds: float, until: str | None = None, cap_s: float = 0.0
@@ -284,14 +291,7 @@ async def _rollout_dtype(params: dict[str, Any]) -> dict[str, Any] | None:
     other = ROLLOUT_DTYPES[1 - ROLLOUT_DTYPES.index(incumbent)]
     model_path, records = _model_and_records(cfg, Path(params["workdir"]))
     sampling = GroupSampling.from_config(cfg, seed=None)
-    prompts = [[int(t) for t in rec.token_ids] for rec in records[:4096]]
-    cursor = 0
-
-    def next_prompt() -> list[int]:
-        nonlocal cursor
-        cursor += 1
-        return prompts[cursor % len(prompts)]
-
+    next_prompt = prompt_cycle(records)
     engines = {}
     try:
         for dtype in (incumbent, other):

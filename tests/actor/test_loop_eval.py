@@ -4,29 +4,15 @@ past is dropped unstarted, and a weight update during an eval request shows in t
 
 from __future__ import annotations
 
-import asyncio
+from _loop_fakes import ScriptedClient, make_grant, run_loop
 
-from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant
-
-from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
+from async_rl.actor.emulated import EmulatedEngine
 from async_rl.actor.loop import ActorLoop
 from async_rl.transport.protocol import RolloutGroup
 
 
 def _run(engine: EmulatedEngine, client: ScriptedClient, max_groups: int) -> ActorLoop:
-    loop = ActorLoop(
-        actor_id="a0",
-        client=client,
-        engine=engine,
-        scorer=EmulatedScorer(),
-        weight_sync=InstantWeightSync(),
-        max_concurrent_groups=4,
-        max_groups=max_groups,
-        update_mode="inflight",
-        poll_interval_s=0.005,
-    )
-    asyncio.run(asyncio.wait_for(loop.run(), timeout=20.0))
-    return loop
+    return run_loop(engine, client, max_groups=max_groups, max_concurrent_groups=4)
 
 
 def _versions(group: RolloutGroup) -> list[tuple[int, int]]:

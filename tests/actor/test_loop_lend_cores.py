@@ -4,13 +4,12 @@ to every core of the process only when the key is on and no binding was set."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
-from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant
+from _loop_fakes import ScriptedClient, make_grant, run_loop
 
-from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
+from async_rl.actor.emulated import EmulatedEngine
 from async_rl.actor.loop import ActorLoop
 from async_rl.config import load_config
 from async_rl.runtime.actor_main import CPU_BIND_ENV, lend_threads
@@ -36,20 +35,7 @@ class WaitingClient(ScriptedClient):
 
 
 def _loop(engine: ThreadsEngine, client: ScriptedClient, lend: tuple[int, int] | None) -> ActorLoop:
-    loop = ActorLoop(
-        actor_id="a0",
-        client=client,
-        engine=engine,
-        scorer=EmulatedScorer(),
-        weight_sync=InstantWeightSync(),
-        max_concurrent_groups=1,
-        max_groups=4,
-        update_mode="inflight",
-        lend_threads=lend,
-        poll_interval_s=0.005,
-    )
-    asyncio.run(asyncio.wait_for(loop.run(), timeout=20.0))
-    return loop
+    return run_loop(engine, client, max_groups=4, max_concurrent_groups=1, lend_threads=lend)
 
 
 def test_the_engine_runs_wide_exactly_while_the_learner_waits() -> None:

@@ -716,6 +716,12 @@ ACTOR_EVAL_GRANTS_DROPPED = _m(
     "actor",
 )
 ACTOR_UPDATE_FAILURES = _m("actor/update_failures", "cumulative", "weight updates that failed", "actor")
+ACTOR_UPDATES_HELD = _m(
+    "actor/updates_held",
+    "cumulative",
+    "versions received during a validation round on the loaded one and loaded after it",
+    "actor",
+)
 ACTOR_SERVED_CHECKS = _m(
     "actor/served_checks", "cumulative", "LoRA updates whose served adapter was checked on the probe", "actor"
 )

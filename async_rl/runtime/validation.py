@@ -15,9 +15,13 @@ The order around a round on version v (learner rank 0 drives; the other ranks fo
 2. ``Validator.start(v)``: ``Coordinator.start_eval`` grants the prompts, before any training work, to actors whose
    loaded version is exactly v (``transport.evaluation``); training goes on meanwhile;
 3. the round's results are logged as soon as rank 0 sees it complete (``poll``, once per step), at step v;
-4. before the next publish of any other version, every rank waits in ``before_publish`` until the round is complete
-   or ``async_training.timeouts.validation_s`` passed (then the partial results are logged with a warning and the
-   round is closed). So no actor's weights change under a running round, and every round finishes or times out.
+4. full weights: later versions are published while the round runs; each actor receives them at once and holds them
+   unloaded until its part of the round is done (``actor.loop``), so no actor's weights change under a running round
+   and the learner never waits for one to publish. LoRA adapters are not held back: before the next publish of any
+   other version, every rank waits in ``before_publish`` until the round is complete;
+5. the next round's ``start`` (and the final one) waits until the open round is complete or
+   ``async_training.timeouts.validation_s`` passed (then the partial results are logged with a warning and the round
+   is closed). So every round finishes or times out.
 
 Differences from verl: rounds run on the actors concurrently with training instead of pausing it; greedy decoding
 (``val_kwargs.do_sample=false``) generates one sample per prompt (verl repeats the prompt ``n`` times and decodes
@@ -134,6 +138,7 @@ class Validator:
         sources: Sequence[str],
         sampling: GroupSampling | None,
         timeout_s: float,
+        actors_hold: bool,
         log: LogFn | None,
         poll_s: float = 2.0,
     ) -> None:
@@ -151,6 +156,7 @@ class Validator:
         self.sources = list(sources)
         self.sampling = sampling
         self.timeout_s = timeout_s
+        self.actors_hold = actors_hold  # the actors hold newer versions back until a round is done (full weights)
         self.log = log
         self.poll_s = poll_s
         self.open_version: int | None = None  # every rank: the version of the round not yet waited for
@@ -180,10 +186,10 @@ class Validator:
             self._round = self.coordinator.start_eval(version, self.records, self.sampling)
 
     def before_publish(self, version: int) -> float:
-        """Called on every rank right before weights of ``version`` go to the actors: an open round on another
-        version must finish (or time out) first, so that its actors keep its weights until then. Returns the seconds
-        waited for it (0.0 when no such round was open)."""
-        if self.open_version is None or self.open_version == version:
+        """Called on every rank right before weights of ``version`` go to the actors. Unless the actors hold newer
+        versions back during a round (``actors_hold``), an open round on another version must finish (or time out)
+        first, so that its actors keep its weights until then. Returns the seconds waited for it (0.0 when none)."""
+        if self.actors_hold or self.open_version is None or self.open_version == version:
             return 0.0
         started = time.monotonic()
         self.wait()
@@ -276,6 +282,7 @@ def build_validator(
         sources=sources,
         sampling=GroupSampling.for_validation(cfg, seed=cfg.trainer.seed),
         timeout_s=cfg.async_training.timeouts.validation_s,
+        actors_hold=cfg.actor_rollout_ref.model.lora_rank == 0,  # adapters are loaded as they come (actor.loop)
         log=log,
     )
 

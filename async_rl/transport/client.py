@@ -110,6 +110,7 @@ class RolloutClient:
         self.loaded_version = 0
         self.weight_sync: WeightSyncPlan | None = None  # the learner's latest plan (Welcome, VersionUpdate)
         self.learner_waiting = False  # the learner blocked waiting for the actors (the coordinator's heartbeats)
+        self.eval_version = -1  # the open round's version while it has prompts to grant (the coordinator's heartbeats)
         self.shutdown_requested = False
         self.version_updates = 0
         self.counters: Counter[str] = Counter()  # transport/client/{counter}
@@ -149,6 +150,11 @@ class RolloutClient:
             self.poll(min(remaining, 0.05))
         assert self.welcome is not None
         return self.welcome
+
+    @property
+    def queued_grants(self) -> tuple[PromptGrant, ...]:
+        """Grants received and not yet handed out by :meth:`request_work`."""
+        return tuple(self._pending)
 
     def request_work(self, max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]:
         """Offer credit for ``max_groups`` more groups; return the grants received within ``timeout_s`` (maybe [])."""
@@ -365,6 +371,7 @@ class RolloutClient:
         elif isinstance(msg, Heartbeat):
             self.policy_version = max(self.policy_version, msg.policy_version)
             self.learner_waiting = msg.learner_waiting
+            self.eval_version = msg.eval_version
         elif isinstance(msg, VersionUpdate):
             self.policy_version = max(self.policy_version, msg.policy_version)
             self.min_version = max(self.min_version, msg.min_version)

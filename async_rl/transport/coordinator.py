@@ -152,6 +152,7 @@ class Coordinator:
         self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
         self._learner_waiting = False  # the learner is blocked in get_groups or wait_eval (actors are told)
         self._waiting_dirty = False  # ... and the actors have not been told of its last change yet
+        self._eval_version_told = -1  # the open round's version while it has prompts to grant, as last told
         self._eval: EvalRound | None = None  # the validation round being served (one at a time)
         self._next_eval_round = 0
         self._io = RouterIO(self.transport, self.codec)  # binds now: bad bind settings raise here
@@ -722,12 +723,17 @@ class Coordinator:
                 weight_sync=self._weight_sync,
             )
             out.extend((s.rid, update) for s in self._actors.alive())
-        told, self._waiting_dirty = self._waiting_dirty, False
+        eval_version = self._eval.version if self._eval is not None and self._eval.pending else -1
+        told = self._waiting_dirty or eval_version != self._eval_version_told
+        self._waiting_dirty, self._eval_version_told = False, eval_version
         for s in self._actors.alive():
             if told or now - s.last_heartbeat_sent >= self.transport.heartbeat_interval_s:
                 s.last_heartbeat_sent = now
                 beat = Heartbeat(
-                    sender=COORDINATOR_ID, policy_version=self._version, learner_waiting=self._learner_waiting
+                    sender=COORDINATOR_ID,
+                    policy_version=self._version,
+                    learner_waiting=self._learner_waiting,
+                    eval_version=eval_version,
                 )
                 out.append((s.rid, beat))
         return [state.rid for state in dead]

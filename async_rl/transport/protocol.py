@@ -318,6 +318,10 @@ class Heartbeat(Message, tag="heartbeat"):
     # Coordinator -> actors only: the learner is blocked waiting for the actors (for groups, or a validation round);
     # sent at once when it changes, and on every heartbeat
     learner_waiting: bool = False
+    # Coordinator -> actors only: the policy version of the open validation round while some of its prompts are still
+    # to be granted (-1: none); an actor on that version holds back a newer one until its part of the round is done
+    # (actor.loop). Sent at once when it changes.
+    eval_version: int = -1
 
 
 class VersionUpdate(Message, tag="version_update"):

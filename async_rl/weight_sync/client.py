@@ -53,6 +53,18 @@ def update_info(request: UpdateRequest) -> dict[str, Any]:
     return msgspec.to_builtins(request)
 
 
+def _full_update(version: int, verify_rotation: int) -> UpdateRequest:
+    """A full-weights update of ``version``, loaded completely and checked (the actors' own updates)."""
+    return UpdateRequest(
+        version=version,
+        verify_load=True,
+        verify_rotation=verify_rotation,
+        require_complete=True,
+        adapter_dir=None,
+        adapter_config=None,
+    )
+
+
 def _structured_error(state: dict[str, Any], fallback: BaseException) -> WeightSyncError:
     err = state.get("last_error") or {}
     message = err.get("message") or str(fallback)
@@ -102,6 +114,27 @@ class EngineWeightSync:
         except Exception as exc:
             raise _structured_error(self.state(), exc) from exc
         self.llm.finish_weight_update(weight_version=str(version))
+        return self._report()
+
+    def stage(self, version: int) -> dict[str, Any]:
+        """Receive ``version`` in full and hold it without loading it; the served weights are untouched (also on
+        failure). Returns the receive's report."""
+        payload = update_info(_full_update(version, self.verify_rotation))
+        try:
+            self.llm.collective_rpc("stage_weights", args=(payload,))
+        except Exception as exc:
+            raise _structured_error(self.state(), exc) from exc
+        return self._report()
+
+    def load_staged(self, version: int) -> dict[str, Any]:
+        """Load and verify the held update of ``version`` (a failure leaves the weights invalid, as in ``update``)."""
+        try:
+            self.llm.collective_rpc("load_staged_weights", args=(version,))
+        except Exception as exc:
+            raise _structured_error(self.state(), exc) from exc
+        return self._report()
+
+    def _report(self) -> dict[str, Any]:
         report = self.state()["last_report"]
         assert report is not None, "a successful update always leaves a report"
         return report
@@ -160,6 +193,25 @@ class AsyncEngineWeightSync:
         except Exception as exc:
             raise _structured_error(await self.state(), exc) from exc
         await self.engine.finish_weight_update(weight_version=str(version))
+        report = (await self.state())["last_report"]
+        assert report is not None, "a successful update always leaves a report"
+        return report
+
+    async def stage(self, version: int) -> dict[str, Any]:
+        """Receive ``version`` in full and hold it without loading it, while the engine generates (the served
+        weights are untouched, also on failure); returns the receive's report."""
+        return await self._rpc("stage_weights", update_info(_full_update(version, self.verify_rotation)))
+
+    async def load_staged(self, version: int) -> dict[str, Any]:
+        """Load and verify the held update of ``version`` (generation must be paused by the caller, as for
+        ``update``; a failure leaves the weights invalid)."""
+        return await self._rpc("load_staged_weights", version)
+
+    async def _rpc(self, method: str, arg: Any) -> dict[str, Any]:
+        try:
+            await self.engine.collective_rpc(method, args=(arg,))
+        except Exception as exc:
+            raise _structured_error(await self.state(), exc) from exc
         report = (await self.state())["last_report"]
         assert report is not None, "a successful update always leaves a report"
         return report

@@ -72,7 +72,7 @@ def _scheduled(overrides: list[str]) -> Validator:
     return Validator(
         _Rank0(), _FakeCoordinator(), cfg.trainer, enabled=any_round(cfg.data, cfg.trainer),
         records=[PromptRecord(np.array([0], dtype=np.int32))], sources=["arith"],
-        sampling=GroupSampling.defaults(n=1), timeout_s=1.0, log=None,
+        sampling=GroupSampling.defaults(n=1), timeout_s=1.0, actors_hold=True, log=None,
     )  # fmt: skip
 
 
@@ -131,14 +131,17 @@ class _FakeCoordinator:
         return rnd.close(now=2.0)
 
 
-def _validator(timeout_s: float = 5.0) -> tuple[Validator, _FakeCoordinator, _Rank0, list[tuple[int, dict]]]:
+def _validator(
+    timeout_s: float = 5.0, actors_hold: bool = False
+) -> tuple[Validator, _FakeCoordinator, _Rank0, list[tuple[int, dict]]]:
+    """A rank-0 Validator on a fake coordinator; ``actors_hold`` False: the LoRA case (publishes wait for rounds)."""
     ctx, coord = _Rank0(), _FakeCoordinator()
     logged: list[tuple[int, dict]] = []
     records = [PromptRecord(np.array([i], dtype=np.int32)) for i in range(2)]
     val = Validator(
         ctx, coord, load_config(None, ["trainer.test_freq=2"]).trainer, enabled=True, records=records,
         sources=["arith", "arith"],
-        sampling=GroupSampling.defaults(n=1, temperature=0.0), timeout_s=timeout_s,
+        sampling=GroupSampling.defaults(n=1, temperature=0.0), timeout_s=timeout_s, actors_hold=actors_hold,
         log=lambda s, m: logged.append((s, m)), poll_s=0.01,
     )  # fmt: skip
     return val, coord, ctx, logged
@@ -175,6 +178,19 @@ def test_a_publish_of_another_version_waits_and_a_timeout_logs_partial_results(
     assert coord.round is None and val.open_version is None  # closed: late results will be dropped
     val.start(4)  # the next round starts fresh
     assert coord.started == [2, 4]
+
+
+def test_publishes_do_not_wait_for_a_round_when_the_actors_hold_newer_versions_back() -> None:
+    val, coord, ctx, logged = _validator(timeout_s=5.0, actors_hold=True)
+    val.start(4)
+    coord.answer([0], reward=1.0)  # one of the two prompts done
+    assert val.before_publish(5) == 0.0 and val.before_publish(6) == 0.0  # at once: no collective, nothing closed
+    assert ctx.broadcasts == [] and val.open_version == 4 and logged == []
+    coord.answer([1], reward=0.0)
+    val.poll()  # the round completes on the actors' held-back weights and is logged at its own step
+    assert [(s, m["val/reward_mean"]) for s, m in logged] == [(4, 0.5)]
+    val.start(8)  # the next round: the closed one's collective passes at once
+    assert ctx.broadcasts == [b"D"] and coord.started == [4, 8] and val.open_version == 8
 
 
 def test_starting_a_round_while_one_is_open_waits_for_it_first() -> None:
@@ -254,6 +270,9 @@ def test_build_validator_loads_prompts_only_when_a_round_will_run(tmp_path: Any)
     assert not off.enabled and ctx.broadcasts == []  # test_freq -1, no round before training: nothing loaded
     on = build_validator(load_config(None, ["data.val_max_samples=3"]), ctx, _FakeCoordinator(), _CharTokenizer(), None)
     assert on.at_start() and len(on.records) == 3 and ctx.broadcasts == [b""]
+    assert on.actors_hold  # full weights: the actors hold newer versions back during a round
+    lora = load_config(None, ["trainer.val_before_train=false", "actor_rollout_ref.model.lora_rank=8"])
+    assert not build_validator(lora, ctx, None, _CharTokenizer(), None).actors_hold  # adapters: publishes wait
     missing = load_config(None, [f"data.val_files={tmp_path / 'nope.jsonl'}"])
     with pytest.raises(ValueError, match="not found"):  # rank 0 broadcasts the error so every rank raises it
         build_validator(missing, ctx, _FakeCoordinator(), _CharTokenizer(), None)

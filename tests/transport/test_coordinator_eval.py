@@ -242,3 +242,29 @@ def test_eval_api_checks_arguments(coordinator_factory: Factory) -> None:
     coord.finish_eval(round_id)
     with pytest.raises(ValueError, match="not open"):
         coord.finish_eval(round_id)
+
+
+def test_actors_are_told_the_rounds_version_until_its_last_prompt_is_granted(
+    coordinator_factory: Factory, client_factory: ClientFactory
+) -> None:
+    """The heartbeat's ``eval_version``: the open round's version while some of its prompts are still to be granted,
+    sent at once when it changes (an actor holds a newer version back until then), and always after the grants."""
+    s = plane_config(heartbeat_interval_s=30.0, max_staleness=1, groups_per_step=2)  # only the immediate heartbeats
+    coord = coordinator_factory(16, s)
+    client = client_factory(coord.address, cfg=s)
+    client.hello(loaded_version=0)
+    assert _wait(lambda: coord.metrics()["transport/actors_alive"] == 1)
+    assert client.eval_version == -1
+    coord.start_eval(0, _val_records(3), GREEDY)
+    assert _wait(lambda: client.eval_version == 0, poll=client.poll, timeout_s=1.0)
+    got = [g for g in _collect(client, 2, loaded=0) if g.is_eval]  # credit for two: one prompt is left
+    assert len(got) == 2 and client.eval_version == 0
+    seen: list[tuple[int, int]] = []  # (eval grants received, eval_version) after each poll
+    got += [g for g in client.request_work(4, 0) if g.is_eval]  # credit for the last prompt (and training work)
+
+    def poll() -> None:
+        client.poll()
+        seen.append((len(got) + sum(g.is_eval for g in client.queued_grants), client.eval_version))
+
+    assert _wait(lambda: client.eval_version == -1, poll=poll, timeout_s=1.0)
+    assert seen[-1] == (3, -1)  # the last grant had arrived when the client learned that none is left

@@ -149,6 +149,7 @@ class _FakeAsyncLLM:
         self.calls: list[str] = []
         self.fail = fail
         self.update_info: dict[str, Any] | None = None
+        self.rpc_args: tuple[Any, ...] = ()
 
     async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
         self.calls.append(f"pause:{mode}")
@@ -168,7 +169,13 @@ class _FakeAsyncLLM:
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.calls.append("finish")
 
-    async def collective_rpc(self, method: str) -> list[dict[str, Any]]:
+    async def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        if method != "weight_sync_state":  # the hold-back RPCs of the worker extension
+            self.calls.append(method)
+            self.rpc_args = args
+            if self.fail:
+                raise Exception("Worker failed with error 'broadcast of frame 0 timed out'")
+            return [None]
         error = {"type": "WeightSyncTimeout", "message": "timed out", "tensor": None} if self.fail else None
         return [{"last_report": None if self.fail else REPORT, "last_error": error}]
 
@@ -186,3 +193,16 @@ def test_async_update_leaves_pausing_to_the_engine() -> None:
     with pytest.raises(WeightSyncTimeout):
         asyncio.run(AsyncEngineWeightSync(failing, verify_rotation=1).update(6))
     assert failing.calls == ["start", "update"]
+
+
+def test_async_hold_back_receives_without_a_weight_update_session_then_loads() -> None:
+    engine = _FakeAsyncLLM()
+    sync = AsyncEngineWeightSync(engine, verify_rotation=3)
+    assert asyncio.run(sync.stage(7)) == REPORT
+    (payload,) = engine.rpc_args  # a full UpdateRequest, as builtins, with the actor's verification settings
+    assert payload["version"] == 7 and payload["verify_rotation"] == 3 and payload["adapter_dir"] is None
+    assert asyncio.run(sync.load_staged(7)) == REPORT and engine.rpc_args == (7,)
+    assert engine.calls == ["stage_weights", "load_staged_weights"]  # no pause here: the actor's engine does it
+    failing = _FakeAsyncLLM(fail=True)
+    with pytest.raises(WeightSyncTimeout, match="timed out"):  # the worker's structured error, with its type
+        asyncio.run(AsyncEngineWeightSync(failing, verify_rotation=1).stage(7))

@@ -189,6 +189,39 @@ def test_update_matches_transformers_forward(llm: Any, model_dir: Path) -> None:
     assert sum(checked) == 27 and min(checked) > 0
 
 
+def test_a_held_update_changes_nothing_served_until_it_is_loaded(llm: Any, model_dir: Path) -> None:
+    """The actor's hold-back path (stage_weights / load_staged_weights): receive in full while serving, load later."""
+    sync = EngineWeightSync(llm, verify_rotation=1)
+    before, valid = _vllm_logprobs(llm), sync.state()["weights_valid"]
+    # a corrupted transfer of a held update fails, and the served weights stay exactly as they were
+    proc, port = _start_sender(
+        model_dir, "corrupt_digest", version=6, timeout=60, target="model.layers.0.mlp.down_proj.weight", seed=6
+    )
+    sync.join(_fixed_group(port))
+    with pytest.raises(WeightSyncError, match="digest mismatch"):
+        sync.stage(6)
+    _sender_output(proc)
+    assert sync.state()["weights_valid"] is valid
+    assert all(torch.equal(a, b) for a, b in zip(_vllm_logprobs(llm), before, strict=True))
+    # a good one is received and held: still nothing changes until it is loaded
+    proc, port = _start_sender(model_dir, "good", version=7, timeout=60, seed=7)
+    sync.join(_fixed_group(port))
+    held = sync.stage(7)
+    out = _sender_output(proc)
+    assert proc.returncode == 0 and "REPORT" in out, out
+    assert held["staged"] is True and held["version"] == 7 and held["tensors"] == 27
+    assert all(torch.equal(a, b) for a, b in zip(_vllm_logprobs(llm), before, strict=True))
+    loaded = sync.load_staged(7)
+    assert loaded["verified_bitwise"] + loaded["verified_probe"] == 27 and loaded["unverified"] == []
+    weights = _load_sender_module().perturbed_weights(str(model_dir), 7, 0.05)
+    for got, want in zip(_vllm_logprobs(llm), _hf_logprobs(model_dir, weights), strict=True):
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (got - want).abs().max()
+    assert sync.state()["weights_valid"] is True
+    with pytest.raises(WeightSyncError, match="no staged update of version 7 to load \\(holding nothing\\)"):
+        sync.load_staged(7)  # loaded once: released
+    assert sync.state()["weights_valid"] is True
+
+
 @pytest.mark.parametrize(
     ("mode", "target", "phrase"),
     [

@@ -411,7 +411,8 @@ LEARNER_IDLE_FRACTION = _m(
 LEARNER_VALIDATION_WAIT_S = _m(
     "learner/validation_wait_s",
     "step",
-    "seconds the step waited before publishing for the open validation round (of an older version) to finish",
+    "seconds the step waited before publishing for the open validation round (of an older version) to finish;"
+    " 0 unless the actors serve LoRA adapters (full weights are held back by the actors during a round instead)",
 )
 LEARNER_PEAK_MEMORY_MIB = _m(
     "learner/peak_memory_mib",

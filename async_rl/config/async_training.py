@@ -200,7 +200,10 @@ class ActorSettingsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             "CPU, one actor on the learner's host: bind its vLLM threads to every core the actor process may use, run"
             " on all but one of them (vLLM's own share), and on all of them while the learner waits for the actors"
             " (for groups or a validation round), when the learner's cores would idle. Nothing on a GPU, or when"
-            " VLLM_CPU_OMP_THREADS_BIND is set (then that binding holds)."
+            " VLLM_CPU_OMP_THREADS_BIND is set (then that binding holds). With it the learner also waits for a"
+            " validation round to end before it publishes a newer version, lending its cores to the round, instead of"
+            " the actors holding newer versions back while the learner goes on beside the round (slower on shared"
+            " cores: docs/recipes.md)."
         ),
     ] = False
     logprobs_mode: Annotated[

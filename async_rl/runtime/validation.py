@@ -17,8 +17,10 @@ The order around a round on version v (learner rank 0 drives; the other ranks fo
 3. the round's results are logged as soon as rank 0 sees it complete (``poll``, once per step), at step v;
 4. full weights: later versions are published while the round runs; each actor receives them at once and holds them
    unloaded until its part of the round is done (``actor.loop``), so no actor's weights change under a running round
-   and the learner never waits for one to publish. LoRA adapters are not held back: before the next publish of any
-   other version, every rank waits in ``before_publish`` until the round is complete;
+   and the learner never waits for one to publish. LoRA adapters are not held back, and actors that run on the
+   learner's cores (``lend_learner_cores``) are better served by the learner out of their way (:func:`actors_hold`):
+   then before the next publish of any other version every rank waits in ``before_publish`` until the round is
+   complete;
 5. the next round's ``start`` (and the final one) waits until the open round is complete or
    ``async_training.timeouts.validation_s`` passed (then the partial results are logged with a warning and the round
    is closed). So every round finishes or times out.
@@ -251,6 +253,14 @@ class Validator:
             self.log(result.version, metrics)  # a version's round is logged at that version's step
 
 
+def actors_hold(cfg: Config) -> bool:
+    """Whether the actors hold versions published during a round back until it ends, so that the learner publishes
+    without waiting for it: full weights (adapters are loaded as they come, ``actor.loop``), and the actors not running
+    on the learner's cores (``async_training.actor.lend_learner_cores``: the learner's wait lends them to the round;
+    going on beside it measured slower on a 2-core host)."""
+    return cfg.actor_rollout_ref.model.lora_rank == 0 and not cfg.async_training.actor.lend_learner_cores
+
+
 def build_validator(
     cfg: Config, ctx: _Ctx, coordinator: _Coordinator | None, tokenizer: Any, log: LogFn | None
 ) -> Validator:
@@ -282,9 +292,9 @@ def build_validator(
         sources=sources,
         sampling=GroupSampling.for_validation(cfg, seed=cfg.trainer.seed),
         timeout_s=cfg.async_training.timeouts.validation_s,
-        actors_hold=cfg.actor_rollout_ref.model.lora_rank == 0,  # adapters are loaded as they come (actor.loop)
+        actors_hold=actors_hold(cfg),
         log=log,
     )
 
 
-__all__ = ["Validator", "any_round", "build_validator", "validation_metrics"]
+__all__ = ["Validator", "actors_hold", "any_round", "build_validator", "validation_metrics"]

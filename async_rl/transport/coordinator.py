@@ -4,8 +4,8 @@ Actors join (Hello -> Welcome), ask for work with credits (WorkRequest), receive
 groups (RolloutGroup -> GroupAck) and exchange heartbeats. The learner, in the same process, calls the thread-safe
 API: `get_groups`, `mark_trained`, `set_policy_version`, `state_dict`/`load_state_dict`, `metrics`, `close`, and for
 validation rounds (transport.evaluation) `start_eval`, `wait_eval`, `finish_eval`. Eval work is served before training
-work (except while a learner is blocked in `get_groups`: then only the groups its batch still lacks are), to actors
-whose loaded version is the round's, within their credit, and never enters the ledger or admission.
+work (except the groups a learner blocked in `get_groups` still lacks), to actors whose loaded version is the round's,
+within their credit, and never enters the ledger or admission.
 
 Only the coordinator thread touches the ROUTER. Learner calls mutate shared state under one lock and wake the
 thread through an inproc PAIR socket. Bad input never raises out of the loop: it is counted by reason and dropped.
@@ -753,19 +753,15 @@ class Coordinator:
             self._metrics.count("eval/lease_expiries", len(self._eval.expire_actor(actor_id)))
 
     def _serve_locked(self, now: float) -> tuple[list[Grant], list[EvalGrant], list[Grant]]:
-        """This tick's grants: validation work before training work, so that a round ends soon (its actors hold newer
-        versions back until then); except while a learner is blocked in ``get_groups`` on a batch not yet complete:
-        then only the groups it still lacks (neither buffered nor leased) are granted, first, and nothing else, so
-        that the actors spend themselves on the batch the learner waits for (other requests would share their engines
-        with it; a round before training would otherwise delay step 1 by the whole round). Sent in the order
-        returned."""
+        """This tick's grants: validation work before training work, so that a round ends before the next publish has
+        to wait for it; except the groups a learner blocked in ``get_groups`` still lacks (neither buffered nor
+        leased), which go first, so that a round never idles the learner for the step it is waiting on (the round
+        before training would otherwise delay step 1 by the whole round). Sent in the order returned."""
         led = self._ledger
-        missing = self._learner_wants - len(led.received)
-        lacking = missing - len(led.leases)
+        lacking = self._learner_wants - len(led.received) - len(led.leases)
         urgent = self._serve_credits_locked(now, limit=lacking) if lacking > 0 else []
-        if missing > 0:
-            return urgent, [], []
-        return urgent, self._serve_eval_locked(now), self._serve_credits_locked(now, limit=None)
+        eval_grants = self._serve_eval_locked(now)
+        return urgent, eval_grants, self._serve_credits_locked(now, limit=None)
 
     def _serve_eval_locked(self, now: float) -> list[EvalGrant]:
         """Lease the open round's pending prompts to actors on exactly its version, within their credit."""

@@ -271,12 +271,24 @@ def test_build_validator_loads_prompts_only_when_a_round_will_run(tmp_path: Any)
     on = build_validator(load_config(None, ["data.val_max_samples=3"]), ctx, _FakeCoordinator(), _CharTokenizer(), None)
     assert on.at_start() and len(on.records) == 3 and ctx.broadcasts == [b""]
     assert on.actors_hold  # full weights: the actors hold newer versions back during a round
-    lora = load_config(None, ["trainer.val_before_train=false", "actor_rollout_ref.model.lora_rank=8"])
-    assert not build_validator(lora, ctx, None, _CharTokenizer(), None).actors_hold  # adapters: publishes wait
     missing = load_config(None, [f"data.val_files={tmp_path / 'nope.jsonl'}"])
     with pytest.raises(ValueError, match="not found"):  # rank 0 broadcasts the error so every rank raises it
         build_validator(missing, ctx, _FakeCoordinator(), _CharTokenizer(), None)
     assert ctx.broadcasts[-1].startswith(b"data file not found")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "hold"),
+    [
+        ([], True),
+        (["actor_rollout_ref.model.lora_rank=8"], False),  # adapters are loaded as they come: publishes wait
+        (["async_training.actor.lend_learner_cores=true"], False),  # the learner's wait lends its cores to the round
+    ],
+)
+def test_the_actors_hold_versions_back_for_full_weights_on_cores_of_their_own(overrides: list[str], hold: bool) -> None:
+    from async_rl.runtime.validation import actors_hold
+
+    assert actors_hold(load_config(None, overrides)) is hold
 
 
 def test_train_records_capped_like_verl() -> None:

@@ -82,7 +82,7 @@ def test_eval_grants_come_first_and_never_reach_the_learner(
     coord.check_invariants()
 
 
-def test_a_waiting_learner_gets_the_groups_it_lacks_before_anything_else(
+def test_a_round_never_holds_back_the_groups_a_waiting_learner_lacks(
     coordinator_factory: Factory, client_factory: ClientFactory, make_group: GroupMaker
 ) -> None:
     coord, client, round_id = _one_actor_and_a_round(coordinator_factory, client_factory)
@@ -90,16 +90,15 @@ def test_a_waiting_learner_gets_the_groups_it_lacks_before_anything_else(
     learner = threading.Thread(target=lambda: got.extend(coord.get_groups(2, timeout_s=10.0)))
     learner.start()  # the learner waits for its step's 2 groups (the round before training, as at step 1)
     assert _wait(lambda: coord._learner_wants == 2)  # it is blocked in get_groups
-    first_two = _collect(client, 7, loaded=0, timeout_s=1.0)
-    # while it waits, the actor is granted the 2 groups the learner lacks and nothing else (credit for 7)
-    assert [g.is_eval for g in first_two] == [False, False]
+    grants = _collect(client, 7, loaded=0)
+    # the 2 groups the learner lacks first, then the round, then the rest of the admission allowance
+    assert [g.is_eval for g in grants] == [False, False, True, True, True, False, False]
+    first_two = grants[:2]
     for g in first_two:
         client.send_group(make_group(g, "actor-0", 0))
     learner.join(timeout=5.0)
     assert sorted(g.prompt_id for g in got) == sorted(g.prompt_id for g in first_two)
-    rest = _collect(client, 5, loaded=0)  # then the round, then the rest of the admission allowance
-    assert [g.is_eval for g in rest] == [True, True, True, False, False]
-    for g in rest:
+    for g in grants[2:]:
         client.send_group(_answer(make_group, g, "actor-0", version=0) if g.is_eval else make_group(g, "actor-0", 0))
     assert client.wait_acked(3.0)
     assert coord.wait_eval(round_id, timeout_s=2.0) and coord.finish_eval(round_id).complete

@@ -23,22 +23,25 @@ LENGTH = 8
 STEPS = 8
 WARMUP = 2
 TOKENS_PER_S = 256.0  # 8 groups x 2 x 8 tokens = 128 tokens per step: 2 steps/s of generation, 16 groups/s
+FLAGS = ["--emulate-tokens-per-s", str(TOKENS_PER_S), "--emulate-response-len", str(LENGTH)]
+SHAPE = [  # BATCH prompts x N completions a step, one optimizer step, one micro-batch per rank, lag <= K
+    f"data.train_batch_size={BATCH}",
+    f"actor_rollout_ref.rollout.n={N}",
+    f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
+    f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N // 2}",
+    f"async_training.max_staleness={K}",
+]
 
 
 @pytest.mark.slow
 def test_emulated_actor_drives_the_real_pipeline_at_its_rate(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    flags = ["--emulate-tokens-per-s", str(TOKENS_PER_S), "--emulate-response-len", str(LENGTH)]
     overrides = [
-        f"data.train_batch_size={BATCH}",
-        f"actor_rollout_ref.rollout.n={N}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N // 2}",
-        f"async_training.max_staleness={K}",
+        *SHAPE,
         "trainer.val_before_train=false",  # no validation rounds at the emulated 256 tokens/s
         "trainer.test_freq=-1",
     ]
-    cmd = launcher_command("demo_grpo.yaml", run_dir, steps=STEPS, flags=flags, overrides=overrides)
+    cmd = launcher_command("demo_grpo.yaml", run_dir, steps=STEPS, flags=FLAGS, overrides=overrides)
     # subprocess.run kills only the launcher on timeout; the launcher's own SIGTERM handling stops its parts.
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"launcher failed:\n{done.stderr[-4000:]}"
@@ -78,19 +81,14 @@ def test_versions_published_during_a_round_are_held_back_and_the_learner_never_w
     only once the round is done, so every round completes on its own version's weights."""
     run_dir = tmp_path / "run"
     steps, every, prompts = 6, 2, 32
-    flags = ["--emulate-tokens-per-s", str(TOKENS_PER_S), "--emulate-response-len", str(LENGTH)]
     overrides = [
-        f"data.train_batch_size={BATCH}",
-        f"actor_rollout_ref.rollout.n={N}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N // 2}",
-        f"async_training.max_staleness={K}",
+        *SHAPE,
         "trainer.val_before_train=true",
         f"trainer.test_freq={every}",
         f"data.val_max_samples={prompts}",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
     ]
-    cmd = launcher_command("demo_grpo.yaml", run_dir, steps=steps, flags=flags, overrides=overrides)
+    cmd = launcher_command("demo_grpo.yaml", run_dir, steps=steps, flags=FLAGS, overrides=overrides)
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"launcher failed:\n{done.stderr[-4000:]}"
 

@@ -206,8 +206,9 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         expect = update_info.version if update_info.version >= 0 else None
         stream = receiver.batches(expect_version=expect)
         try:
-            # cloned: the pool's buffers are reused by the next update
-            tensors = [(name, tensor.detach().clone()) for batch in stream for name, tensor in batch]
+            # copied to host memory (on a GPU the engine's memory is its KV cache's; the loader copies back): the
+            # pool's buffers are reused by the next update
+            tensors = [(name, tensor.detach().to("cpu", copy=True)) for batch in stream for name, tensor in batch]
         except BaseException as exc:
             stream.close()  # a transfer that broke half-way leaves the group out of step: broken
             self.last_error = _error_record(exc)

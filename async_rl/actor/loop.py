@@ -32,8 +32,9 @@ waiting here, or the coordinator still holding prompts of it to grant: ``client.
 received at once (the learner's broadcast never waits for the round) but held in host memory (``WeightSync.stage``,
 generation goes on), and loaded with the usual pause once that part is done (``load_staged``); a newer version
 replaces a held one. A failed receive leaves the loaded weights valid. LoRA adapters are never held back: the learner
-waits for the round before it publishes one. If a weight update still lands under an eval request, the completions'
-version span shows it and the coordinator grants the prompt again.
+waits for the round before it publishes one (as it does when it lends its cores to the actors). If a weight update
+still lands under an eval request, the completions' version span shows it and the coordinator grants the prompt
+again.
 
 A failed weight update leaves the engine's weights unusable: the engine aborts every running request (their leases
 expire and the coordinator grants the prompts again) and stays paused until an update succeeds.

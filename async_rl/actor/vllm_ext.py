@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,7 +227,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             error = WeightSyncError(f"no staged update of version {version} to load (holding {held})")
             self.last_error = _error_record(error)
             raise error
-        self._load_update(staged.request, iter([staged.tensors]), lambda: staged.report)
+        self._load_update(staged.request, (batch for batch in (staged.tensors,)), lambda: staged.report)
 
     def _pool_for(self, group: WeightSyncGroup) -> BufferPool:
         if self._pool is None or self._pool.device != group.device:
@@ -237,7 +237,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
     def _load_update(
         self,
         update_info: UpdateRequest,
-        stream: Iterator[list[tuple[str, torch.Tensor]]],
+        stream: Generator[list[tuple[str, torch.Tensor]]],
         received: Callable[[], ReceiveReport | None],
     ) -> None:
         """Load one update's tensors from ``stream`` (the group's buckets as they arrive, or a staged update), finalise
@@ -258,9 +258,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
                 try:
                     self._load(stream, verifier)
                 finally:
-                    close = getattr(stream, "close", None)
-                    if close is not None:
-                        close()  # a loader that failed mid-stream leaves the group out of step: broken
+                    stream.close()  # a loader that failed mid-stream leaves the group out of step: broken
                 report = received()
                 assert report is not None
             reloading = False

@@ -53,15 +53,17 @@ def update_info(request: UpdateRequest) -> dict[str, Any]:
     return msgspec.to_builtins(request)
 
 
-def _full_update(version: int, verify_rotation: int) -> UpdateRequest:
-    """A full-weights update of ``version``, loaded completely and checked (the actors' own updates)."""
+def _actor_update(
+    version: int, verify_rotation: int, *, adapter_dir: str | None, adapter_config: dict[str, Any] | None
+) -> UpdateRequest:
+    """An actor's update of ``version``: loaded completely and checked (full weights, or a LoRA adapter's directory)."""
     return UpdateRequest(
         version=version,
         verify_load=True,
         verify_rotation=verify_rotation,
         require_complete=True,
-        adapter_dir=None,
-        adapter_config=None,
+        adapter_dir=adapter_dir,
+        adapter_config=adapter_config,
     )
 
 
@@ -119,7 +121,7 @@ class EngineWeightSync:
     def stage(self, version: int) -> dict[str, Any]:
         """Receive ``version`` in full and hold it without loading it; the served weights are untouched (also on
         failure). Returns the receive's report."""
-        payload = update_info(_full_update(version, self.verify_rotation))
+        payload = update_info(_actor_update(version, self.verify_rotation, adapter_dir=None, adapter_config=None))
         try:
             self.llm.collective_rpc("stage_weights", args=(payload,))
         except Exception as exc:
@@ -177,30 +179,21 @@ class AsyncEngineWeightSync:
     ) -> dict[str, Any]:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        payload = update_info(
-            UpdateRequest(
-                version=version,
-                verify_load=True,
-                verify_rotation=self.verify_rotation,
-                require_complete=True,
-                adapter_dir=adapter_dir,
-                adapter_config=adapter_config,
-            )
-        )
+        request = _actor_update(version, self.verify_rotation, adapter_dir=adapter_dir, adapter_config=adapter_config)
+        payload = update_info(request)
         try:
             await self.engine.start_weight_update()
             await self.engine.update_weights(WeightTransferUpdateRequest(update_info=payload))
         except Exception as exc:
             raise _structured_error(await self.state(), exc) from exc
         await self.engine.finish_weight_update(weight_version=str(version))
-        report = (await self.state())["last_report"]
-        assert report is not None, "a successful update always leaves a report"
-        return report
+        return await self._report()
 
     async def stage(self, version: int) -> dict[str, Any]:
         """Receive ``version`` in full and hold it without loading it, while the engine generates (the served
         weights are untouched, also on failure); returns the receive's report."""
-        return await self._rpc("stage_weights", update_info(_full_update(version, self.verify_rotation)))
+        request = _actor_update(version, self.verify_rotation, adapter_dir=None, adapter_config=None)
+        return await self._rpc("stage_weights", update_info(request))
 
     async def load_staged(self, version: int) -> dict[str, Any]:
         """Load and verify the held update of ``version`` (generation must be paused by the caller, as for
@@ -212,6 +205,9 @@ class AsyncEngineWeightSync:
             await self.engine.collective_rpc(method, args=(arg,))
         except Exception as exc:
             raise _structured_error(await self.state(), exc) from exc
+        return await self._report()
+
+    async def _report(self) -> dict[str, Any]:
         report = (await self.state())["last_report"]
         assert report is not None, "a successful update always leaves a report"
         return report

@@ -188,9 +188,8 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             self._receive_adapter(group, update_info)
             return
         self._staged = None  # a newer update replaces one held back
-        receiver = WeightReceiver(group, pool=self._pool_for(group))
-        expect = update_info.version if update_info.version >= 0 else None
-        self._load_update(update_info, receiver.batches(expect_version=expect), lambda: receiver.report)
+        receiver, stream = self._incoming(group, update_info)
+        self._load_update(update_info, stream, lambda: receiver.report)
 
     def stage(self, update_info: UpdateRequest) -> None:
         """Receive one complete update (digest-checked) into host memory and hold it; the served model is untouched,
@@ -202,9 +201,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self._staged = None
         self.last_error = None
         t0 = time.perf_counter()
-        receiver = WeightReceiver(group, pool=self._pool_for(group))
-        expect = update_info.version if update_info.version >= 0 else None
-        stream = receiver.batches(expect_version=expect)
+        receiver, stream = self._incoming(group, update_info)
         try:
             # copied to host memory (on a GPU the engine's memory is its KV cache's; the loader copies back): the
             # pool's buffers are reused by the next update
@@ -229,10 +226,15 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             raise error
         self._load_update(staged.request, (batch for batch in (staged.tensors,)), lambda: staged.report)
 
-    def _pool_for(self, group: WeightSyncGroup) -> BufferPool:
+    def _incoming(
+        self, group: WeightSyncGroup, update_info: UpdateRequest
+    ) -> tuple[WeightReceiver, Generator[list[tuple[str, torch.Tensor]]]]:
+        """A receiver of the update ``update_info`` asks for (its version, or any for -1) on this engine's reused
+        buffers, and the stream of its tensor batches (nothing is received before the stream is read)."""
         if self._pool is None or self._pool.device != group.device:
             self._pool = BufferPool(group.device)
-        return self._pool
+        receiver = WeightReceiver(group, pool=self._pool)
+        return receiver, receiver.batches(expect_version=update_info.version if update_info.version >= 0 else None)
 
     def _load_update(
         self,
@@ -297,10 +299,9 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.last_error = None
         t0 = time.perf_counter()
         try:
-            receiver = WeightReceiver(group, pool=self._pool_for(group))
-            expect = update_info.version if update_info.version >= 0 else None
+            receiver, stream = self._incoming(group, update_info)
             tensors: dict[str, torch.Tensor] = {}
-            for batch in receiver.batches(expect_version=expect):
+            for batch in stream:
                 for name, tensor in batch:
                     tensors[name] = tensor.detach().to("cpu", copy=True)  # the pool's buffers are reused
             assert receiver.report is not None

@@ -121,17 +121,16 @@ class EngineWeightSync:
     def stage(self, version: int) -> dict[str, Any]:
         """Receive ``version`` in full and hold it without loading it; the served weights are untouched (also on
         failure). Returns the receive's report."""
-        payload = update_info(_actor_update(version, self.verify_rotation, adapter_dir=None, adapter_config=None))
-        try:
-            self.llm.collective_rpc("stage_weights", args=(payload,))
-        except Exception as exc:
-            raise _structured_error(self.state(), exc) from exc
-        return self._report()
+        request = _actor_update(version, self.verify_rotation, adapter_dir=None, adapter_config=None)
+        return self._rpc("stage_weights", update_info(request))
 
     def load_staged(self, version: int) -> dict[str, Any]:
         """Load and verify the held update of ``version`` (a failure leaves the weights invalid, as in ``update``)."""
+        return self._rpc("load_staged_weights", version)
+
+    def _rpc(self, method: str, arg: Any) -> dict[str, Any]:
         try:
-            self.llm.collective_rpc("load_staged_weights", args=(version,))
+            self.llm.collective_rpc(method, args=(arg,))
         except Exception as exc:
             raise _structured_error(self.state(), exc) from exc
         return self._report()

@@ -1,6 +1,6 @@
 """Benchmark chunked per-token log-probs + entropy against the whole-matrix computation: peak memory and agreement.
 
-Usage: ``python tools/bench_logprobs.py [--vocab 49152] [--tokens 4096] [--chunk 1024] [--temperature 1.0]``
+Usage: ``python tools/bench_logprobs.py [--vocab 49152] [--tokens 4096] [--chunk ROWS] [--temperature 1.0]``
 
 Both paths get the same random inputs: fp32 logits ``[tokens, vocab]`` (a leaf that requires grad) and labels. Each
 runs the learner's work, forward and backward of ``sum(log_probs) + sum(entropy)`` (``entropy="grad"``), once:
@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from async_rl.algorithms import (  # noqa: E402
-    DEFAULT_LOGPROB_CHUNK_SIZE,
+    default_chunk_rows,
     token_log_probs_and_entropy,
     token_log_probs_and_entropy_reference,
 )
@@ -161,13 +161,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", type=int, default=49_152)
     p.add_argument("--tokens", type=int, default=4_096)
-    p.add_argument("--chunk", type=int, default=DEFAULT_LOGPROB_CHUNK_SIZE, help="rows per chunk (chunked path)")
+    p.add_argument("--chunk", type=int, default=None, help="rows per chunk (chunked path); default: 32 MiB of fp32")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per path (CPU)")
     p.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     p.add_argument("--save", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.chunk is None:
+        args.chunk = default_chunk_rows(args.vocab)
     for key in ("vocab", "tokens", "chunk", "threads"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key} must be >= 1, got {getattr(args, key)}")

@@ -50,8 +50,9 @@ from async_rl.algorithms.rollout_correction import (
     rollout_is_weights,
 )
 from async_rl.algorithms.token_logprobs import (
-    DEFAULT_LOGPROB_CHUNK_SIZE,
     ENTROPY_MODES,
+    LOGPROB_CHUNK_BYTES,
+    default_chunk_rows,
     masked_logit_mean,
     token_log_probs_and_entropy,
     token_log_probs_and_entropy_reference,
@@ -60,9 +61,9 @@ from async_rl.algorithms.token_logprobs import (
 __all__ = [
     "ADV_ESTIMATORS",
     "CRITIC_ESTIMATORS",
-    "DEFAULT_LOGPROB_CHUNK_SIZE",
     "ENTROPY_MODES",
     "KL_KINDS",
+    "LOGPROB_CHUNK_BYTES",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "ROLLOUT_IS_LEVELS",
@@ -78,6 +79,7 @@ __all__ = [
     "bradley_terry_loss",
     "compute_advantages",
     "compute_gae_advantage_return",
+    "default_chunk_rows",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_opo_outcome_advantage",

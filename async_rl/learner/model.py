@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from async_rl.learner.dist import DistContext, log_rank0
+from async_rl.learner.lean_layers import use_lean_layers
 from async_rl.learner.lora import apply_lora
 from async_rl.learner.shared_prompt import use_shared_prompt_attention
 from async_rl.peft_format import LoRASpec
@@ -182,6 +183,8 @@ def build_model(
     if lora is not None and trainable:
         adapted = apply_lora(model, lora, seed=seed)
         log_rank0(ctx, logger, "%s: LoRA rank %d on %d linear layers", role, lora.rank, len(adapted))
+    norms, mlps = use_lean_layers(model)  # after LoRA: an MLP whose projections are adapters keeps calling them
+    log_rank0(ctx, logger, "%s: memory-lean forward for %d RMSNorm and %d SwiGLU-MLP modules", role, norms, mlps)
     enable_ckpt = getattr(model, "gradient_checkpointing_enable", None)
     if gradient_checkpointing and trainable:
         if enable_ckpt is None:

@@ -95,8 +95,31 @@ def build_optimizer(
         # rank (fp32, one thread, Intel Xeon with AMX) step in 108 ms against 455 ms for torch's default (foreach)
         fused=True,
     )
+    materialize_state(optimizer)
     scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, optim, run_steps=run_steps))
     return optimizer, scheduler
+
+
+def materialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create AdamW's state (step 0, zero moments) now, as its first step would, instead of inside that step.
+
+    Where the moments are allocated is the point: made lazily, they land in the memory the first step's activations
+    have just freed and split it, so every later step's activations need fresh memory from the system: on the
+    SmolLM2 recipe's batch (one FSDP2 rank, tcmalloc, no activation checkpointing) the heap grew to 550 MB above the
+    step's live peak. A parameter that already has state (a resumed run) is left alone.
+    """
+    for group in optimizer.param_groups:
+        if group.get("amsgrad") or group.get("capturable"):
+            return  # states of another shape than below: left to the first step
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            fused = bool(group.get("fused"))
+            # torch's own initial state for (fused) AdamW: a scalar step (fp32 on the parameter's device when fused)
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu")
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 @dataclass

@@ -189,3 +189,21 @@ def test_rejects_bad_arguments(kwargs: dict[str, object], match: str) -> None:
         token_log_probs_and_entropy(logits, labels, **{"temperature": 1.0, **kwargs})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="labels"):
         token_log_probs_and_entropy(logits, labels[:3], temperature=1.0)
+
+
+def test_default_chunk_is_32_mib_of_fp32_rows_and_changes_no_value() -> None:
+    from async_rl.algorithms import LOGPROB_CHUNK_BYTES, default_chunk_rows
+
+    assert LOGPROB_CHUNK_BYTES == 32 * 2**20
+    assert default_chunk_rows(49_152) == 170  # SmolLM2
+    assert default_chunk_rows(151_936) == 55  # Qwen2.5
+    assert default_chunk_rows(10**9) == 1  # never zero rows
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(400, 49_152, generator=gen).bfloat16().requires_grad_()  # 3 default chunks of 170 rows
+    labels = torch.randint(0, 49_152, (400,), generator=gen)
+    lp, ent = token_log_probs_and_entropy(logits, labels, temperature=0.7, entropy="grad")
+    (grad,) = torch.autograd.grad((lp + ent).sum(), logits)
+    lp1, ent1 = token_log_probs_and_entropy(logits, labels, temperature=0.7, entropy="grad", chunk_size=400)
+    (grad1,) = torch.autograd.grad((lp1 + ent1).sum(), logits)
+    # rows are independent: the chunking changes no value
+    assert torch.equal(lp, lp1) and torch.equal(ent, ent1) and torch.equal(grad, grad1)

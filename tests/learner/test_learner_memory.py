@@ -86,9 +86,10 @@ def test_one_micro_batch_of_activations_at_a_time_within_a_per_token_budget(name
     assert whole.live == 0 and quarters.live == 0  # nothing the step saved outlives it
     # four micro-batches: a quarter of the activations at a time, plus what does not scale with the micro-batch
     assert quarters.peak <= 0.35 * whole.peak, (quarters.peak, whole.peak)
-    # per token of the step: about a dozen hidden- or MLP-sized fp32 vectors per layer, and a few vocabulary-sized
-    # ones (the kept logits and the chunked log-softmax); measured 14.2 KB (shared) and 12.6 KB (padded) here
+    # per token of the step: a few hidden- or MLP-sized fp32 vectors per layer, and a few vocabulary-sized ones (the
+    # kept logits and the chunked log-softmax); measured 9.3 KB (shared) and 8.5 KB (padded) here, against 13.5 and
+    # 12.6 KB with transformers' own RMSNorm and MLP (learner/lean_layers.py), which this bound (11.9 KB) rules out
     cfg = tiny_config()
     floats = 12 * cfg.num_hidden_layers * (cfg.hidden_size + cfg.intermediate_size) + 4 * cfg.vocab_size
-    assert whole.peak / tokens <= 4 * floats, (whole.peak / tokens, 4 * floats)
+    assert whole.peak / tokens <= 2.5 * floats, (whole.peak / tokens, 2.5 * floats)
     assert whole.peak / tokens >= 4 * cfg.num_hidden_layers * (cfg.hidden_size + cfg.intermediate_size)

@@ -98,18 +98,22 @@ class SwiGLUMLPFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         x, gate, up, w_gate, w_up, w_down = ctx.saved_tensors
         need_x, need_g, need_u, need_d = ctx.needs_input_grad[:4]
-        dout = grad_out.reshape(-1, grad_out.shape[-1])
+        # the products ran in the gate's dtype: under autocast (a single bf16 process) the fp32 weights and input were
+        # cast for them, and their gradients are cast back, as autocast's cast nodes do
+        dtype = gate.dtype
+        wg, wu, wd = (w.to(dtype) for w in (w_gate, w_up, w_down))
+        dout = grad_out.to(dtype).reshape(-1, grad_out.shape[-1])
         silu = nn.functional.silu(gate)
-        grad_down = dout.t().mm((silu * up).reshape(-1, up.shape[-1])) if need_d else None
-        grad_hidden = dout.mm(w_down).view(up.shape)
+        grad_down = dout.t().mm((silu * up).reshape(-1, up.shape[-1])).to(w_down.dtype) if need_d else None
+        grad_hidden = dout.mm(wd).view(up.shape)
         grad_up = grad_hidden * silu  # the chain's ops (see _swiglu_backward), silu computed once
         del silu
         grad_gate = torch.ops.aten.silu_backward(grad_hidden.mul_(up), gate)
-        flat_x = x.reshape(-1, x.shape[-1])
+        flat_x = x.to(dtype).reshape(-1, x.shape[-1])
         flat_g, flat_u = grad_gate.reshape(-1, gate.shape[-1]), grad_up.reshape(-1, up.shape[-1])
-        grad_w_gate = flat_g.t().mm(flat_x) if need_g else None
-        grad_w_up = flat_u.t().mm(flat_x) if need_u else None
-        grad_x = flat_g.mm(w_gate).addmm_(flat_u, w_up).view(x.shape) if need_x else None
+        grad_w_gate = flat_g.t().mm(flat_x).to(w_gate.dtype) if need_g else None
+        grad_w_up = flat_u.t().mm(flat_x).to(w_up.dtype) if need_u else None
+        grad_x = flat_g.mm(wg).addmm_(flat_u, wu).view(x.shape).to(x.dtype) if need_x else None
         return grad_x, grad_w_gate, grad_w_up, grad_down
 
 

@@ -325,7 +325,7 @@ def _precision_step(ctx: Any, param_dtype: str, groups: tuple[list[Any], dict[in
     learner = Learner(s, START, ctx, tiny_policy, critic=tiny_critic)
     assert learner.ref is not None and learner.critic is not None
     models = {"actor": learner.model, "ref": learner.ref, "critic": learner.critic.model}
-    hooked = {f"{role}/layer0.down_proj": m.get_submodule("model.layers.0.mlp.down_proj") for role, m in models.items()}
+    hooked = {f"{role}/layer0.o_proj": m.get_submodule("model.layers.0.self_attn.o_proj") for role, m in models.items()}
     hooked["actor/lm_head"] = learner.model.get_submodule("lm_head")  # in the root FSDP unit
     hooked["critic/score"] = learner.critic.model.get_submodule("score")
     seen: dict[str, set[str]] = {key: set() for key in hooked}  # weight/input/output dtypes of each Linear's calls

@@ -190,3 +190,19 @@ def test_mlps_whose_projections_are_adapters_keep_calling_them() -> None:
     for name, p in before.named_parameters():
         if p.requires_grad:
             torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_fused_mlp_under_autocast_computes_in_bf16_and_returns_fp32_gradients() -> None:
+    """A single bf16 process runs fp32 weights under torch.autocast: the products in bf16, the gradients cast back."""
+    torch.manual_seed(0)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=32, intermediate_size=48, hidden_act="silu"))
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    params = [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = mlp(x)
+        ours = SwiGLUMLPFunction.apply(x, *params)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, ref)
+    weights = torch.randn(ref.shape)
+    for a, b in zip(_grads(ours, [x, *params], weights), _grads(ref, [x, *params], weights), strict=True):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b, atol=0.05, rtol=0.02)

@@ -109,10 +109,10 @@ def test_cpu_bf16_mixed_precision_keeps_fp32_state_and_tracks_fp32(tmp_path: Pat
     assert (res["device"], res["backend"]) == ("cpu", "gloo")
     assert (res["fp32/compute_dtype"], res["bf16/compute_dtype"]) == ("torch.float32", "torch.bfloat16")
     roles = {
-        "actor/layer0.down_proj",
+        "actor/layer0.o_proj",
         "actor/lm_head",
-        "ref/layer0.down_proj",
-        "critic/layer0.down_proj",
+        "ref/layer0.o_proj",
+        "critic/layer0.o_proj",
         "critic/score",
     }
     for pd, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):

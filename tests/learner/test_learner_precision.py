@@ -150,7 +150,7 @@ def _one_step(param_dtype: str) -> _Step:
         seen.add((tag, str(m.weight.dtype), str(out.dtype)))
 
     for role, model in (("actor", learner.model), ("ref", learner.ref)):
-        for name in ("model.layers.0.mlp.down_proj", "lm_head"):
+        for name in ("model.layers.0.self_attn.o_proj", "lm_head"):
             tag = f"{role}/{name}"
             model.get_submodule(name).register_forward_hook(lambda m, i, o, tag=tag: record(tag, m, o))
     kept: set[torch.dtype] = {p.dtype for m in (learner.model, learner.ref) for p in m.parameters()}
@@ -166,7 +166,7 @@ def _one_step(param_dtype: str) -> _Step:
 def test_single_process_bf16_step_autocasts_keeps_fp32_masters_and_tracks_fp32() -> None:
     fp32, bf16 = _one_step("fp32"), _one_step("bf16")
     assert (fp32.compute, bf16.compute) == (FP32, BF16)
-    tags = {f"{role}/{name}" for role in ("actor", "ref") for name in ("model.layers.0.mlp.down_proj", "lm_head")}
+    tags = {f"{role}/{name}" for role in ("actor", "ref") for name in ("model.layers.0.self_attn.o_proj", "lm_head")}
     # fp32: the Linears of the actor and the reference compute in fp32; bf16: autocast runs them in bf16 (their
     # output) while their weights stay fp32 (the reference follows the actor)
     assert fp32.seen == {(tag, "torch.float32", "torch.float32") for tag in tags}

@@ -114,7 +114,8 @@ class WeightSyncConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "LoRA runs: after each update every actor computes log-probs of a fixed probe sequence with the adapter it"
             " now serves and compares them with the learner's for that version; a mean |difference| above this stops"
             " it generating (loudly) until an update passes. null = 1e-3 when the rollout and the learner both compute"
-            " in fp32 (rollout.dtype and actor.fsdp_config.mixed_precision.param_dtype as resolved), 3e-2 otherwise."
+            " in fp32 (rollout.dtype and actor.fsdp_config.mixed_precision.param_dtype as resolved), 3e-2 when one"
+            " computes in bf16, 0.15 when both do."
         ),
     ] = None
 

@@ -234,7 +234,9 @@ def served_check_tolerance(
     configured: float | None, *, rollout_dtype: str, device_type: str, param_dtype: str, learner_device_type: str
 ) -> float:
     """``async_training.weight_sync.served_check_tolerance`` as used: ``configured``, or when that is null 1e-3 when
-    both the rollout and the learner compute in fp32, and 3e-2 otherwise (a bf16 side computes the probe less exactly).
+    both the rollout and the learner compute in fp32, 3e-2 when one of them computes in bf16, and 0.15 when both do
+    (each side rounds its own way: at version 0 of the SmolLM2 LoRA recipe, an unchanged adapter, a bf16 learner and
+    bf16 vLLM on a Zen 4 CPU differed by 0.065 on the probe, where 3e-2 stopped the actor for good).
     ``rollout_dtype`` is ``rollout.dtype``, its ``auto`` resolved for the actors' ``device_type``; ``param_dtype`` is
     the learner's ``actor.fsdp_config.mixed_precision.param_dtype``, its ``auto`` resolved for ``learner_device_type``
     (where ``auto`` is bf16 on a CPU, both are, so a float32 rollout still meets a bf16 learner)."""
@@ -242,7 +244,8 @@ def served_check_tolerance(
         return configured
     rollout, _ = rollout_precision(rollout_dtype, device_type)
     learner, _ = learner_precision(param_dtype, learner_device_type)
-    return 1e-3 if (rollout, learner) == ("float32", "fp32") else 3e-2
+    bf16_sides = (rollout != "float32") + (learner != "fp32")
+    return (1e-3, 3e-2, 0.15)[bf16_sides]
 
 
 def resolved(value: T | None, key: str) -> T:

@@ -106,9 +106,9 @@ class SwiGLUMLPFunction(torch.autograd.Function):
         silu = nn.functional.silu(gate)
         grad_down = dout.t().mm((silu * up).reshape(-1, up.shape[-1])).to(w_down.dtype) if need_d else None
         grad_hidden = dout.mm(wd).view(up.shape)
-        grad_up = grad_hidden * silu  # the chain's ops (see _swiglu_backward), silu computed once
-        del silu
-        grad_gate = torch.ops.aten.silu_backward(grad_hidden.mul_(up), gate)
+        grad_gate, grad_up = _swiglu_backward(gate, up, grad_hidden, need_gate=True, need_up=True, silu=silu)
+        assert grad_gate is not None and grad_up is not None
+        del silu, grad_hidden
         flat_x = x.to(dtype).reshape(-1, x.shape[-1])
         flat_g, flat_u = grad_gate.reshape(-1, gate.shape[-1]), grad_up.reshape(-1, up.shape[-1])
         grad_w_gate = flat_g.t().mm(flat_x).to(w_gate.dtype) if need_g else None
@@ -118,11 +118,19 @@ class SwiGLUMLPFunction(torch.autograd.Function):
 
 
 def _swiglu_backward(
-    gate: torch.Tensor, up: torch.Tensor, grad_out: torch.Tensor, *, need_gate: bool, need_up: bool
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    need_gate: bool,
+    need_up: bool,
+    silu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Gradients of ``silu(gate) * up`` w.r.t. ``gate`` and ``up``: the ops autograd runs for the chain (the product's
-    two multiplies and ``silu``'s own backward kernel), so the same values, with ``silu(gate)`` recomputed."""
-    grad_up = grad_out * nn.functional.silu(gate) if need_up else None
+    two multiplies and ``silu``'s own backward kernel), the same values; ``silu(gate)`` is recomputed unless given."""
+    grad_up = None
+    if need_up:
+        grad_up = grad_out * (nn.functional.silu(gate) if silu is None else silu)
     grad_gate = torch.ops.aten.silu_backward(grad_out * up, gate) if need_gate else None
     return grad_gate, grad_up
 

@@ -304,7 +304,7 @@ def math_attention(
     scale = q.shape[-1] ** -0.5 if scaling is None else scaling
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _MathAttention.apply(q, k, v, mask, scale)  # type: ignore[no-any-return]
-    return _math_attention_forward(q, k, v, mask, scale)[0]
+    return _math_attention_forward(q, k, v, mask, scale)
 
 
 def _attention_probs(
@@ -323,13 +323,12 @@ def _attention_probs(
 
 def _math_attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The output ``[B, H, T, D]``, with what the backward reuses: fp32 ``q`` and ``k`` and the probabilities."""
+) -> torch.Tensor:
+    """The output ``[B, H, T, D]``: the probabilities' weighted sum of values, in the values' dtype."""
     b, h, t, d = q.shape
     hkv, s = k.shape[1], k.shape[2]
-    q32, k32, probs = _attention_probs(q, k, mask, scale)
-    out = torch.matmul(probs.to(v.dtype).view(b, hkv, (h // hkv) * t, s), v).view(b, h, t, d)
-    return out, q32, k32, probs
+    probs = _attention_probs(q, k, mask, scale)[2]
+    return torch.matmul(probs.to(v.dtype).view(b, hkv, (h // hkv) * t, s), v).view(b, h, t, d)
 
 
 class _MathAttention(torch.autograd.Function):
@@ -340,7 +339,7 @@ class _MathAttention(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
     ) -> torch.Tensor:
-        out = _math_attention_forward(q, k, v, mask, scale)[0]
+        out = _math_attention_forward(q, k, v, mask, scale)
         ctx.save_for_backward(q, k, v, mask)
         ctx.scale = scale
         return out

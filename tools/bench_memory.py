@@ -1,16 +1,21 @@
-"""Benchmark a learner rank's peak memory: the system malloc against tcmalloc, on a recipe's step and model.
+"""Benchmark a learner rank's peak memory on a recipe's step and model: the system malloc against tcmalloc, or the
+fused output layer against logits.
 
-Usage: ``python tools/bench_memory.py --model DIR [--geometry recipe|calculator] [--steps 3]`` (``DIR``: e.g. the
-SmolLM2 directory ``python tools/prepare_model.py smollm2-135m-instruct --out DIR`` writes)
+Usage: ``python tools/bench_memory.py --model DIR [--geometry recipe|calculator] [--steps 3] [--compare fused]``
+(``DIR``: e.g. the SmolLM2 directory ``python tools/prepare_model.py smollm2-135m-instruct --out DIR`` writes)
 
-Each allocator runs ``torchrun`` with 2 ranks (gloo on CPU, one thread per rank) that build the learner from the
-recipe's config (``configs/smollm2_arith_grpo.yaml`` for ``recipe``, ``configs/smollm2_calculator_tool_grpo.yaml`` for
-``calculator``) and train ``--steps`` steps of the geometry's batch, each followed by a gather of every weight as the
-weight sync does. It prints, per allocator, the peak resident memory of rank 0 (``ru_maxrss``, what a run reports as
-``learner/peak_memory_mib``), the bytes of that peak per token the rank trained in one step, and the median step
-time; then the system/tcmalloc ratio of the peaks (``learner_peak_memory_system_vs_tcmalloc``). Geometries (prompts
-x completions, tokens): ``recipe`` 16 x 8, 46-token prompts, 8-12-token completions; ``calculator`` 8 x 8,
-300-token prompts, 64-128-token episodes.
+``--compare allocator`` (the default): each allocator runs ``torchrun`` with 2 ranks (gloo on CPU, one thread per
+rank) that build the learner from the recipe's config (``configs/smollm2_arith_grpo.yaml`` for ``recipe``,
+``configs/smollm2_calculator_tool_grpo.yaml`` for ``calculator``) and train ``--steps`` steps of the geometry's
+batch, each followed by a gather of every weight as the weight sync does. It prints, per allocator, the peak resident
+memory of rank 0 (``ru_maxrss``, what a run reports as ``learner/peak_memory_mib``), the bytes of that peak per token
+the rank trained in one step, and the median step time; then the system/tcmalloc ratio of the peaks
+(``learner_peak_memory_system_vs_tcmalloc``). Geometries (prompts x completions, tokens): ``recipe`` 16 x 8,
+46-token prompts, 8-12-token completions; ``calculator`` 8 x 8, 300-token prompts, 64-128-token episodes.
+
+``--compare fused``: the same runs, both on tcmalloc, with ``actor_rollout_ref.model.use_fused_kernels`` false and
+true (log-probs from the hidden states, no ``[tokens, vocab]`` logits kept), and the logits/fused ratio of the peaks
+(``learner_peak_memory_logits_vs_fused_output``).
 """
 
 from __future__ import annotations
@@ -50,7 +55,12 @@ def worker(params: dict[str, object]) -> None:
     torch.set_num_threads(1)
     model = str(params["model"])
     cfg, _ = parse_cli(
-        ["--config", str(ROOT / CONFIGS[str(params["geometry"])]), f"actor_rollout_ref.model.path={model}"]
+        [
+            "--config",
+            str(ROOT / CONFIGS[str(params["geometry"])]),
+            f"actor_rollout_ref.model.path={model}",
+            f"actor_rollout_ref.model.use_fused_kernels={str(params['fused']).lower()}",
+        ]
     )
     ctx = init_distributed(backend="auto", timeout_s=1800.0)
     # synthetic groups: pad id 0; the recipes' 16 steps as the schedule's horizon
@@ -71,9 +81,9 @@ def worker(params: dict[str, object]) -> None:
     teardown(ctx)
 
 
-def run(args: argparse.Namespace, library: str | None, out: Path) -> dict[str, float]:
+def run(args: argparse.Namespace, library: str | None, out: Path, *, fused: bool) -> dict[str, float]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
-    params = {"model": args.model, "geometry": args.geometry, "steps": args.steps, "out": str(out)}
+    params = {"model": args.model, "geometry": args.geometry, "steps": args.steps, "out": str(out), "fused": fused}
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", BENCH_MEMORY_WORKER=json.dumps(params))
     if library is not None:
@@ -91,30 +101,37 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF directory of the model (e.g. SmolLM2)")
     p.add_argument("--geometry", choices=sorted(CONFIGS), default="recipe")
-    p.add_argument("--steps", type=int, default=3, help="steps per allocator (the peak is over all of them)")
+    p.add_argument("--steps", type=int, default=3, help="steps per run (the peak is over all of them)")
+    p.add_argument("--compare", choices=("allocator", "fused"), default="allocator", help="what the two runs differ in")
     args = p.parse_args()
     library = find_tcmalloc(search_dirs(os.environ))
-    if library is None:
+    if library is None and args.compare == "allocator":
         print("no libtcmalloc on this host (apt-get install libtcmalloc-minimal4): nothing to compare")
         return
+    if args.compare == "allocator":
+        runs = {"system": (None, False), "tcmalloc": (library, False)}
+        name = "learner_peak_memory_system_vs_tcmalloc"
+    else:
+        runs = {"logits": (library, False), "fused": (library, True)}
+        name = "learner_peak_memory_logits_vs_fused_output"
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, lib in (("system", None), ("tcmalloc", library)):
-            results[name] = run(args, lib, Path(tmp) / f"{name}.json")
+        for label, (lib, fused) in runs.items():
+            results[label] = run(args, lib, Path(tmp) / f"{label}.json", fused=fused)
     print(f"== learner peak memory, rank 0 of 2 ({args.geometry}, {args.steps} steps, {args.model}) ==")
-    for name, r in results.items():
+    for label, r in results.items():
         per_token = r["peak_bytes"] / r["tokens"]
-        line = f"{name:8s} peak {r['peak_bytes'] / 2**20:,.0f} MiB  {per_token / 1e6:.2f} MB/token trained"
+        line = f"{label:8s} peak {r['peak_bytes'] / 2**20:,.0f} MiB  {per_token / 1e6:.2f} MB/token trained"
         print(f"{line}  step {r['step_s']:.1f} s")
-    ratio = results["system"]["peak_bytes"] / results["tcmalloc"]["peak_bytes"]
-    print(f"system/tcmalloc peak: {ratio:.2f}x")
-    s, t = results["system"], results["tcmalloc"]
+    (a_name, a), (b_name, b) = results.items()
+    ratio = a["peak_bytes"] / b["peak_bytes"]
+    print(f"{a_name}/{b_name} peak: {ratio:.2f}x")
     detail = (
-        f"{args.geometry}: peak {s['peak_bytes'] / 2**20:,.0f} -> {t['peak_bytes'] / 2**20:,.0f} MiB per rank"
-        f" ({s['peak_bytes'] / s['tokens'] / 1e6:.2f} -> {t['peak_bytes'] / t['tokens'] / 1e6:.2f} MB/token);"
-        f" step {s['step_s']:.1f} -> {t['step_s']:.1f} s"
+        f"{args.geometry}: peak {a['peak_bytes'] / 2**20:,.0f} -> {b['peak_bytes'] / 2**20:,.0f} MiB per rank"
+        f" ({a['peak_bytes'] / a['tokens'] / 1e6:.2f} -> {b['peak_bytes'] / b['tokens'] / 1e6:.2f} MB/token);"
+        f" step {a['step_s']:.1f} -> {b['step_s']:.1f} s"
     )
-    emit("memory", [BenchLine("learner_peak_memory_system_vs_tcmalloc", ratio, None, detail)])
+    emit("memory", [BenchLine(name, ratio, None, detail)])
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ cast, ``gather - logsumexp`` and :func:`~async_rl.algorithms.entropy_from_logits
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ __all__ = [
     "ENTROPY_MODES",
     "LOGPROB_CHUNK_BYTES",
     "default_chunk_rows",
+    "linear_token_log_probs_and_entropy",
     "masked_logit_mean",
     "token_log_probs_and_entropy",
     "token_log_probs_and_entropy_reference",
@@ -64,12 +66,19 @@ def _check_args(logits: torch.Tensor, labels: torch.Tensor, temperature: float, 
     if not isinstance(logits, torch.Tensor) or logits.ndim < 2 or not logits.is_floating_point():
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"logits must be a floating-point tensor of shape [..., V] (at least 2-D), got {shape}")
+    _check_rest(labels, logits.shape[:-1], "logits", tuple(logits.shape), temperature, entropy)
+
+
+def _check_rest(
+    labels: torch.Tensor, rows: torch.Size, name: str, shape: tuple[int, ...], temperature: float, entropy: str
+) -> None:
+    """The labels (integer, shaped ``rows``: the leading dims of ``name``, whose shape is ``shape``), temperature
+    and entropy mode."""
     if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex():
         raise ValueError(f"labels must be an integer tensor, got {getattr(labels, 'dtype', type(labels).__name__)}")
-    if labels.shape != logits.shape[:-1]:
+    if labels.shape != rows:
         raise ValueError(
-            f"labels has shape {tuple(labels.shape)} but logits has shape {tuple(logits.shape)}; "
-            "labels must be logits.shape[:-1]"
+            f"labels has shape {tuple(labels.shape)} but {name} has shape {shape}; labels must be {name}.shape[:-1]"
         )
     if not temperature > 0 or temperature == float("inf"):
         raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
@@ -81,28 +90,37 @@ def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
-def _scaled_chunk(logits: torch.Tensor, rows: slice, temperature: float) -> torch.Tensor:
-    """A fresh compute-dtype copy of ``logits[rows] / temperature``, safe to modify in place."""
-    x = logits[rows].to(_compute_dtype(logits), copy=True)
+def _scaled(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A fresh compute-dtype copy of a chunk of logits divided by ``temperature``, safe to modify in place."""
+    x = chunk.to(_compute_dtype(chunk), copy=True)
     if temperature != 1.0:
         x.div_(temperature)
     return x
 
 
+ChunkLogits = Callable[[slice], torch.Tensor]
+"""Rows ``rows`` of the logits, ``[rows, V]`` in their own dtype: a slice of a matrix, or computed on demand."""
+
+
 def _forward_chunks(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool, chunk_size: int
+    chunk_logits: ChunkLogits,
+    labels: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+    dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-prob of each label ``[N]``, the row statistics ``[N, 2]`` (max, log-sum-exp of the max-shifted row) and,
-    if asked, entropy ``[N]``. Keeping the max apart keeps ``x - max`` exact where ``x - logsumexp(x)`` would round
-    away digits of large logits (5e4 in fp32 has a spacing of 0.004)."""
-    n = logits.shape[0]
-    out_kw: dict[str, Any] = {"dtype": _compute_dtype(logits), "device": logits.device}
+    if asked, entropy ``[N]``, all in ``dtype``. Keeping the max apart keeps ``x - max`` exact where
+    ``x - logsumexp(x)`` would round away digits of large logits (5e4 in fp32 has a spacing of 0.004)."""
+    n = labels.shape[0]
+    out_kw: dict[str, Any] = {"dtype": dtype, "device": labels.device}
     log_probs = torch.empty(n, **out_kw)
     stats = torch.empty(n, 2, **out_kw)
     ent = torch.empty(n, **out_kw) if with_entropy else None
     for start in range(0, n, chunk_size):
         rows = slice(start, start + chunk_size)
-        x = _scaled_chunk(logits, rows, temperature)
+        x = _scaled(chunk_logits(rows), temperature)
         picked = x.gather(1, labels[rows].unsqueeze(1)).squeeze(1)
         row_max = x.amax(dim=1, keepdim=True)
         shifted = x.sub_(row_max)  # in place: x is no longer needed
@@ -120,7 +138,7 @@ def _forward_chunks(
 
 
 def _backward_chunks(
-    logits: torch.Tensor,
+    chunk_logits: ChunkLogits,
     labels: torch.Tensor,
     stats: torch.Tensor,
     ent: torch.Tensor | None,
@@ -128,12 +146,13 @@ def _backward_chunks(
     grad_ent: torch.Tensor | None,
     temperature: float,
     chunk_size: int,
-) -> torch.Tensor:
-    """Gradient w.r.t. ``logits`` (their dtype, ``[N, V]``) given upstream grads of log-probs and entropy ``[N]``."""
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    for start in range(0, logits.shape[0], chunk_size):
+    sink: Callable[[slice, torch.Tensor], None],
+) -> None:
+    """Hand each chunk's gradient w.r.t. its logits (compute dtype, ``[rows, V]``) to ``sink(rows, grad)``, given
+    upstream grads of log-probs and entropy ``[N]``."""
+    for start in range(0, labels.shape[0], chunk_size):
         rows = slice(start, start + chunk_size)
-        log_p = _scaled_chunk(logits, rows, temperature).sub_(stats[rows, :1]).sub_(stats[rows, 1:])
+        log_p = _scaled(chunk_logits(rows), temperature).sub_(stats[rows, :1]).sub_(stats[rows, 1:])
         p = log_p.exp()
         if grad_ent is not None:
             assert ent is not None
@@ -149,9 +168,8 @@ def _backward_chunks(
             g.scatter_add_(1, labels[rows].unsqueeze(1), grad_log_probs[rows].unsqueeze(1))
         if temperature != 1.0:
             g.div_(temperature)
-        grad[rows] = g
+        sink(rows, g)
         del p, g
-    return grad
 
 
 class _ChunkedTokenLogProbs(torch.autograd.Function):
@@ -161,7 +179,10 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, logits: torch.Tensor, labels: torch.Tensor, temperature: float, entropy: str, chunk_size: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs, stats, ent = _forward_chunks(logits, labels, temperature, entropy != "none", chunk_size)
+        dtype = _compute_dtype(logits)
+        log_probs, stats, ent = _forward_chunks(
+            logits.__getitem__, labels, temperature, entropy != "none", chunk_size, dtype
+        )
         if ent is None:
             ent = log_probs.new_empty(0)
         if entropy != "grad":
@@ -181,7 +202,14 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
             grad_ent = None
         if not ctx.needs_input_grad[0] or (grad_log_probs is None and grad_ent is None):
             return None, None, None, None, None
-        grad = _backward_chunks(logits, labels, stats, ent, grad_log_probs, grad_ent, ctx.temperature, ctx.chunk_size)
+        grad = torch.empty_like(logits)
+
+        def sink(rows: slice, g: torch.Tensor) -> None:
+            grad[rows] = g
+
+        _backward_chunks(
+            logits.__getitem__, labels, stats, ent, grad_log_probs, grad_ent, ctx.temperature, ctx.chunk_size, sink
+        )
         return grad, None, None, None, None
 
 
@@ -211,9 +239,148 @@ def token_log_probs_and_entropy(
         log_probs, ent_out = _ChunkedTokenLogProbs.apply(flat_logits, flat_labels, temperature, entropy, chunk_size)
         ent: torch.Tensor | None = None if entropy == "none" else ent_out
     else:
+        dtype = _compute_dtype(flat_logits)
+        detached = flat_logits.detach()
         log_probs, _, ent = _forward_chunks(
-            flat_logits.detach(), flat_labels, temperature, entropy != "none", chunk_size
+            detached.__getitem__, flat_labels, temperature, entropy != "none", chunk_size, dtype
         )
+    return log_probs.reshape(labels.shape), None if ent is None else ent.reshape(labels.shape)
+
+
+def _linear_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype the output layer's product runs in: autocast's where it is on (as ``F.linear`` would), else the
+    common dtype of the hidden states and the weight."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+class _ChunkedLinearTokenLogProbs(torch.autograd.Function):
+    """The output layer and the log-softmax together: ``hidden @ weight.T`` is made a chunk of rows at a time and
+    never kept; backward remakes each chunk's logits and turns its gradient into the hidden states' and the
+    weight's at once. Saves the hidden states, the weight (both held anyway) and per-row statistics."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float,
+        entropy: str,
+        chunk_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        op_dtype = _linear_dtype(hidden, weight)
+        with torch.autocast(hidden.device.type, enabled=False):
+            h, w = hidden.to(op_dtype), weight.to(op_dtype)
+            log_probs, stats, ent = _forward_chunks(
+                lambda rows: torch.nn.functional.linear(h[rows], w),
+                labels,
+                temperature,
+                entropy != "none",
+                chunk_size,
+                _compute_dtype(h),
+            )
+        if ent is None:
+            ent = log_probs.new_empty(0)
+        if entropy != "grad":
+            ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight, labels, stats, ent)
+        ctx.op_dtype, ctx.temperature, ctx.entropy, ctx.chunk_size = op_dtype, temperature, entropy, chunk_size
+        return log_probs, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_log_probs: torch.Tensor | None, grad_ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+        hidden, weight, labels, stats, ent = ctx.saved_tensors
+        if ctx.entropy != "grad":
+            grad_ent = None
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if not (want_h or want_w) or (grad_log_probs is None and grad_ent is None):
+            return None, None, None, None, None, None
+        h, w = hidden.to(ctx.op_dtype), weight.to(ctx.op_dtype)
+        grad_h = torch.empty_like(h) if want_h else None
+        grad_w = torch.zeros_like(w) if want_w else None  # summed over chunks in the product's dtype
+
+        def sink(rows: slice, g: torch.Tensor) -> None:
+            g = g.to(ctx.op_dtype)
+            if grad_h is not None:
+                torch.mm(g, w, out=grad_h[rows])
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), h[rows])
+
+        _backward_chunks(
+            lambda rows: torch.nn.functional.linear(h[rows], w),
+            labels,
+            stats,
+            ent,
+            grad_log_probs,
+            grad_ent,
+            ctx.temperature,
+            ctx.chunk_size,
+            sink,
+        )
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_token_log_probs_and_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float,
+    entropy: str = "none",
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`token_log_probs_and_entropy` of the logits ``hidden @ weight.T`` (a bias-free output layer), without
+    ever holding them: ``chunk_size`` rows of logits exist at a time, forward and backward (None:
+    :func:`default_chunk_rows`).
+
+    ``hidden [..., H]`` (the final hidden states at the positions that predict ``labels [...]``), ``weight [V, H]``.
+    The product runs in the operands' common dtype (autocast's where it is on), chunk by chunk as ``F.linear``;
+    the log-softmax in fp32. Differentiable w.r.t. both: backward recomputes each chunk's logits (one more product
+    of the output layer's size) and sums the weight's gradient over chunks in the product's dtype. Returns
+    ``(log_probs [...], entropy [...] or None)`` in fp32 (fp64 for fp64 operands).
+    """
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or not weight.is_floating_point():
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must be a floating-point tensor of shape [V, H], got {shape}")
+    ok = isinstance(hidden, torch.Tensor) and hidden.ndim >= 2 and hidden.is_floating_point()
+    if not ok or hidden.shape[-1] != weight.shape[1]:
+        shape = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ValueError(f"hidden must be a floating-point [..., {weight.shape[1]}] (weight is [V, H]), got {shape}")
+    _check_rest(labels, hidden.shape[:-1], "hidden", tuple(hidden.shape), temperature, entropy)
+    chunk_size = _chunk_rows(chunk_size, weight.shape[0])
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_labels = labels.reshape(-1).long()
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        log_probs, ent_out = _ChunkedLinearTokenLogProbs.apply(
+            flat_hidden, weight, flat_labels, temperature, entropy, chunk_size
+        )
+        ent: torch.Tensor | None = None if entropy == "none" else ent_out
+    else:
+        op_dtype = _linear_dtype(hidden, weight)
+        with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+            h, w = flat_hidden.to(op_dtype), weight.to(op_dtype)
+            log_probs, _, ent = _forward_chunks(
+                lambda rows: torch.nn.functional.linear(h[rows], w),
+                flat_labels,
+                temperature,
+                entropy != "none",
+                chunk_size,
+                _compute_dtype(h),
+            )
     return log_probs.reshape(labels.shape), None if ent is None else ent.reshape(labels.shape)
 
 

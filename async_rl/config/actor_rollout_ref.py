@@ -69,7 +69,15 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         list[str] | None, doc("Module names left without adapters (matched like target_modules); null = none.")
     ] = None
     use_liger: Annotated[bool, noop("Liger kernels.")] = False
-    use_fused_kernels: Annotated[bool, noop("verl fused kernels.")] = False
+    use_fused_kernels: Annotated[
+        bool,
+        doc(
+            "Fused output layer: the policy and reference compute log-probs (and entropy) from the final hidden states"
+            " a chunk of rows at a time, forward and backward, so no [tokens, vocab] logits are kept (one more"
+            " product of the output layer's size in the backward). Exact up to rounding; warns and does nothing on"
+            " a model whose output layer is not a bias-free linear layer returned as is."
+        ),
+    ] = False
     custom_chat_template: Annotated[
         str | None,
         doc("Jinja chat template that replaces the tokenizer's own (prompts, multi-turn rendering); null = its own."),

@@ -60,6 +60,7 @@ class Critic:
             head="token_value",
             shared_prompt=layout == "shared",
             reshard_after_forward=cfg.model.fsdp_config.reshard_after_forward,
+            fused_output_layer=False,
             min_num_params=cfg.model.fsdp_config.wrap_policy.min_num_params,
         )
         if layout == "shared" and not shared_prompt_enabled(model):

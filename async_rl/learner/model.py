@@ -35,6 +35,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from async_rl.learner.dist import DistContext, log_rank0
 from async_rl.learner.lean_layers import use_lean_layers
 from async_rl.learner.lora import apply_lora
+from async_rl.learner.output_layer import use_fused_output_layer
 from async_rl.learner.shared_prompt import use_shared_prompt_attention
 from async_rl.peft_format import LoRASpec
 
@@ -148,6 +149,7 @@ def build_model(
     pad_token_id: int | None = None,
     lora: LoRASpec | None = None,
     shared_prompt: bool = False,
+    fused_output_layer: bool,
     reshard_after_forward: bool,
     min_num_params: int,
 ) -> nn.Module:
@@ -161,6 +163,8 @@ def build_model(
     from ``seed``, the same on every rank) before sharding. ``shared_prompt`` switches the model's attention to
     :data:`~async_rl.learner.shared_prompt.SHARED_PROMPT_ATTENTION` (sdpa unless a call passes a shared layout);
     :func:`~async_rl.learner.shared_prompt.shared_prompt_enabled` tells whether that took.
+    ``fused_output_layer`` switches the output layer to the fused log-prob path
+    (:func:`~async_rl.learner.output_layer.use_fused_output_layer`; warns where it does not apply).
     ``reshard_after_forward``: FSDP2's switch for every unit (the config's ``fsdp_config.reshard_after_forward``).
     ``min_num_params``: the decoder layers form units of at least this many parameters (:func:`layer_units`; the
     config's ``fsdp_config.wrap_policy.min_num_params``; 0: one unit per layer).
@@ -185,6 +189,15 @@ def build_model(
         log_rank0(ctx, logger, "%s: LoRA rank %d on %d linear layers", role, lora.rank, len(adapted))
     norms, mlps = use_lean_layers(model)  # after LoRA: an MLP whose projections are adapters keeps calling them
     log_rank0(ctx, logger, "%s: memory-lean forward for %d RMSNorm and %d SwiGLU-MLP modules", role, norms, mlps)
+    if fused_output_layer and not use_fused_output_layer(model):
+        logger.warning(
+            "%s: %s's output layer is not a bias-free linear layer whose output the model returns as is: logits are"
+            " computed and kept as usual (actor_rollout_ref.model.use_fused_kernels has no effect)",
+            role,
+            type(model).__name__,
+        )
+    elif fused_output_layer:
+        log_rank0(ctx, logger, "%s: fused output layer (log-probs from hidden states, logits a chunk at a time)", role)
     enable_ckpt = getattr(model, "gradient_checkpointing_enable", None)
     if gradient_checkpointing and trainable:
         if enable_ckpt is None:

@@ -16,7 +16,8 @@ Two input layouts produce the same ``[b, T]`` outputs:
 Only logits at positions that predict response tokens are materialised (``logits_to_keep`` with explicit positions;
 packed: their union over rows), the log-softmax runs in fp32 and logits are divided by the sampling temperature
 first, as vLLM did when sampling; it is computed a chunk of rows at a time, backward included, so large vocabularies
-need no fp32 copy of the whole logit matrix.
+need no fp32 copy of the whole logit matrix. With the fused output layer (``use_fused_kernels``, ``output_layer.py``)
+the logits are not kept at all: the output layer computes the log-probs from the hidden states a chunk at a time.
 
 :func:`forward_full_batch` runs a no-grad pass over the whole step batch, each rank on its balanced share, and
 all-gathers the result so every rank ends up with the same ``[B, T]`` tensor (old/ref log-probs, values): advantages
@@ -35,6 +36,7 @@ from torch import nn
 from async_rl.algorithms import token_log_probs_and_entropy
 from async_rl.learner.batching import RolloutBatch
 from async_rl.learner.dist import DistContext
+from async_rl.learner.output_layer import FusedRequest, fused_log_probs, fused_output_layer
 from async_rl.learner.partition import LAYOUTS, Layout, pack_rows, plan_forward
 from async_rl.learner.shared_prompt import SharedLayout, build_shared_layout
 
@@ -214,13 +216,22 @@ def to_full_width(values: torch.Tensor, mi: MicroInputs) -> torch.Tensor:
     return torch.cat([values, values.new_zeros(b, width - t)], dim=1)
 
 
+def _label_rows(mi: MicroInputs) -> torch.Tensor | None:
+    """Packed and shared: each response token's row in the flattened ``[R * K, ...]`` kept positions (the model keeps
+    ``mi.keep`` in every row); padded: None, the kept ``[b, t]`` positions are the labels' own."""
+    if mi.token_row is None:
+        return None
+    assert mi.token_pos is not None
+    return mi.token_row * mi.keep.numel() + torch.searchsorted(mi.keep, mi.token_pos)
+
+
 def response_logits(model: nn.Module, mi: MicroInputs) -> torch.Tensor:
     """The logits (model dtype) that predict the response tokens, shaped like ``mi.labels``: ``[b, t, V]`` padded,
     ``[n, V]`` packed or shared (one row per response token, micro-batch row-major order)."""
     logits = model(**mi.model_kwargs(), logits_to_keep=mi.keep).logits
-    if mi.token_row is not None:  # packed: [R, K, V] -> one row per response token [n, V]
-        assert mi.token_pos is not None
-        logits = logits[mi.token_row, torch.searchsorted(mi.keep, mi.token_pos)]
+    rows = _label_rows(mi)
+    if rows is not None:  # packed and shared: [R, K, V] -> one row per response token [n, V]
+        logits = logits.reshape(-1, logits.shape[-1])[rows]
     return logits
 
 
@@ -235,8 +246,15 @@ def response_log_probs(
     """
     if entropy not in ("none", "detached", "grad"):
         raise ValueError(f"entropy must be 'none', 'detached' or 'grad', got {entropy!r}")
-    logits = response_logits(model, mi)  # model dtype; cast to fp32 a chunk at a time below
-    log_probs, ent = token_log_probs_and_entropy(logits, mi.labels, temperature=temperature, entropy=entropy)
+    head = fused_output_layer(model)
+    if head is not None:  # use_fused_kernels: the output layer returns the log-probs, no logits are kept
+        request = FusedRequest(_label_rows(mi), mi.labels, temperature, entropy)
+        with fused_log_probs(head, request):
+            out = model(**mi.model_kwargs(), logits_to_keep=mi.keep).logits
+        log_probs, ent = out[..., 0], {"none": None, "detached": out[..., 1].detach(), "grad": out[..., 1]}[entropy]
+    else:
+        logits = response_logits(model, mi)  # model dtype; cast to fp32 a chunk at a time below
+        log_probs, ent = token_log_probs_and_entropy(logits, mi.labels, temperature=temperature, entropy=entropy)
     mask = mi.response_mask
     lp = to_full_width(log_probs, mi) * mask
     return lp, None if ent is None else to_full_width(ent, mi) * mask

@@ -73,6 +73,7 @@ class SFTModel(SupervisedModel):
             gradient_checkpointing=m.enable_gradient_checkpointing,
             lora=lora,
             reshard_after_forward=True,  # FSDP2's default: the SFT config has no fsdp_config section
+            fused_output_layer=False,
             min_num_params=0,  # one unit per decoder layer, verl's default
         )
         self._train(model, cfg.optim, cfg.trainer, run_steps=run_steps, name="sft")

@@ -162,6 +162,7 @@ class Learner:
             lora=self.lora,
             seed=self.seed,
             shared_prompt=model_cfg.use_shared_prompt,
+            fused_output_layer=model_cfg.use_fused_kernels,
             reshard_after_forward=actor_cfg.fsdp_config.reshard_after_forward,
             min_num_params=actor_cfg.fsdp_config.wrap_policy.min_num_params,
         )
@@ -193,6 +194,7 @@ class Learner:
             trainable=False,
             compute_dtype=self.compute_dtype,
             shared_prompt=self.layout == "shared",
+            fused_output_layer=self.model_cfg.use_fused_kernels,
             reshard_after_forward=self.ref_fsdp.reshard_after_forward,
             min_num_params=self.ref_fsdp.wrap_policy.min_num_params,
         )

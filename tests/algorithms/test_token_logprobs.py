@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from async_rl.algorithms import token_log_probs_and_entropy, token_log_probs_and_entropy_reference
+from async_rl.algorithms import (
+    linear_token_log_probs_and_entropy,
+    token_log_probs_and_entropy,
+    token_log_probs_and_entropy_reference,
+)
 
 
 def _inputs(n: int, v: int, seed: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,3 +211,102 @@ def test_default_chunk_is_32_mib_of_fp32_rows_and_changes_no_value() -> None:
     (grad1,) = torch.autograd.grad((lp1 + ent1).sum(), logits)
     # rows are independent: the chunking changes no value
     assert torch.equal(lp, lp1) and torch.equal(ent, ent1) and torch.equal(grad, grad1)
+
+
+# linear_token_log_probs_and_entropy: the output layer's product and the log-softmax in one, logits never kept
+
+
+def _linear_inputs(n: int, h: int, v: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(n, h, generator=gen),
+        torch.randn(v, h, generator=gen) / 2,
+        torch.randint(0, v, (n,), generator=gen),
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64])  # 7 does not divide N = 19; 64 > N
+@pytest.mark.parametrize("entropy", ["none", "detached", "grad"])
+def test_linear_matches_the_logits_path_values_and_gradients(chunk_size: int, entropy: str) -> None:
+    hidden, weight, labels = _linear_inputs(19, 24, 300, seed=chunk_size)
+    gen = torch.Generator().manual_seed(2)
+    g_lp, g_ent = torch.randn(19, generator=gen), torch.randn(19, generator=gen)
+    results = []
+    for fused in (True, False):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        kw = {"temperature": 0.7, "entropy": entropy}
+        if fused:
+            lp, ent = linear_token_log_probs_and_entropy(h, w, labels, chunk_size=chunk_size, **kw)
+        else:
+            lp, ent = token_log_probs_and_entropy_reference(h @ w.T, labels, **kw)
+        loss = (g_lp * lp).sum() + ((g_ent * ent).sum() if entropy == "grad" else 0)
+        loss.backward()
+        results.append((lp.detach(), ent, h.grad, w.grad))
+    (lp, ent, gh, gw), (lp_r, ent_r, gh_r, gw_r) = results
+    torch.testing.assert_close(lp, lp_r, atol=1e-5, rtol=0)
+    torch.testing.assert_close(gh, gh_r, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gw, gw_r, atol=1e-5, rtol=1e-5)
+    assert float(gh.abs().max()) > 0.1 and float(gw.abs().max()) > 0.1
+    if entropy == "none":
+        assert ent is None
+    else:
+        assert ent is not None and ent_r is not None
+        torch.testing.assert_close(ent.detach(), ent_r.detach(), atol=1e-5, rtol=0)
+        assert ent.requires_grad == (entropy == "grad")
+
+
+def test_linear_gradcheck_float64_both_operands() -> None:
+    hidden, weight, labels = (t.double() if t.is_floating_point() else t for t in _linear_inputs(6, 5, 11, seed=4))
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+
+    def f(h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lp, ent = linear_token_log_probs_and_entropy(h, w, labels, temperature=0.8, entropy="grad", chunk_size=4)
+        assert ent is not None
+        return lp, ent
+
+    assert torch.autograd.gradcheck(f, (hidden, weight))
+
+
+def test_linear_product_runs_in_bf16_like_f_linear() -> None:
+    hidden, weight, labels = _linear_inputs(9, 16, 50, seed=5)
+    hb, wb = hidden.bfloat16().requires_grad_(True), weight.bfloat16().requires_grad_(True)
+    lp, _ = linear_token_log_probs_and_entropy(hb, wb, labels, temperature=1.0, chunk_size=4)
+    expected, _ = token_log_probs_and_entropy(torch.nn.functional.linear(hb, wb), labels, temperature=1.0)
+    assert lp.dtype == torch.float32
+    torch.testing.assert_close(lp, expected.detach(), atol=0, rtol=0)  # the same bf16 logits, row by row
+    lp.sum().backward()
+    assert hb.grad is not None and wb.grad is not None and hb.grad.dtype == wb.grad.dtype == torch.bfloat16
+    # under autocast fp32 operands are multiplied in bf16, as F.linear would, and get fp32 gradients
+    h32, w32 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp_ac, _ = linear_token_log_probs_and_entropy(h32, w32, labels, temperature=1.0, chunk_size=4)
+    torch.testing.assert_close(lp_ac, lp.detach(), atol=0, rtol=0)
+    lp_ac.sum().backward()
+    assert h32.grad is not None and w32.grad is not None and h32.grad.dtype == w32.grad.dtype == torch.float32
+    torch.testing.assert_close(w32.grad, wb.grad.float(), atol=0, rtol=0)
+
+
+def test_linear_leading_dims_and_no_grad() -> None:
+    hidden, weight, labels = _linear_inputs(12, 8, 30, seed=6)
+    lp, ent = linear_token_log_probs_and_entropy(
+        hidden.view(3, 4, 8), weight, labels.view(3, 4), temperature=1.0, entropy="detached"
+    )
+    flat, flat_ent = linear_token_log_probs_and_entropy(hidden, weight, labels, temperature=1.0, entropy="detached")
+    assert lp.shape == (3, 4) and ent is not None and ent.shape == (3, 4) and not lp.requires_grad
+    torch.testing.assert_close(lp.reshape(-1), flat, atol=0, rtol=0)
+    torch.testing.assert_close(ent.reshape(-1), flat_ent, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((torch.zeros(4, 8), torch.zeros(30, 7), torch.zeros(4, dtype=torch.long)), "hidden must be"),
+        ((torch.zeros(4, 8), torch.zeros(30), torch.zeros(4, dtype=torch.long)), "weight must be"),
+        ((torch.zeros(4, 8), torch.zeros(30, 8), torch.zeros(3, dtype=torch.long)), "labels has shape"),
+        ((torch.zeros(4, 8), torch.zeros(30, 8), torch.zeros(4)), "labels must be an integer"),
+    ],
+)
+def test_linear_rejects_bad_arguments(args: tuple[torch.Tensor, ...], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        linear_token_log_probs_and_entropy(*args, temperature=1.0)

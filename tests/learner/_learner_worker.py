@@ -19,10 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
-from _learner_testlib import START, layout, replace, scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
+from _learner_testlib import START, VOCAB, layout, replace, scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
+from async_rl.algorithms import token_logprobs  # noqa: E402
 from async_rl.learner import (  # noqa: E402
     Learner,
     export_hf,
@@ -34,6 +35,7 @@ from async_rl.learner import (  # noqa: E402
     teardown,
 )
 from async_rl.learner.model import build_model  # noqa: E402
+from async_rl.learner.output_layer import fused_output_layer  # noqa: E402
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -68,7 +70,9 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     res: dict[str, Any] = {}
     # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
     ref = tiny_policy()
-    sharded = build_model(tiny_policy, ctx, role="raw", seed=0, reshard_after_forward=True, min_num_params=0)
+    sharded = build_model(
+        tiny_policy, ctx, role="raw", seed=0, fused_output_layer=False, reshard_after_forward=True, min_num_params=0
+    )
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
     ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
     half = ids[ctx.rank * 2 : ctx.rank * 2 + 2].to(ctx.device)
@@ -98,6 +102,18 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
             local_l.train_step(*groups)
             res[f"{mode}/micro{micro}/{lay}"] = max_diff(g_dist[0], g_local[0])
     res["grad_scale"] = float(max(v.abs().max() for v in g_local[0].values()))
+    # the fused output layer under FSDP2, on a tied output embedding: the same gradients as the logits path
+    tied = lambda: tiny_policy(tie=True)  # noqa: E731
+    common = dict(ppo_mini_batch_size=4, entropy_coeff=0.01, ppo_micro_batch_size_per_gpu=3, **layout("shared"))
+    fused_l = Learner(settings(use_fused_kernels=True, **common), START, ctx, tied)
+    local_l = Learner(settings(**common), START, local_context(), tied)
+    res[f"fused_switched_rank{ctx.rank}"] = fused_output_layer(fused_l.model) is not None
+    g_fused, g_local = capture(fused_l), capture(local_l)
+    token_logprobs.LOGPROB_CHUNK_BYTES = 4 * VOCAB * 5  # chunks of 5 rows: the weight's gradient sums several
+    fused_l.train_step(*groups)
+    token_logprobs.LOGPROB_CHUNK_BYTES = 32 << 20
+    local_l.train_step(*groups)
+    res["fused/tied/shared"] = max_diff(g_fused[0], g_local[0])
     return res
 
 
@@ -140,7 +156,13 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
     tied = build_model(
-        lambda: tiny_policy(seed=2, tie=True), ctx, role="tied", seed=0, reshard_after_forward=True, min_num_params=0
+        lambda: tiny_policy(seed=2, tie=True),
+        ctx,
+        role="tied",
+        seed=0,
+        fused_output_layer=False,
+        reshard_after_forward=True,
+        min_num_params=0,
     )
     tied_full = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=None))
     tied_ref = tiny_policy(seed=2, tie=True).state_dict()
@@ -150,7 +172,15 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     # fsdp_config.reshard_after_forward: true frees each decoder layer's gathered parameters after its forward
     # (sharded DTensors again), false keeps them gathered (plain tensors) until the backward
     for reshard in (True, False):
-        unit = build_model(tiny_policy, ctx, role="reshard", seed=0, reshard_after_forward=reshard, min_num_params=0)
+        unit = build_model(
+            tiny_policy,
+            ctx,
+            role="reshard",
+            seed=0,
+            fused_output_layer=False,
+            reshard_after_forward=reshard,
+            min_num_params=0,
+        )
         loss = unit(torch.tensor([[1, 2, 3, 4]])).logits.float().sum()
         res[f"layers_sharded_after_forward_{reshard}_rank{ctx.rank}"] = all(
             isinstance(p, DTensor) for layer in unit.model.layers for p in layer.parameters()
@@ -161,7 +191,13 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     grads, states = {}, {}
     for min_params in (0, 1 << 30):
         model = build_model(
-            tiny_policy, ctx, role="units", seed=0, reshard_after_forward=True, min_num_params=min_params
+            tiny_policy,
+            ctx,
+            role="units",
+            seed=0,
+            fused_output_layer=False,
+            reshard_after_forward=True,
+            min_num_params=min_params,
         )
         layers = list(model.model.layers)
         states[min_params] = layers[0]._get_fsdp_state() is layers[1]._get_fsdp_state()

@@ -53,6 +53,9 @@ def test_fsdp2_gradients_match_single_process_for_any_micro_batch_and_world_size
         assert res[key] < 1e-6, (key, res[key])
     # the gradients are large enough that a missing x world_size (halved gradients) would show by far
     assert res["grad_scale"] > 1e-2
+    # use_fused_kernels: log-probs from the hidden states, the tied output embedding's gradient summed over chunks
+    assert res["fused_switched_rank0"] is True and res["fused_switched_rank1"] is True
+    assert res["fused/tied/shared"] < 1e-6, res["fused/tied/shared"]
 
 
 def test_two_rank_training_matches_single_process_and_exports(tmp_path: Path) -> None:

@@ -133,6 +133,7 @@ def run_loop(
         scorer=EmulatedScorer(),
         weight_sync=weight_sync or InstantWeightSync(),
         max_concurrent_groups=max_concurrent_groups,
+        max_concurrent_eval=kwargs.pop("max_concurrent_eval", max_concurrent_groups),
         max_groups=max_groups,
         update_mode="inflight",
         poll_interval_s=0.005,

@@ -7,7 +7,8 @@ One asyncio loop drives everything, so the rollout client (not thread-safe) is o
         if the learner's plan (``client.weight_sync``) invites this actor to a new version: join its epoch, then
         pause -> receive + verify -> resume   (engine.update_weights, the one pause/resume path);
         while a validation round on the loaded version may still run here: receive now, load after (below)
-        keep up to ``max_concurrent_groups`` groups generating; ask for more before the engine runs dry
+        keep up to ``max_concurrent_groups`` training groups and ``max_concurrent_eval`` validation prompts
+        generating; ask for more before the engine runs dry
         multi-turn (``episodes``): each grant's episodes talk with the environment (actor.episodes), which scores them
         each finished group: score its completions in the reward worker and, with a learned reward model
         (``reward_model``), by the reward server or in-process (the two combined by ``reward_weights``), then the
@@ -227,6 +228,7 @@ class ActorLoop:
         episodes: EpisodeRunner | None = None,
         teacher: Teacher | None = None,
         max_concurrent_groups: int,
+        max_concurrent_eval: int,
         update_mode: UpdateMode,
         lend_threads: tuple[int, int] | None = None,
         poll_interval_s: float = 0.01,
@@ -234,6 +236,8 @@ class ActorLoop:
     ) -> None:
         if max_concurrent_groups < 1:
             raise ValueError(f"max_concurrent_groups must be >= 1, got {max_concurrent_groups}")
+        if max_concurrent_eval < 1:
+            raise ValueError(f"max_concurrent_eval must be >= 1, got {max_concurrent_eval}")
         if reward_model is not None and (reward_weights is None or give_up_s is None):
             raise ValueError("a reward model needs reward_weights and give_up_s")
         self.actor_id = actor_id
@@ -248,6 +252,7 @@ class ActorLoop:
         self.teacher = teacher
         self.weight_sync = weight_sync
         self.max_concurrent = max_concurrent_groups
+        self.max_concurrent_eval = max_concurrent_eval
         self.update_mode = update_mode
         # (threads normally, threads while the learner waits): the engine runs on the learner's idle cores then
         self.lend_threads = lend_threads
@@ -632,6 +637,25 @@ class ActorLoop:
             if isinstance(exc, EngineDead) and self._fatal is None:
                 self._fatal = ActorFailed(f"actor {self.actor_id}: {exc}")
 
+    def _has_room(self, grant: PromptGrant) -> bool:
+        """Whether a grant of its kind may start now: training groups and validation prompts have caps of their own."""
+        running_eval = self._eval_tasks
+        if grant.is_eval:
+            return running_eval < self.max_concurrent_eval
+        return len(self._tasks) - running_eval < self.max_concurrent
+
+    def _free_credit(self) -> int:
+        """Grants to ask for. Training groups fill ``max_concurrent_groups``; while a validation round on the loaded
+        weights still has prompts to grant (the coordinator serves them before training), the credit also covers
+        the room left under ``max_concurrent_eval``, so the round's prompts fill the engine. Grants waiting here
+        count against their kind; a training grant beyond its cap waits here until a group finishes."""
+        pending_eval = sum(g.is_eval for g in self._pending)
+        train = len(self._tasks) - self._eval_tasks + len(self._pending) - pending_eval
+        train_free = self.max_concurrent - train
+        if self.client.eval_version >= 0 and self.client.eval_version == self.engine.version:
+            return max(train_free, self.max_concurrent_eval - self._eval_tasks - pending_eval)
+        return train_free
+
     # ------------------------------------------------------------------ main loop
     async def run(self) -> ActorLoopStats:
         self.client.hello(loaded_version=self.engine.version)
@@ -655,18 +679,18 @@ class ActorLoop:
                 grant = self._pending.popleft()
                 if self._obsolete(grant):
                     continue
-                if self._can_start(grant) and len(self._tasks) < self.max_concurrent:
+                if self._can_start(grant) and self._has_room(grant):
                     self._launch(grant)
                 else:
                     self._pending.append(grant)
-            free = self.max_concurrent - len(self._tasks) - len(self._pending)
+            free = self._free_credit()
             if free > 0 and self._weights_valid:
                 grants = self.client.request_work(max_groups=free, loaded_version=self.engine.version)
                 self.stats.grants_received += len(grants)
                 for grant in grants:
                     if self._obsolete(grant):
                         continue
-                    if self._can_start(grant):
+                    if self._can_start(grant) and self._has_room(grant):
                         self._launch(grant)
                     else:
                         self._pending.append(grant)

@@ -194,7 +194,13 @@ class LauncherConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class ActorSettingsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Per-actor generation settings."""
 
-    max_concurrent_groups: Annotated[PosInt, doc("Prompt groups one actor generates concurrently.")] = 64
+    max_concurrent_groups: Annotated[
+        PosInt,
+        doc(
+            "Training prompt groups one actor generates concurrently. A validation round's prompts have a cap of"
+            " their own, as many samples: max_concurrent_groups x rollout.n / rollout.val_kwargs.n prompts."
+        ),
+    ] = 64
     lend_learner_cores: Annotated[
         bool,
         doc(

@@ -230,6 +230,15 @@ def max_loras(max_staleness: int) -> int:
     return max_staleness + 2
 
 
+def max_concurrent_eval(cfg: Config) -> int:
+    """Validation prompts one actor generates concurrently: as many samples as its training groups may hold
+    (``async_training.actor.max_concurrent_groups x rollout.n / rollout.val_kwargs.n``, at least 1). Counted as
+    groups, a round of 200 one-sample prompts ran 32 sequences at a time in the SmolLM2 recipe, where a training
+    step's 16 groups run 128."""
+    rollout = cfg.actor_rollout_ref.rollout
+    return max(1, cfg.async_training.actor.max_concurrent_groups * rollout.n // rollout.val_kwargs.n)
+
+
 def served_check_tolerance(
     configured: float | None, *, rollout_dtype: str, device_type: str, param_dtype: str, learner_device_type: str
 ) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 from async_rl.actor import vllm_exit
 from async_rl.config import Config
 from async_rl.config.distillation import teacher_at
+from async_rl.config.resolve import max_concurrent_eval
 from async_rl.runtime import resources
 
 logger = logging.getLogger(__name__)
@@ -218,6 +219,7 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, repo
                 engine.vllm, verify_rotation=cfg.async_training.weight_sync.verify_rotation
             ),
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
+            max_concurrent_eval=max_concurrent_eval(cfg),
             update_mode=cfg.async_training.update_mode,
             lend_threads=lend,
         )
@@ -271,6 +273,7 @@ async def _run_emulated(
             scorer=EmulatedScorer(),
             weight_sync=weight_sync,
             max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
+            max_concurrent_eval=max_concurrent_eval(cfg),
             update_mode=cfg.async_training.update_mode,
         )
         await loop.run()

@@ -157,6 +157,7 @@ class _FakeClient:
         self.sent = []
         self.shutdown_requested = False
         self.weight_sync = None
+        self.eval_version = -1  # no validation round open
         self.report = {}
 
     def hello(self, loaded_version=0):
@@ -205,7 +206,7 @@ def test_loop_streams_each_group_as_soon_as_it_finishes(engine, loop):
     client = _FakeClient([grant(0, 120), grant(1, 2), grant(2, 2), grant(3, 2)])
     actor = ActorLoop(
         actor_id="a0", client=client, engine=eng, scorer=_LengthScorer(), weight_sync=None,
-        max_concurrent_groups=8, max_groups=4, update_mode="inflight",
+        max_concurrent_groups=8, max_concurrent_eval=8, max_groups=4, update_mode="inflight",
     )  # fmt: skip
     stats = loop.run_until_complete(actor.run())
     assert stats.groups_sent == 4 and len(client.sent) == 4

@@ -11,7 +11,7 @@ from _loop_fakes import InstantWeightSync, ScriptedClient, make_grant, make_plan
 
 from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer
 from async_rl.actor.loop import ActorLoop
-from async_rl.transport.protocol import RolloutGroup
+from async_rl.transport.protocol import GroupSampling, PromptGrant, RolloutGroup
 from async_rl.weight_sync.errors import WeightSyncError
 
 
@@ -101,7 +101,7 @@ def test_an_eval_grant_queued_in_the_client_holds_the_loaded_version() -> None:
     client = ScriptedClient([])
     loop = ActorLoop(
         actor_id="a0", client=client, engine=engine, scorer=EmulatedScorer(), weight_sync=InstantWeightSync(),
-        max_concurrent_groups=1, update_mode="inflight",
+        max_concurrent_groups=1, max_concurrent_eval=1, update_mode="inflight",
     )  # fmt: skip
     assert not loop._round_runs_here()
     client.queued_grants = (make_grant(0, min_version=1, eval_round=0),)  # received, not handed out yet
@@ -127,3 +127,52 @@ def test_a_failed_receive_of_a_held_version_keeps_the_loaded_weights_serving() -
     assert all(_versions(g) == [(1, 1), (1, 1)] for g in client.sent)
     assert loop.stats.update_failures == 1 and sync.held == [] and engine.version == 1
     assert sync.announced  # out of the group's epoch: it announces itself for the next one
+
+
+class _CountingEngine(EmulatedEngine):
+    """Records how many eval and training groups generate at once."""
+
+    def __init__(self) -> None:
+        super().__init__(200.0, response_len=4)  # 4 tokens per sample at 200 tokens/s: each group runs a while
+        self.running = {True: 0, False: 0}
+        self.peak = {True: 0, False: 0}
+
+    async def generate(self, prompt_token_ids: Any, sampling: Any) -> Any:
+        kind = sampling.n == 1  # the round's prompts have one sample, the training groups two
+        self.running[kind] += 1
+        self.peak[kind] = max(self.peak[kind], self.running[kind])
+        try:
+            return await super().generate(prompt_token_ids, sampling)
+        finally:
+            self.running[kind] -= 1
+
+
+def test_a_round_fills_its_own_cap_while_training_keeps_its_own() -> None:
+    """Validation prompts count against max_concurrent_eval, not against the training groups' cap: a round of
+    one-sample prompts runs as many at once as the training groups' samples would (counted as groups, 2 at a time)."""
+    engine = _CountingEngine()
+    one = GroupSampling.defaults(n=1, temperature=0.0, max_tokens=4)
+    grants = [make_grant(i, min_version=0, eval_round=0, sampling=one) for i in range(10)]
+    grants += [make_grant(100 + i, min_version=0) for i in range(4)]
+    client = ScriptedClient(grants)
+    client.eval_version = 0  # the coordinator still has prompts of a round on the loaded version to grant
+    loop = run_loop(engine, client, max_groups=14, max_concurrent_groups=2, max_concurrent_eval=8)
+    assert sorted(g.prompt_id for g in client.sent) == [*range(10), 100, 101, 102, 103]  # nothing lost or repeated
+    assert engine.peak[True] == 8  # the round filled its cap ...
+    assert engine.peak[False] == 2  # ... and training groups never exceeded theirs
+    assert loop.stats.eval_groups_sent == 10
+
+
+def test_without_an_open_round_credit_is_the_training_cap() -> None:
+    engine = _CountingEngine()
+    client = ScriptedClient([make_grant(100 + i, min_version=0) for i in range(6)])
+    requested: list[int] = []
+    request = client.request_work
+
+    def recording(max_groups: int, loaded_version: int, timeout_s: float = 0.0) -> list[PromptGrant]:
+        requested.append(max_groups)
+        return request(max_groups, loaded_version, timeout_s)
+
+    client.request_work = recording  # type: ignore[method-assign]
+    run_loop(engine, client, max_groups=6, max_concurrent_groups=3, max_concurrent_eval=50)
+    assert max(requested) == 3 and engine.peak[False] == 3

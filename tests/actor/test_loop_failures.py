@@ -52,6 +52,7 @@ def _loop(engine: EmulatedEngine, client: ScriptedClient, weight_sync: Any, max_
         scorer=EmulatedScorer(),
         weight_sync=weight_sync,
         max_concurrent_groups=1,
+        max_concurrent_eval=1,
         max_groups=max_groups,
         update_mode="inflight",
         poll_interval_s=0.005,

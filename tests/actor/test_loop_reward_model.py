@@ -55,6 +55,7 @@ def _run(
         reward_weights=RewardWeights(model=2.0, rule=0.5),
         give_up_s=give_up_s,
         max_concurrent_groups=concurrent,
+        max_concurrent_eval=concurrent,
         max_groups=grants,
         update_mode="inflight",
         poll_interval_s=0.005,
@@ -143,5 +144,6 @@ def test_a_reward_model_needs_its_weights_and_deadline() -> None:
             weight_sync=None,
             reward_model=_ScriptedModel(),
             max_concurrent_groups=1,
+            max_concurrent_eval=1,
             update_mode="inflight",
         )

@@ -42,6 +42,7 @@ def _run(client: ScriptedClient, teacher: FakeTeacher, max_groups: int) -> Actor
         weight_sync=InstantWeightSync(),
         teacher=teacher,
         max_concurrent_groups=4,
+        max_concurrent_eval=4,
         max_groups=max_groups,
         update_mode="inflight",
         poll_interval_s=0.005,
@@ -82,6 +83,7 @@ def test_an_episodes_observation_tokens_get_a_teacher_log_prob_of_zero() -> None
         weight_sync=None,
         teacher=FakeTeacher(),
         max_concurrent_groups=1,
+        max_concurrent_eval=1,
         update_mode="inflight",
     )
     episode = make_completion([5, 6, 7, 8], [-0.1, 0.0, 0.0, -0.2], version_min=0, loss_mask=[1, 0, 0, 1])

@@ -25,6 +25,7 @@ from async_rl.actor.emulated import EmulatedEngine, EmulatedScorer, ReceiveOnlyW
 from async_rl.actor.engine import EngineOutput
 from async_rl.actor.loop import ActorLoop
 from async_rl.config import load_config
+from async_rl.config.resolve import max_concurrent_eval
 from async_rl.transport import RolloutClient
 from async_rl.transport.protocol import GroupSampling
 from async_rl.weight_sync import WeightReceiver
@@ -79,6 +80,7 @@ async def emulated(client: RolloutClient, cfg: Any, engine: EmulatedEngine, sync
         scorer=EmulatedScorer(),
         weight_sync=sync,
         max_concurrent_groups=cfg.async_training.actor.max_concurrent_groups,
+        max_concurrent_eval=max_concurrent_eval(cfg),
         update_mode=cfg.async_training.update_mode,
     )
     await loop.run()

@@ -115,6 +115,7 @@ def _run_loop(lengths: list[int], shaping: OverlongShaping | None) -> RolloutGro
         weight_sync=None,
         reward_shaping=shaping,
         max_concurrent_groups=1,
+        max_concurrent_eval=1,
         max_groups=1,
         update_mode="inflight",
         poll_interval_s=0.001,

@@ -173,3 +173,26 @@ def test_single_process_bf16_is_as_close_to_fp32_as_the_logits_path() -> None:
             assert fused_err == logits_err
         else:
             assert fused_err <= 1.25 * logits_err, (fused_err, logits_err)
+
+
+def test_lora_adapters_train_through_the_fused_layer_and_the_frozen_weight_gets_no_gradient() -> None:
+    from async_rl.learner.lora import apply_lora
+    from async_rl.peft_format import LoRASpec
+
+    spec = LoRASpec(rank=4, alpha=8.0, target_modules="all-linear")  # every linear layer but the output layer
+    plain = tiny_policy(seed=4)
+    apply_lora(plain, spec, seed=0)
+    use_shared_prompt_attention(plain)
+    fused = copy.deepcopy(plain)
+    assert use_fused_output_layer(fused)
+    batch = collate(*scripted_groups(3, 2, seed=9))
+    mi = build_micro_inputs(batch, list(range(len(batch))), layout="shared", device=CPU)
+    lp, _, grads = _step(fused, mi, "none")
+    lp_r, _, grads_r = _step(plain, mi, "none")
+    torch.testing.assert_close(lp, lp_r, atol=1e-6, rtol=0)
+    trained = {n for n, p in fused.named_parameters() if p.requires_grad}
+    assert trained and all("lora" in n for n in trained) and "lm_head.weight" not in trained
+    assert grads["lm_head.weight"] is None
+    for name in trained:
+        torch.testing.assert_close(grads[name], grads_r[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert max(float(grads[n].abs().max()) for n in trained) > 1e-4

@@ -104,10 +104,20 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     res["grad_scale"] = float(max(v.abs().max() for v in g_local[0].values()))
     # the fused output layer under FSDP2, on a tied output embedding: the same gradients as the logits path
     tied = lambda: tiny_policy(tie=True)  # noqa: E731
-    common = dict(ppo_mini_batch_size=4, entropy_coeff=0.01, ppo_micro_batch_size_per_gpu=3, **layout("shared"))
+    common = dict(
+        ppo_mini_batch_size=4,
+        entropy_coeff=0.01,
+        use_kl_loss=True,  # the reference model's log-probs come through its fused layer too (no grad)
+        kl_loss_coef=0.1,
+        ppo_micro_batch_size_per_gpu=3,
+        **layout("shared"),
+    )
     fused_l = Learner(settings(use_fused_kernels=True, **common), START, ctx, tied)
     local_l = Learner(settings(**common), START, local_context(), tied)
-    res[f"fused_switched_rank{ctx.rank}"] = fused_output_layer(fused_l.model) is not None
+    assert fused_l.ref is not None
+    res[f"fused_switched_rank{ctx.rank}"] = (
+        fused_output_layer(fused_l.model) is not None and fused_output_layer(fused_l.ref) is not None
+    )
     g_fused, g_local = capture(fused_l), capture(local_l)
     token_logprobs.LOGPROB_CHUNK_BYTES = 4 * VOCAB * 5  # chunks of 5 rows: the weight's gradient sums several
     fused_l.train_step(*groups)

@@ -256,6 +256,29 @@ def _linear_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
+def _linear_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`_forward_chunks` of the logits ``hidden @ weight.T``, each chunk's made in the product's dtype
+    (:func:`_linear_dtype`) when it is read."""
+    op_dtype = _linear_dtype(hidden, weight)
+    with torch.autocast(hidden.device.type, enabled=False):
+        h, w = hidden.to(op_dtype), weight.to(op_dtype)
+        return _forward_chunks(
+            lambda rows: torch.nn.functional.linear(h[rows], w),
+            labels,
+            temperature,
+            with_entropy,
+            chunk_size,
+            _compute_dtype(h),
+        )
+
+
 class _ChunkedLinearTokenLogProbs(torch.autograd.Function):
     """The output layer and the log-softmax together: ``hidden @ weight.T`` is made a chunk of rows at a time and
     never kept; backward remakes each chunk's logits and turns its gradient into the hidden states' and the
@@ -272,16 +295,7 @@ class _ChunkedLinearTokenLogProbs(torch.autograd.Function):
         chunk_size: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         op_dtype = _linear_dtype(hidden, weight)
-        with torch.autocast(hidden.device.type, enabled=False):
-            h, w = hidden.to(op_dtype), weight.to(op_dtype)
-            log_probs, stats, ent = _forward_chunks(
-                lambda rows: torch.nn.functional.linear(h[rows], w),
-                labels,
-                temperature,
-                entropy != "none",
-                chunk_size,
-                _compute_dtype(h),
-            )
+        log_probs, stats, ent = _linear_forward(hidden, weight, labels, temperature, entropy != "none", chunk_size)
         if ent is None:
             ent = log_probs.new_empty(0)
         if entropy != "grad":
@@ -370,16 +384,9 @@ def linear_token_log_probs_and_entropy(
         )
         ent: torch.Tensor | None = None if entropy == "none" else ent_out
     else:
-        op_dtype = _linear_dtype(hidden, weight)
-        with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-            h, w = flat_hidden.to(op_dtype), weight.to(op_dtype)
-            log_probs, _, ent = _forward_chunks(
-                lambda rows: torch.nn.functional.linear(h[rows], w),
-                flat_labels,
-                temperature,
-                entropy != "none",
-                chunk_size,
-                _compute_dtype(h),
+        with torch.no_grad():
+            log_probs, _, ent = _linear_forward(
+                flat_hidden, weight, flat_labels, temperature, entropy != "none", chunk_size
             )
     return log_probs.reshape(labels.shape), None if ent is None else ent.reshape(labels.shape)
 

@@ -7,7 +7,8 @@ a one-output head read at each sequence's last non-pad token, ``AutoModelForSequ
 the full model on CPU (``from_pretrained`` memory-maps safetensors; tests pass a factory that builds a tiny model from
 a fixed seed), then every decoder layer (the classes in the model's ``_no_split_modules``) and finally the root
 become FSDP2 units over the 1-D mesh, which moves the shards to the rank's device. Tied input/output embeddings stay
-in the root unit, so the tie survives sharding.
+in the root unit, so the tie survives sharding. On gloo a trained model's units reduce their gradients through
+:class:`~async_rl.learner.grad_reduce.InPlaceReduceScatter` (gloo's arithmetic without its full-size copies).
 
 Precision: ``compute_dtype`` is the learner's resolved ``param_dtype`` (bf16 or fp32 on any device, see
 :func:`~async_rl.learner.precision.resolve_compute_dtype`). With bf16 a sharded model all-gathers its parameters in
@@ -33,10 +34,12 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from async_rl.learner.dist import DistContext, log_rank0
+from async_rl.learner.grad_reduce import use_in_place_reduce_scatter
 from async_rl.learner.lean_layers import use_lean_layers
 from async_rl.learner.lora import apply_lora
 from async_rl.learner.output_layer import use_fused_output_layer
 from async_rl.learner.shared_prompt import use_shared_prompt_attention
+from async_rl.learner.tied_embedding import use_tied_embedding_rows
 from async_rl.peft_format import LoRASpec
 
 __all__ = [
@@ -189,6 +192,8 @@ def build_model(
         log_rank0(ctx, logger, "%s: LoRA rank %d on %d linear layers", role, lora.rank, len(adapted))
     norms, mlps = use_lean_layers(model)  # after LoRA: an MLP whose projections are adapters keeps calling them
     log_rank0(ctx, logger, "%s: memory-lean forward for %d RMSNorm and %d SwiGLU-MLP modules", role, norms, mlps)
+    if trainable and use_tied_embedding_rows(model):
+        log_rank0(ctx, logger, "%s: tied input embedding: its gradient rows go into the output layer's in place", role)
     if fused_output_layer and not use_fused_output_layer(model):
         logger.warning(
             "%s: %s's output layer is not a bias-free linear layer whose output the model returns as is: logits are"
@@ -224,6 +229,8 @@ def build_model(
                 reshard_after_forward=reshard_after_forward,
             )
         fully_shard(model, mesh=ctx.mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        if trainable and ctx.backend == "gloo" and ctx.world_size > 1:
+            use_in_place_reduce_scatter(model, ctx.world_size)  # same bits as gloo's, without its full-size copies
         grouped = f" (decoder layers per unit: {','.join(str(len(u)) for u in units)})" if min_num_params > 0 else ""
         log_rank0(ctx, logger, "%s: %d FSDP2 units over %d ranks%s", role, len(units) + 1, ctx.world_size, grouped)
     else:

@@ -34,6 +34,7 @@ from async_rl.learner import (  # noqa: E402
     share_batch,
     teardown,
 )
+from async_rl.learner.grad_reduce import InPlaceReduceScatter  # noqa: E402
 from async_rl.learner.model import build_model  # noqa: E402
 from async_rl.learner.output_layer import fused_output_layer  # noqa: E402
 
@@ -124,6 +125,88 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     token_logprobs.LOGPROB_CHUNK_BYTES = 32 << 20
     local_l.train_step(*groups)
     res["fused/tied/shared"] = max_diff(g_fused[0], g_local[0])
+    return res
+
+
+def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
+    """InPlaceReduceScatter against gloo's reduce-scatter (the collective alone, then FSDP2's gradients through it)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    res: dict[str, Any] = {}
+    group = dist.group.WORLD
+    comm = InPlaceReduceScatter(ctx.world_size)
+    gen = torch.Generator().manual_seed(100 + ctx.rank)  # each rank its own values
+    equal = []
+    for numel in (2, 6, 1000, 28_314):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            values = torch.randn(numel, generator=gen)
+            expected = torch.empty(numel // ctx.world_size)
+            dist.reduce_scatter_tensor(expected, values.clone(), op=op)
+            buf = comm.allocate((numel,), dtype=torch.float32, device=ctx.device)
+            buf.copy_(values)
+            out = comm.allocate((numel // ctx.world_size,), dtype=torch.float32, device=ctx.device)
+            res.setdefault(f"out_separate_rank{ctx.rank}", True)
+            res[f"out_separate_rank{ctx.rank}"] &= out.data_ptr() != buf.data_ptr()
+            comm(out, buf, group, op)
+            equal.append(torch.equal(out, expected))
+    res[f"collective_equal_rank{ctx.rank}"] = equal
+    res[f"block_kept_rank{ctx.rank}"] = comm._block is not None and comm._block.numel() == 28_314
+    try:
+        comm.allocate((5,), dtype=torch.float32, device=ctx.device)
+        res["odd_input_error"] = None
+    except RuntimeError as exc:
+        res["odd_input_error"] = str(exc)
+    # FSDP2: build_model on gloo installs it on every unit; gradients equal FSDP2's own collective's bit for bit,
+    # over two micro-batches (the second accumulates into the views of the first's output)
+    ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(5))
+    grads = {}
+    for label in ("in_place", "gloo"):
+        model = build_model(
+            tiny_policy, ctx, role=label, seed=0, fused_output_layer=False, reshard_after_forward=True, min_num_params=0
+        )
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        comms = {type(u._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm).__name__ for u in units}
+        res[f"{label}_units"] = len(units)
+        res[f"{label}_comms"] = sorted(comms)
+        if label == "gloo":
+            from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+            for unit in units:
+                unit.set_custom_reduce_scatter(DefaultReduceScatter())
+        for half in range(2):
+            rows = ids[ctx.rank * 2 + half : ctx.rank * 2 + half + 1].to(ctx.device)
+            model(input_ids=rows).logits.logsumexp(-1).mean().backward()
+        grads[label] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
+    res[f"fsdp_grads_equal_rank{ctx.rank}"] = grads["in_place"].keys() == grads["gloo"].keys() and all(
+        torch.equal(grads["in_place"][n], grads["gloo"][n]) for n in grads["gloo"]
+    )
+    res["fsdp_grad_count"] = len(grads["gloo"])
+    # a tied embedding (learner/tied_embedding.py) under FSDP2: its rows into the output layer's gradient give the
+    # bits of the dense embedding gradient and autograd's sum, two micro-batches each
+    tied = {}
+    for label in ("rows", "dense"):
+        model = build_model(
+            lambda: tiny_policy(tie=True),
+            ctx,
+            role=label,
+            seed=0,
+            fused_output_layer=False,
+            reshard_after_forward=True,
+            min_num_params=0,
+        )
+        embedding = model.get_input_embeddings()
+        res[f"tied_{label}_switched_rank{ctx.rank}"] = "forward" in vars(embedding)
+        if label == "dense":
+            del embedding.forward  # back to nn.Embedding's own
+        for half in range(2):
+            rows = ids[ctx.rank * 2 + half : ctx.rank * 2 + half + 1].to(ctx.device)
+            model(input_ids=rows).logits.logsumexp(-1).mean().backward()
+        tied[label] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
+    res[f"tied_grads_equal_rank{ctx.rank}"] = tied["rows"].keys() == tied["dense"].keys() and all(
+        torch.equal(tied["rows"][n], tied["dense"][n]) for n in tied["dense"]
+    )
+    res["tied_embedding_grad_norm"] = float(tied["rows"]["model.embed_tokens.weight"].norm())
     return res
 
 
@@ -447,6 +530,8 @@ def main() -> None:
     ctx = init_distributed(backend="auto", timeout_s=300.0)
     if scenario == "grads":
         res = scenario_grads(ctx)
+    elif scenario == "grad_reduce":
+        res = scenario_grad_reduce(ctx)
     elif scenario == "train":
         res = scenario_train(ctx, out)
     elif scenario == "lora":

@@ -34,6 +34,14 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         doc("HF hub id or local directory of the policy; 'builtin:tiny-arith' = the demo model built in code."),
     ] = "builtin:tiny-arith"
     enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward to save memory.")] = True
+    gradient_checkpointing_interval: Annotated[
+        PosInt,
+        doc(
+            "With enable_gradient_checkpointing: checkpoint every k-th decoder layer of the policy (layers 0, k, 2k,"
+            " ...), keeping the other layers' activations for the backward: less recomputation for more memory"
+            " (this project's key; verl has none). 1 = every layer, as verl does."
+        ),
+    ] = 1
     use_remove_padding: Annotated[bool, doc("Pack sequences without padding in the learner forward (varlen).")] = False
     use_shared_prompt: Annotated[
         bool,

@@ -525,6 +525,12 @@ def collect_warnings(cfg: Config) -> list[str]:
     if noop:
         warnings.append(f"these keys are accepted but have no effect in async_rl: {', '.join(noop)}")
     actor, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
+    model = cfg.actor_rollout_ref.model
+    if model.gradient_checkpointing_interval > 1 and not model.enable_gradient_checkpointing:
+        warnings.append(
+            f"{ARR}.model.gradient_checkpointing_interval={model.gradient_checkpointing_interval} has no effect:"
+            f" {ARR}.model.enable_gradient_checkpointing is false"
+        )
     if alg.use_kl_in_reward and actor.use_kl_loss:
         warnings.append(
             "algorithm.use_kl_in_reward and actor_rollout_ref.actor.use_kl_loss are both true:"

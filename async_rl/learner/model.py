@@ -47,6 +47,7 @@ __all__ = [
     "ModelHead",
     "ModelSource",
     "build_model",
+    "checkpoint_every",
     "disable_dropout",
     "load_causal_lm",
     "load_head_model",
@@ -102,6 +103,22 @@ def disable_dropout(model: nn.Module) -> None:
                 setattr(config, key, 0.0)
 
 
+def checkpoint_every(model: nn.Module, interval: int) -> tuple[int, int]:
+    """Leave HF activation checkpointing (already enabled) on decoder layers 0, ``interval``, 2 x ``interval``, ...
+    only (transformers' ``GradientCheckpointingLayer`` reads its ``gradient_checkpointing`` flag at each call).
+    Returns (layers checkpointed, decoder layers); raises where the layers have no such flag."""
+    classes = _layer_classes(model)
+    layers = [m for m in model.modules() if type(m).__name__ in classes]
+    if not layers or not all(hasattr(layer, "gradient_checkpointing") for layer in layers):
+        raise ValueError(
+            "actor_rollout_ref.model.gradient_checkpointing_interval > 1 needs decoder layers with transformers'"
+            f" per-layer checkpointing flag; {type(model).__name__} has none"
+        )
+    for i, layer in enumerate(layers):
+        setattr(layer, "gradient_checkpointing", i % interval == 0)  # noqa: B010 (a plain attribute of the layer)
+    return sum(bool(layer.gradient_checkpointing) for layer in layers), len(layers)
+
+
 def _layer_classes(model: nn.Module) -> set[str]:
     names = getattr(model, "_no_split_modules", None) or []
     return {str(n) for n in names}
@@ -147,7 +164,7 @@ def build_model(
     seed: int,
     trainable: bool = True,
     compute_dtype: torch.dtype = torch.float32,
-    gradient_checkpointing: bool = False,
+    gradient_checkpointing: int = 0,
     head: ModelHead = "causal_lm",
     pad_token_id: int | None = None,
     lora: LoRASpec | None = None,
@@ -160,6 +177,8 @@ def build_model(
 
     ``role`` is only used in log lines. ``trainable=False`` freezes the parameters (reference model).
     ``compute_dtype`` (fp32 or bf16) is the forward/backward dtype, see the module docstring.
+    ``gradient_checkpointing``: 0 (or False) = off; k = HF activation checkpointing on every k-th decoder layer
+    (layers 0, k, 2k, ...; 1 or True = all), the others keeping their activations (:func:`checkpoint_every`).
     ``head`` says what a directory is loaded as (:func:`load_head_model`, with ``pad_token_id`` for
     ``sequence_score``); a factory is called as is.
     ``lora`` adds trainable adapters and freezes the rest (:func:`~async_rl.learner.lora.apply_lora`, initialised
@@ -208,6 +227,9 @@ def build_model(
         if enable_ckpt is None:
             raise ValueError(f"{role}: enable_gradient_checkpointing is set but the model has no HF checkpointing")
         enable_ckpt(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if gradient_checkpointing > 1:
+            done, total = checkpoint_every(model, int(gradient_checkpointing))
+            log_rank0(ctx, logger, "%s: activation checkpointing on %d of %d decoder layers", role, done, total)
     model.train(trainable)
     if not trainable:
         model.requires_grad_(False)

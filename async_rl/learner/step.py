@@ -158,7 +158,9 @@ class Learner:
             self.ctx,
             role="actor",
             compute_dtype=self.compute_dtype,
-            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            gradient_checkpointing=model_cfg.gradient_checkpointing_interval
+            if model_cfg.enable_gradient_checkpointing
+            else 0,
             lora=self.lora,
             seed=self.seed,
             shared_prompt=model_cfg.use_shared_prompt,

@@ -282,3 +282,14 @@ def test_validation_group_must_fit_in_a_message() -> None:
 def test_disabled_correction_with_staleness_warns() -> None:
     _, warnings = load_config_with_warnings(None, ["algorithm.rollout_correction.enable=false"])
     assert any("algorithm.rollout_correction.enable" in w for w in warnings)
+
+
+def test_gradient_checkpointing_interval_without_checkpointing_warns() -> None:
+    _, warnings = load_config_with_warnings(
+        None,
+        [
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            "actor_rollout_ref.model.gradient_checkpointing_interval=3",
+        ],
+    )
+    assert any("gradient_checkpointing_interval=3 has no effect" in w for w in warnings)

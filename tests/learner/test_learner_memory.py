@@ -93,3 +93,34 @@ def test_one_micro_batch_of_activations_at_a_time_within_a_per_token_budget(name
     floats = 12 * cfg.num_hidden_layers * (cfg.hidden_size + cfg.intermediate_size) + 4 * cfg.vocab_size
     assert whole.peak / tokens <= 2.5 * floats, (whole.peak / tokens, 2.5 * floats)
     assert whole.peak / tokens >= 4 * cfg.num_hidden_layers * (cfg.hidden_size + cfg.intermediate_size)
+
+
+def test_gradient_checkpointing_interval_checkpoints_every_kth_layer_with_the_same_gradients() -> None:
+    """actor_rollout_ref.model.gradient_checkpointing_interval: layers 0, k, 2k, ... recompute, the others keep their
+    activations; the gradients are those of full checkpointing (recomputation gives the same values)."""
+    from async_rl.learner.model import build_model
+
+    ctx = local_context()
+    models = {
+        k: build_model(
+            tiny_policy,
+            ctx,
+            role=f"k{k}",
+            seed=0,
+            gradient_checkpointing=k,
+            fused_output_layer=False,
+            reshard_after_forward=True,
+            min_num_params=0,
+        )
+        for k in (1, 2)
+    }
+    layers = {k: list(m.model.layers) for k, m in models.items()}
+    assert [layer.gradient_checkpointing for layer in layers[1]] == [True, True]
+    assert [layer.gradient_checkpointing for layer in layers[2]] == [True, False]
+    ids = torch.randint(1, 64, (3, 9), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for k, model in models.items():
+        model(input_ids=ids).logits.logsumexp(-1).mean().backward()
+        grads[k] = {n: p.grad for n, p in model.named_parameters()}
+    for name in grads[1]:
+        assert torch.equal(grads[1][name], grads[2][name]), name

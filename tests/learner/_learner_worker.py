@@ -128,6 +128,18 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     return res
 
 
+def _two_micro_batch_grads(model: nn.Module, ids: torch.Tensor, ctx: Any) -> dict[str, torch.Tensor]:
+    """This rank's two rows of ``ids`` as two micro-batches (the second accumulates), then the local gradient shards."""
+    for half in range(2):
+        rows = ids[ctx.rank * 2 + half : ctx.rank * 2 + half + 1].to(ctx.device)
+        model(input_ids=rows).logits.logsumexp(-1).mean().backward()
+    return {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
 def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
     """InPlaceReduceScatter against gloo's reduce-scatter (the collective alone, then FSDP2's gradients through it)."""
     import torch.distributed as dist
@@ -174,13 +186,8 @@ def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
 
             for unit in units:
                 unit.set_custom_reduce_scatter(DefaultReduceScatter())
-        for half in range(2):
-            rows = ids[ctx.rank * 2 + half : ctx.rank * 2 + half + 1].to(ctx.device)
-            model(input_ids=rows).logits.logsumexp(-1).mean().backward()
-        grads[label] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
-    res[f"fsdp_grads_equal_rank{ctx.rank}"] = grads["in_place"].keys() == grads["gloo"].keys() and all(
-        torch.equal(grads["in_place"][n], grads["gloo"][n]) for n in grads["gloo"]
-    )
+        grads[label] = _two_micro_batch_grads(model, ids, ctx)
+    res[f"fsdp_grads_equal_rank{ctx.rank}"] = _bitwise_equal(grads["in_place"], grads["gloo"])
     res["fsdp_grad_count"] = len(grads["gloo"])
     # a tied embedding (learner/tied_embedding.py) under FSDP2: its rows into the output layer's gradient give the
     # bits of the dense embedding gradient and autograd's sum, two micro-batches each
@@ -199,13 +206,8 @@ def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
         res[f"tied_{label}_switched_rank{ctx.rank}"] = "forward" in vars(embedding)
         if label == "dense":
             del embedding.forward  # back to nn.Embedding's own
-        for half in range(2):
-            rows = ids[ctx.rank * 2 + half : ctx.rank * 2 + half + 1].to(ctx.device)
-            model(input_ids=rows).logits.logsumexp(-1).mean().backward()
-        tied[label] = {n: p.grad.to_local().clone() for n, p in model.named_parameters() if p.grad is not None}
-    res[f"tied_grads_equal_rank{ctx.rank}"] = tied["rows"].keys() == tied["dense"].keys() and all(
-        torch.equal(tied["rows"][n], tied["dense"][n]) for n in tied["dense"]
-    )
+        tied[label] = _two_micro_batch_grads(model, ids, ctx)
+    res[f"tied_grads_equal_rank{ctx.rank}"] = _bitwise_equal(tied["rows"], tied["dense"])
     res["tied_embedding_grad_norm"] = float(tied["rows"]["model.embed_tokens.weight"].norm())
     return res
 

@@ -1,7 +1,8 @@
 """Benchmark a learner rank's peak memory on a recipe's step and model: the system malloc against tcmalloc, or the
 fused output layer against logits.
 
-Usage: ``python tools/bench_memory.py --model DIR [--geometry recipe|calculator] [--steps 3] [--compare fused]``
+Usage: ``python tools/bench_memory.py --model DIR [--geometry recipe|calculator] [--steps 3]
+[--compare allocator|fused|checkpointing] [--interval 3]``
 (``DIR``: e.g. the SmolLM2 directory ``python tools/prepare_model.py smollm2-135m-instruct --out DIR`` writes)
 
 ``--compare allocator`` (the default): each allocator runs ``torchrun`` with 2 ranks (gloo on CPU, one thread per
@@ -16,6 +17,11 @@ the rank trained in one step, and the median step time; then the system/tcmalloc
 ``--compare fused``: the same runs, both on tcmalloc, with ``actor_rollout_ref.model.use_fused_kernels`` false and
 true (log-probs from the hidden states, no ``[tokens, vocab]`` logits kept), and the logits/fused ratio of the peaks
 (``learner_peak_memory_logits_vs_fused_output``).
+
+``--compare checkpointing``: both on tcmalloc, with activation checkpointing on every decoder layer and on every
+``--interval``-th (``actor_rollout_ref.model.gradient_checkpointing_interval``), and the ratio of the peaks
+(``learner_peak_memory_interval_k_vs_every_layer``) with the step times beside it: what fewer recomputed layers cost in
+memory and save in time on this host, in the precision ``auto`` picks here.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ def worker(params: dict[str, object]) -> None:
             str(ROOT / CONFIGS[str(params["geometry"])]),
             f"actor_rollout_ref.model.path={model}",
             f"actor_rollout_ref.model.use_fused_kernels={str(params['fused']).lower()}",
+            f"actor_rollout_ref.model.gradient_checkpointing_interval={params['interval']}",
         ]
     )
     ctx = init_distributed(backend="auto", timeout_s=1800.0)
@@ -81,9 +88,16 @@ def worker(params: dict[str, object]) -> None:
     teardown(ctx)
 
 
-def run(args: argparse.Namespace, library: str | None, out: Path, *, fused: bool) -> dict[str, float]:
+def run(args: argparse.Namespace, library: str | None, out: Path, *, fused: bool, interval: int) -> dict[str, float]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
-    params = {"model": args.model, "geometry": args.geometry, "steps": args.steps, "out": str(out), "fused": fused}
+    params = {
+        "model": args.model,
+        "geometry": args.geometry,
+        "steps": args.steps,
+        "out": str(out),
+        "fused": fused,
+        "interval": interval,
+    }
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", BENCH_MEMORY_WORKER=json.dumps(params))
     if library is not None:
@@ -102,22 +116,35 @@ def main() -> None:
     p.add_argument("--model", required=True, help="HF directory of the model (e.g. SmolLM2)")
     p.add_argument("--geometry", choices=sorted(CONFIGS), default="recipe")
     p.add_argument("--steps", type=int, default=3, help="steps per run (the peak is over all of them)")
-    p.add_argument("--compare", choices=("allocator", "fused"), default="allocator", help="what the two runs differ in")
+    p.add_argument(
+        "--compare",
+        choices=("allocator", "fused", "checkpointing"),
+        default="allocator",
+        help="what the runs differ in",
+    )
+    p.add_argument(
+        "--interval", type=int, default=3, help="--compare checkpointing: every k-th layer against every one"
+    )
     args = p.parse_args()
     library = find_tcmalloc(search_dirs(os.environ))
     if library is None and args.compare == "allocator":
         print("no libtcmalloc on this host (apt-get install libtcmalloc-minimal4): nothing to compare")
         return
+    if args.interval < 2:
+        raise SystemExit(f"--interval must be at least 2 (1 is every layer, the baseline), got {args.interval}")
     if args.compare == "allocator":
-        runs = {"system": (None, False), "tcmalloc": (library, False)}
+        runs = {"system": (None, False, 1), "tcmalloc": (library, False, 1)}
         name = "learner_peak_memory_system_vs_tcmalloc"
-    else:
-        runs = {"logits": (library, False), "fused": (library, True)}
+    elif args.compare == "fused":
+        runs = {"logits": (library, False, 1), "fused": (library, True, 1)}
         name = "learner_peak_memory_logits_vs_fused_output"
+    else:  # the larger peak first, as in the other comparisons
+        runs = {f"every{args.interval}": (library, False, args.interval), "every1": (library, False, 1)}
+        name = "learner_peak_memory_interval_k_vs_every_layer"
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, (lib, fused) in runs.items():
-            results[label] = run(args, lib, Path(tmp) / f"{label}.json", fused=fused)
+        for label, (lib, fused, interval) in runs.items():
+            results[label] = run(args, lib, Path(tmp) / f"{label}.json", fused=fused, interval=interval)
     print(f"== learner peak memory, rank 0 of 2 ({args.geometry}, {args.steps} steps, {args.model}) ==")
     for label, r in results.items():
         per_token = r["peak_bytes"] / r["tokens"]

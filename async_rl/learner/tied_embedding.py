@@ -15,9 +15,8 @@ through a gradient hook on the weight: the output layer's gradient takes the row
 function returns no gradient for the weight, but its edge to it makes autograd accumulate the weight's gradient
 after the embedding's backward). The weight's gradient is then the same bits as before, over several backwards too,
 with no dense embedding gradient and no third tensor. A backward in which no output-layer gradient arrives raises
-instead of dropping the rows. Only for a ``.backward()``
-that accumulates into ``.grad`` (what the learner runs); the output's graph has no edge to the weight, so
-``torch.autograd.grad`` would not see this part.
+instead of dropping the rows. Made for ``.backward()`` into ``.grad``, what the learner runs; ``torch.autograd.grad``
+with respect to the weight is not what it was built or tested for.
 """
 
 from __future__ import annotations

@@ -76,6 +76,10 @@ class InPlaceReduceScatter(ReduceScatter):
             raise ValueError("InPlaceReduceScatter runs synchronously (gloo on CPU)")
         if group.size() != self.world_size:
             raise ValueError(f"the group has {group.size()} ranks, this reduce-scatter was made for {self.world_size}")
+        block = self._block
+        if block is not None and output_tensor.untyped_storage().data_ptr() == block.untyped_storage().data_ptr():
+            # the sharded gradients would be views into the lent block, which the next unit overwrites
+            raise RuntimeError("reduce-scatter output lent from the input block (allocate calls out of order)")
         dist.all_reduce(input_tensor, op=op, group=group)
         output_tensor.copy_(input_tensor.chunk(self.world_size)[group.rank()])
         return None

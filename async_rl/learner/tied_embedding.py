@@ -76,7 +76,9 @@ def _add_pending(pending: list[tuple[torch.Tensor, torch.Tensor]], grad: torch.T
     other gradient reached the weight (left to :func:`_check_added`)."""
     if grad is None:
         return None
-    in_place = grad.is_contiguous()  # the output layer's product; a broadcast gradient is read-only
+    # in place into the output layer's fresh product (a new [vocab, hidden] tensor is what this module avoids); a
+    # broadcast gradient (stride 0) is read-only and gets a new tensor
+    in_place = grad.is_contiguous()
     while pending:
         ids_used, rows = pending.pop()
         grad = grad.index_add_(0, ids_used, rows) if in_place else grad.index_add(0, ids_used, rows)

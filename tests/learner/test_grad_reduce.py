@@ -40,3 +40,16 @@ def test_in_place_reduce_scatter_rejects_a_single_rank_and_an_unexpected_output_
     assert block.numel() == 8
     with pytest.raises(RuntimeError, match="expected 4"):
         comm.allocate((3,), dtype=block.dtype, device=block.device)
+    # an output that is a view of the lent block is refused before any communication
+    with pytest.raises(RuntimeError, match="lent from the input block"):
+        comm(block[:4], block, _OneGroup(), None)
+
+
+class _OneGroup:
+    """What __call__ reads of a process group before communicating: 2 ranks."""
+
+    def size(self) -> int:
+        return 2
+
+    def rank(self) -> int:
+        return 0

@@ -107,8 +107,7 @@ def checkpoint_every(model: nn.Module, interval: int) -> tuple[int, int]:
     """Leave HF activation checkpointing (already enabled) on decoder layers 0, ``interval``, 2 x ``interval``, ...
     only (transformers' ``GradientCheckpointingLayer`` reads its ``gradient_checkpointing`` flag at each call).
     Returns (layers checkpointed, decoder layers); raises where the layers have no such flag."""
-    classes = _layer_classes(model)
-    layers = [m for m in model.modules() if type(m).__name__ in classes]
+    layers = _decoder_layers(model)
     if not layers or not all(hasattr(layer, "gradient_checkpointing") for layer in layers):
         raise ValueError(
             "actor_rollout_ref.model.gradient_checkpointing_interval > 1 needs decoder layers with transformers'"
@@ -119,9 +118,10 @@ def checkpoint_every(model: nn.Module, interval: int) -> tuple[int, int]:
     return sum(bool(layer.gradient_checkpointing) for layer in layers), len(layers)
 
 
-def _layer_classes(model: nn.Module) -> set[str]:
-    names = getattr(model, "_no_split_modules", None) or []
-    return {str(n) for n in names}
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder layers: modules of the classes its ``_no_split_modules`` names, in model order."""
+    classes = {str(n) for n in getattr(model, "_no_split_modules", None) or []}
+    return [m for m in model.modules() if type(m).__name__ in classes]
 
 
 def _autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype) -> None:
@@ -238,8 +238,7 @@ def build_model(
         mp = MixedPrecisionPolicy()
         if bf16:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        classes = _layer_classes(model)
-        layers = [m for m in model.modules() if type(m).__name__ in classes]
+        layers = _decoder_layers(model)
         if not layers:
             logger.warning("%s: no decoder-layer classes found (_no_split_modules); sharding the root only", role)
         units = layer_units(layers, min_num_params)

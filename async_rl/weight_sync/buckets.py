@@ -21,6 +21,8 @@ broadcasts.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -31,7 +33,17 @@ from async_rl.weight_sync.digest import raw_bytes
 from async_rl.weight_sync.errors import WeightSyncError
 from async_rl.weight_sync.protocol import BucketSpec, ChunkMeta, TensorSpec, dtype_from_name, dtype_name
 
-__all__ = ["ALIGN", "Bucket", "BufferPool", "TensorAssembler", "fill_buckets", "plan_buckets", "tensor_spec"]
+__all__ = [
+    "ALIGN",
+    "Bucket",
+    "BufferPool",
+    "TensorAssembler",
+    "fill_buckets",
+    "keep_buffers",
+    "malloc_is_tcmalloc",
+    "plan_buckets",
+    "tensor_spec",
+]
 
 ALIGN = 64
 
@@ -40,14 +52,35 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+@functools.cache
+def malloc_is_tcmalloc() -> bool:
+    """Whether this process allocates with tcmalloc (it exports ``MallocExtension_GetNumericProperty``), as the
+    learner ranks and actors do by default (``async_training.cpu_allocator``)."""
+    try:
+        return hasattr(ctypes.CDLL(None), "MallocExtension_GetNumericProperty")
+    except OSError:
+        return False
+
+
+def keep_buffers(device: torch.device | str) -> bool:
+    """Whether a :class:`BufferPool` on ``device`` should keep its buffers from one update to the next: on CPU, unless
+    the process allocates with tcmalloc. glibc returns a freed buffer of this size to the kernel, and the next update
+    page-faults its way into fresh memory; tcmalloc keeps freed memory mapped and hands it out again. There a kept
+    pool only pins its buffers: on the SmolLM2 recipe the sender's two 64 MiB blocks sat under learner rank 0's peak,
+    and letting them go lowered that rank's peak resident memory from 2,479 to 2,296 MiB with updates as fast (median
+    0.437 s against 0.429-0.464 s; docs/recipes.md). On a GPU the caching allocator reuses memory itself."""
+    return torch.device(device).type == "cpu" and not malloc_is_tcmalloc()
+
+
 class BufferPool:
     """Byte buffers kept from one weight update for the next (the same model has the same sizes every time).
 
     Host memory touched for the first time costs a page fault per 4 KiB page: measured here, copying 29 MiB into fresh
-    memory took about 40 ms, into memory used before 8-11 ms, and the gloo link moves those bytes in about 18 ms. So on
-    CPU every buffer an update takes is lent from this pool and given back after the update (:meth:`restore`), and the
-    next update writes into memory already mapped. On a GPU the caching allocator already reuses memory, and the pool
-    only allocates. A failed update calls :meth:`drop` instead: a transfer cut short may still write into its buffers.
+    memory took about 40 ms, into memory used before 8-11 ms, and the gloo link moves those bytes in about 18 ms. So
+    where the allocator would return them to the kernel (``keep``, see :func:`keep_buffers`) every buffer an update
+    takes is lent from this pool and given back after the update (:meth:`restore`), and the next update writes into
+    memory already mapped. Without ``keep`` the pool only allocates. A failed update calls :meth:`drop` instead: a
+    transfer cut short may still write into its buffers.
 
     ``block_bytes``: every buffer is allocated at least that large and lent as a view of the size asked for, so any
     free buffer serves any request up to it. A sender that hands each buffer back as soon as its bucket is off the
@@ -55,9 +88,9 @@ class BufferPool:
     held every packed bucket of an update, about 400 MiB, when its pool was keyed by exact size).
     """
 
-    def __init__(self, device: torch.device | str, *, block_bytes: int = 0) -> None:
+    def __init__(self, device: torch.device | str, *, block_bytes: int, keep: bool) -> None:
         self.device = torch.device(device)
-        self.enabled = self.device.type == "cpu"
+        self.enabled = keep
         self.block_bytes = block_bytes
         self._free: dict[int, list[torch.Tensor]] = {}
         self._lent: list[torch.Tensor] = []
@@ -172,7 +205,7 @@ def fill_buckets(
     the plan, or missing from it, raise ValueError too.
     """
     device = torch.device(device)
-    pool = pool if pool is not None else BufferPool(device)
+    pool = pool if pool is not None else BufferPool(device, block_bytes=0, keep=False)
     it = iter(named_tensors)
     current: tuple[str, torch.Tensor] | None = None  # the tensor whose chunks are being taken (direct splits)
 
@@ -221,7 +254,7 @@ class TensorAssembler:
 
     def __init__(self, device: torch.device | str, pool: BufferPool | None = None) -> None:
         self.device = torch.device(device)
-        self.pool = pool if pool is not None else BufferPool(self.device)
+        self.pool = pool if pool is not None else BufferPool(self.device, block_bytes=0, keep=False)
         self._partial: dict[str, _Partial] = {}
         self._done: set[str] = set()
 

@@ -98,7 +98,7 @@ class WeightReceiver:
         """
         self.report = None
         group = self.group
-        pool = self.pool if self.pool is not None else BufferPool(group.device)
+        pool = self.pool if self.pool is not None else BufferPool(group.device, block_bytes=0, keep=False)
         assembler = TensorAssembler(group.device, pool)
         states: dict[str, ByteDigest] = {}
         got: dict[str, TensorDigest] = {}

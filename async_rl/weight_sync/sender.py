@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from async_rl.weight_sync.buckets import Bucket, BufferPool, fill_buckets, plan_buckets, tensor_spec
+from async_rl.weight_sync.buckets import Bucket, BufferPool, fill_buckets, keep_buffers, plan_buckets, tensor_spec
 from async_rl.weight_sync.digest import ByteDigest, TensorDigest, algo_for_device, fingerprint
 from async_rl.weight_sync.errors import WeightSyncError
 from async_rl.weight_sync.group import Transfer, WeightSyncGroup
@@ -88,7 +88,7 @@ class WeightSender:
             direct = min(max(int(direct_min_mb * _MB), 1), self.cap_bytes)
         self.direct_min_bytes = direct
         # packing buffers, each handed back once its bucket is off the wire and reused (see BufferPool)
-        self.pool = BufferPool(group.device, block_bytes=self.cap_bytes)
+        self.pool = BufferPool(group.device, block_bytes=self.cap_bytes, keep=keep_buffers(group.device))
 
     def send(
         self,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,6 +18,8 @@ from async_rl.weight_sync.buckets import (
     BufferPool,
     TensorAssembler,
     fill_buckets,
+    keep_buffers,
+    malloc_is_tcmalloc,
     plan_buckets,
     tensor_spec,
 )
@@ -175,7 +180,7 @@ def test_assembler_rejects_malformed_streams() -> None:
 
 
 def test_buffer_pool_lends_each_buffer_once_per_update_and_reuses_it_after() -> None:
-    pool = BufferPool("cpu")
+    pool = BufferPool("cpu", block_bytes=0, keep=True)
     a, b = pool.take(100), pool.take(100)
     assert a.data_ptr() != b.data_ptr() and pool.held_bytes == 0  # both lent: never the same buffer twice at once
     pool.restore()
@@ -188,7 +193,7 @@ def test_buffer_pool_lends_each_buffer_once_per_update_and_reuses_it_after() -> 
 
 
 def test_a_block_pool_lends_views_of_equal_blocks_and_takes_each_back_at_once() -> None:
-    pool = BufferPool("cpu", block_bytes=256)
+    pool = BufferPool("cpu", block_bytes=256, keep=True)
     a = pool.take(100)
     assert a.numel() == 100 and a.untyped_storage().nbytes() == 256
     pool.give_back(a)  # off the wire: a request of another size reuses the same block
@@ -201,3 +206,37 @@ def test_a_block_pool_lends_views_of_equal_blocks_and_takes_each_back_at_once() 
     assert pool.held_bytes == 256
     pool.restore()
     assert pool.held_bytes == 512
+
+
+def test_a_pool_that_does_not_keep_lends_fresh_buffers_and_holds_nothing() -> None:
+    pool = BufferPool("cpu", block_bytes=256, keep=False)
+    a = pool.take(100)
+    assert a.numel() == 100 and a.untyped_storage().nbytes() == 256
+    pool.give_back(a)
+    pool.restore()
+    assert pool.held_bytes == 0
+    a[:] = 7
+    assert pool.take(100).data_ptr() != a.data_ptr()  # `a` is still alive here: new memory, never a lent buffer
+
+
+_DETECT = (
+    "from async_rl.weight_sync.buckets import keep_buffers, malloc_is_tcmalloc;"
+    " print(malloc_is_tcmalloc(), keep_buffers('cpu'))"
+)
+
+
+def test_buffers_are_kept_on_cpu_only_where_malloc_is_not_tcmalloc() -> None:
+    from async_rl.runtime.allocator import find_tcmalloc, search_dirs
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    run = [sys.executable, "-c", _DETECT]
+    plain = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=120)
+    assert plain.stdout.split() == ["False", "True"]  # glibc malloc: the pool keeps its buffers
+    assert keep_buffers("cuda") is False and keep_buffers("cpu") is (not malloc_is_tcmalloc())
+    library = find_tcmalloc(search_dirs(os.environ))
+    if library is None:
+        pytest.skip("no tcmalloc library on this host")
+    preloaded = subprocess.run(
+        run, env={**env, "LD_PRELOAD": library}, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert preloaded.stdout.split() == ["True", "False"]

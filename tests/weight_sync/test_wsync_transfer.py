@@ -19,6 +19,7 @@ from async_rl.weight_sync import (
     open_group,
     resolve_backend,
 )
+from async_rl.weight_sync import sender as sender_module
 from async_rl.weight_sync.buckets import BufferPool, tensor_spec
 from async_rl.weight_sync.digest import ByteDigest
 from async_rl.weight_sync.group import WeightSyncGroup
@@ -195,7 +196,10 @@ def test_lazy_source_with_a_manifest_matches_the_materialised_send() -> None:
     assert all(torch.equal(got[name], t) for name, t in weights.items())
 
 
-def test_the_sender_keeps_two_packing_buffers_however_many_buckets_an_update_has() -> None:
+def test_the_sender_keeps_two_packing_buffers_however_many_buckets_an_update_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sender_module, "keep_buffers", lambda device: True)  # as with glibc's malloc
     root, actor = _groups(2, timeout_s=20)
     weights = {f"w{i}": torch.full((128,), float(i)) for i in range(16)}  # 512 B each: 2 per 1-KiB bucket
     sender = WeightSender(root, bucket_size_mb=1 / 1024, direct_min_mb=4 / 1024)
@@ -212,7 +216,7 @@ def test_the_sender_keeps_two_packing_buffers_however_many_buckets_an_update_has
 
 def test_a_receiver_with_a_pool_reuses_its_buffers_on_the_next_update() -> None:
     root, actor = _groups(2, timeout_s=20)
-    pool = BufferPool("cpu")
+    pool = BufferPool("cpu", block_bytes=0, keep=True)
     sender = WeightSender(root, bucket_size_mb=4 / 1024, direct_min_mb=4 / 1024)
     seen: list[dict[str, tuple[int, torch.Tensor]]] = []
 

@@ -5,7 +5,7 @@ by ``rollout.n``), the ``*_per_gpu`` micro-batch sizes count SEQUENCES per learn
 batch sizes (without ``_per_gpu``) are converted to per-rank sizes during validation.
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -35,11 +35,13 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = "builtin:tiny-arith"
     enable_gradient_checkpointing: Annotated[bool, doc("Recompute activations in backward to save memory.")] = True
     gradient_checkpointing_interval: Annotated[
-        PosInt,
+        PosInt | Literal["auto"],
         doc(
             "With enable_gradient_checkpointing: checkpoint every k-th decoder layer of the policy (layers 0, k, 2k,"
             " ...), keeping the other layers' activations for the backward: less recomputation for more memory"
-            " (this project's key; verl has none). 1 = every layer, as verl does."
+            " (this project's key; verl has none). 1 = every layer, as verl does. auto = every third layer where the"
+            " learner computes in bf16 (its activations take half the bytes), every layer in fp32"
+            " (async_rl.config.precision.checkpoint_interval)."
         ),
     ] = 1
     use_remove_padding: Annotated[bool, doc("Pack sequences without padding in the learner forward (varlen).")] = False

@@ -526,7 +526,7 @@ def collect_warnings(cfg: Config) -> list[str]:
         warnings.append(f"these keys are accepted but have no effect in async_rl: {', '.join(noop)}")
     actor, ro, alg = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
     model = cfg.actor_rollout_ref.model
-    if model.gradient_checkpointing_interval > 1 and not model.enable_gradient_checkpointing:
+    if model.gradient_checkpointing_interval != 1 and not model.enable_gradient_checkpointing:
         warnings.append(
             f"{ARR}.model.gradient_checkpointing_interval={model.gradient_checkpointing_interval} has no effect:"
             f" {ARR}.model.enable_gradient_checkpointing is false"

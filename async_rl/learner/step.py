@@ -55,6 +55,7 @@ from async_rl.config import Config
 from async_rl.config.algorithm import AlgorithmConfig
 from async_rl.config.distillation import teacher_at
 from async_rl.config.names import needs_critic
+from async_rl.config.precision import checkpoint_interval
 from async_rl.config.resolve import LearnerStart, resolved
 from async_rl.learner.batching import RolloutBatch, collate_groups, mask_out_of_vocab, mask_truncated
 from async_rl.learner.checkpoint import load_learner, save_learner
@@ -149,6 +150,14 @@ class Learner:
         self.version = 0
         self.loss_hook: Callable[[torch.Tensor], torch.Tensor] | None = None  # tests: corrupt the loss on purpose
 
+    def _checkpoint_interval(self) -> int:
+        """The policy's activation-checkpointing interval (``model.gradient_checkpointing_interval``, ``auto`` by the
+        compute dtype), logged once."""
+        learner = "bf16" if self.compute_dtype == torch.bfloat16 else "fp32"
+        interval, why = checkpoint_interval(self.model_cfg.gradient_checkpointing_interval, learner)
+        log_rank0(self.ctx, logger, "actor: activation checkpointing every %d decoder layer(s) (%s)", interval, why)
+        return interval
+
     def _build_actor(self, policy: ModelSource, start: LearnerStart) -> TrainedModel:
         """The policy with its optimizer; also settles ``self.layout``, the micro-batch layout every pass uses
         (shared prompts need a model that takes them: build_model warns, and the layout falls back)."""
@@ -158,9 +167,7 @@ class Learner:
             self.ctx,
             role="actor",
             compute_dtype=self.compute_dtype,
-            gradient_checkpointing=model_cfg.gradient_checkpointing_interval
-            if model_cfg.enable_gradient_checkpointing
-            else 0,
+            gradient_checkpointing=self._checkpoint_interval() if model_cfg.enable_gradient_checkpointing else 0,
             lora=self.lora,
             seed=self.seed,
             shared_prompt=model_cfg.use_shared_prompt,

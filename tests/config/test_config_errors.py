@@ -293,3 +293,19 @@ def test_gradient_checkpointing_interval_without_checkpointing_warns() -> None:
         ],
     )
     assert any("gradient_checkpointing_interval=3 has no effect" in w for w in warnings)
+    _, warnings = load_config_with_warnings(
+        None,
+        [
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            "actor_rollout_ref.model.gradient_checkpointing_interval=auto",
+        ],
+    )
+    assert any("gradient_checkpointing_interval=auto has no effect" in w for w in warnings)
+    _, warnings = load_config_with_warnings(None, ["actor_rollout_ref.model.gradient_checkpointing_interval=auto"])
+    assert not any("gradient_checkpointing_interval" in w for w in warnings)  # checkpointing is on by default
+
+
+def test_gradient_checkpointing_interval_takes_a_positive_number_or_auto() -> None:
+    for bad in ("0", "every"):
+        with pytest.raises(ConfigError, match="gradient_checkpointing_interval"):
+            load_config(None, [f"actor_rollout_ref.model.gradient_checkpointing_interval={bad}"])

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from async_rl.config.precision import (
+    AUTO_CHECKPOINT_INTERVAL,
     auto_bf16,
+    checkpoint_interval,
     cpu_bf16_flags,
     cpu_vendor,
     learner_precision,
@@ -102,3 +104,13 @@ def test_the_start_up_line_names_both_choices_and_why(hosts: dict[str, Path]) ->
     )
     line = precision_line("fp32", "float32", learner_device="cpu", actor_device="cpu", cpuinfo=hosts["zen4"])
     assert line == "precision: learner fp32, actors float32 (set in the config)"
+
+
+def test_the_checkpoint_interval_auto_follows_the_learner_precision() -> None:
+    assert checkpoint_interval("auto", "bf16") == (3, "auto: the learner computes in bf16")
+    assert checkpoint_interval("auto", "fp32") == (1, "auto: the learner computes in fp32")
+    assert AUTO_CHECKPOINT_INTERVAL == {"bf16": 3, "fp32": 1}
+    assert checkpoint_interval(2, "fp32") == (2, "set in the config")  # a number is kept in either precision
+    assert checkpoint_interval(1, "bf16") == (1, "set in the config")
+    with pytest.raises(ValueError, match="'fp16'"):
+        checkpoint_interval("auto", "fp16")

@@ -181,3 +181,17 @@ def test_single_process_bf16_step_autocasts_keeps_fp32_masters_and_tracks_fp32()
     assert 1e-5 < float(diff.mean()) < 5e-3 and float(diff.max()) < 2e-2
     for key in ("learner/actor/pg_loss", "learner/actor/kl_loss", "learner/actor/entropy", "learner/actor/loss"):
         assert bf16.metrics[key] == pytest.approx(fp32.metrics[key], rel=0.02, abs=1e-4), key
+
+
+@pytest.mark.parametrize(("param_dtype", "flags"), [("bf16", [True, False]), ("fp32", [True, True])])
+def test_checkpoint_interval_auto_checkpoints_every_third_layer_in_bf16_and_every_layer_in_fp32(
+    param_dtype: str, flags: list[bool], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``model.gradient_checkpointing_interval: auto`` by the compute dtype: on the tiny policy's 2 decoder layers,
+    every third is layer 0 only."""
+    cfg = settings(param_dtype=param_dtype, enable_gradient_checkpointing=True, gradient_checkpointing_interval="auto")
+    with caplog.at_level(logging.INFO, logger="async_rl.learner.step"):
+        learner = Learner(cfg, START, local_context(CPU), tiny_policy)
+    assert [layer.gradient_checkpointing for layer in learner.actor.model.model.layers] == flags
+    every = 3 if param_dtype == "bf16" else 1
+    assert f"every {every} decoder layer(s) (auto: the learner computes in {param_dtype})" in caplog.text

@@ -63,12 +63,12 @@ def malloc_is_tcmalloc() -> bool:
 
 
 def keep_buffers(device: torch.device | str) -> bool:
-    """Whether a :class:`BufferPool` on ``device`` should keep its buffers from one update to the next: on CPU, unless
-    the process allocates with tcmalloc. glibc returns a freed buffer of this size to the kernel, and the next update
-    page-faults its way into fresh memory; tcmalloc keeps freed memory mapped and hands it out again. There a kept
-    pool only pins its buffers: on the SmolLM2 recipe the sender's two 64 MiB blocks sat under learner rank 0's peak,
-    and letting them go lowered that rank's peak resident memory from 2,479 to 2,296 MiB with updates as fast (median
-    0.437 s against 0.429-0.464 s; docs/recipes.md). On a GPU the caching allocator reuses memory itself."""
+    """Whether a sender's :class:`BufferPool` on ``device`` keeps its packing buffers from one update to the next: on
+    CPU, unless the process allocates with tcmalloc. glibc returns a freed buffer of this size to the kernel, and the
+    next update page-faults its way into fresh memory; tcmalloc keeps freed memory mapped and hands it out again, so
+    a kept pool only pins its buffers. On the SmolLM2 recipe the sender's two 64 MiB blocks sat under learner rank 0's
+    peak: letting them go lowered that rank's peak resident memory from 2,479 to 2,296 MiB, and updates took as long
+    (median 0.437 s against 0.429-0.464 s; docs/recipes.md). On a GPU the caching allocator reuses memory itself."""
     return torch.device(device).type == "cpu" and not malloc_is_tcmalloc()
 
 

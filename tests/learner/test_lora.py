@@ -157,3 +157,21 @@ def test_exported_adapter_loads_in_peft_and_merged_export_matches(tmp_path: Path
         torch.testing.assert_close(merged(input_ids=IDS).logits, expect, rtol=1e-4, atol=1e-5)
         folded = merge_adapters(learner.model.state_dict(), SPEC.scaling)
         assert all(torch.equal(folded[k], v) for k, v in merged.state_dict().items() if k in folded)
+
+
+def test_adapters_train_the_same_with_every_second_layer_checkpointed() -> None:
+    """``gradient_checkpointing_interval`` (``auto`` gives 3 in bf16; the LoRA recipe inherits it) on a model whose
+    linear layers are adapters: the layer flags follow the interval and the update is the one of full checkpointing."""
+    trained = {}
+    for interval in (1, 2):
+        cfg = settings(lora=SPEC, enable_gradient_checkpointing=True, gradient_checkpointing_interval=interval)
+        learner = Learner(cfg, START, local_context(torch.device("cpu")), tiny_policy)
+        layers = learner.actor.model.model.layers
+        assert [layer.gradient_checkpointing for layer in layers] == [True, interval == 1]
+        learner.train_step(*scripted_groups(4, 4))
+        trained[interval] = {
+            n: p.detach().clone() for n, p in learner.actor.model.named_parameters() if p.requires_grad
+        }
+    assert trained[1] and trained[1].keys() == trained[2].keys()
+    assert all(torch.equal(trained[1][n], trained[2][n]) for n in trained[1])
+    assert any(not torch.equal(trained[1][n], torch.zeros_like(trained[1][n])) for n in trained[1] if "lora_B" in n)

@@ -128,7 +128,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self._verifier = self._make_verifier()
         # Receive buffers reused from one update to the next on CPU (see BufferPool: fresh host memory costs a page
         # fault per page), under tcmalloc too: the actor's memory has room, and on the recipe two runs that let them go
-        # updated in 0.466-0.486 s (median) against 0.431-0.460 s in five that kept them. vLLM's loaders copy every
+        # updated in 0.466-0.486 s (median) against 0.431-0.460 s in six that kept them. vLLM's loaders copy every
         # tensor into the model by finalize_layerwise_reload, before the next update can reuse the buffers.
         self._pool: BufferPool | None = None
         self._staged: _Staged | None = None  # an update received and held back (stage), until load_staged

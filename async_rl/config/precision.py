@@ -119,9 +119,9 @@ def precision_line(
 
 AUTO_CHECKPOINT_INTERVAL = {"bf16": 3, "fp32": 1}
 """``gradient_checkpointing_interval: auto`` by the learner's precision. On the SmolLM2 GRPO recipe (2 ranks, Zen 4,
-peak resident memory per rank at step 16): every third layer in bf16 reached step 16 in 225.5-232.5 s at 2,359-2,480
-MiB against 237.6-244.8 s at 2,126-2,228 MiB with every layer; in fp32 every third layer peaked at 3,049 MiB
-against 2,378 with every layer, over the 2.5 GB goal (docs/recipes.md)."""
+peak resident memory per rank at step 16): every third layer in bf16 reached step 16 in 225.4-233.3 s at 2,243-2,389
+MiB against 240.1-244.8 s at 2,126-2,228 MiB with every layer; in fp32 every third layer peaked at 3,049 MiB
+against 2,321-2,378 with every layer, over the 2.5 GB goal (docs/recipes.md)."""
 
 
 def checkpoint_interval(interval: int | Literal["auto"], learner: str) -> tuple[int, str]:

@@ -68,7 +68,7 @@ def keep_buffers(device: torch.device | str) -> bool:
     next update page-faults its way into fresh memory; tcmalloc keeps freed memory mapped and hands it out again, so
     a kept pool only pins its buffers. On the SmolLM2 recipe the sender's two 64 MiB blocks sat under learner rank 0's
     peak: letting them go lowered that rank's peak resident memory from 2,479 to 2,296 MiB, and updates took as long
-    (median 0.437 s against 0.429-0.464 s; docs/recipes.md). On a GPU the caching allocator reuses memory itself."""
+    (median 0.444 s against 0.431-0.457 s; docs/recipes.md). On a GPU the caching allocator reuses memory itself."""
     return torch.device(device).type == "cpu" and not malloc_is_tcmalloc()
 
 

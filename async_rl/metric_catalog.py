@@ -356,6 +356,12 @@ LEARNER_BATCH_ADVANTAGES_MIN = _m(
 LEARNER_BATCH_INFORMATIVE_GROUPS = _m(
     "learner/batch/informative_groups", "batch", "groups whose rewards differ (the others get zero advantage)"
 )
+LEARNER_BATCH_SKIPPED_SEQUENCES = _m(
+    "learner/batch/skipped_sequences",
+    "batch",
+    "sequences with all-zero advantages that the actor update left out of its forward and backward (their loss and"
+    " gradient are zero: `actor.skip_zero_advantage`)",
+)
 LEARNER_BATCH_TRUNCATED_MASKED = _m(
     "learner/batch/truncated_masked",
     "batch",

@@ -146,6 +146,17 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         doc("seq-mean-token-sum-norm (Dr. GRPO) divides by this constant; null = data.max_response_length."),
     ] = None
     entropy_coeff: Annotated[float, doc("Entropy bonus coefficient (0 = off).")] = 0.0
+    skip_zero_advantage: Annotated[
+        bool,
+        doc(
+            "Leave sequences whose advantages are all exactly zero (a GRPO group whose rewards are all equal) out of"
+            " the update's forward and backward, where their loss and gradient are exactly zero: no entropy bonus,"
+            " KL loss or distillation term, and no batch-normalised importance weights or rejection sampling. The"
+            " loss is still normalised over the whole mini-batch, so the update is the same (this project's key;"
+            " verl has none). Metrics over the update's tokens (entropy, clip fractions, the off-policy ESS when the"
+            " proximal pass is skipped) then cover the sequences computed."
+        ),
+    ] = True
     use_kl_loss: Annotated[bool, doc("Add a KL(policy || reference) term to the actor loss (GRPO style).")] = False
     kl_loss_coef: Annotated[NonNegFloat, doc("Coefficient of the KL loss term.")] = 0.001
     kl_loss_type: Annotated[KLKind, doc("KL estimator of the KL loss ('+' suffix: straight-through k2 gradient).")] = (

@@ -106,6 +106,7 @@ class Critic:
             shuffle=resolved(c.shuffle, "critic.shuffle"),
             seed=seed,
             groups=row_groups(batch, self.layout),
+            skip=None,
         )
         device = self.ctx.device
 

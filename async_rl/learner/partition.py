@@ -33,6 +33,7 @@ __all__ = [
     "LAYOUTS",
     "Layout",
     "UpdatePlan",
+    "computed_rows",
     "karmarkar_karp",
     "pack_rows",
     "padding_waste",
@@ -179,14 +180,30 @@ def forward_order(lengths: Sequence[int], world_size: int) -> list[int]:
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """This rank's micro-batches: ``epochs[e][m]`` is the list of micro-batches of mini-batch ``m`` in epoch ``e``."""
+    """This rank's micro-batches: ``epochs[e][m]`` is the list of micro-batches of mini-batch ``m`` in epoch ``e``;
+    ``counted[e][m]`` is this rank's share of that whole mini-batch, rows left out of the computation included (the
+    loss is normalised over it, so leaving rows out does not change it); ``left_out`` counts the rows left out of the
+    first epoch's mini-batches."""
 
     epochs: list[list[list[list[int]]]]
+    counted: list[list[list[int]]]
+    left_out: int
     imbalance: float  # mean over mini-batches of the per-rank token imbalance
 
     @property
     def num_updates(self) -> int:
         return sum(len(e) for e in self.epochs)
+
+
+def computed_rows(rows: Sequence[int], skip: Sequence[bool], world_size: int) -> list[int]:
+    """``rows`` (in order) without those ``skip`` marks, except that the first marked rows stay until every rank has
+    at least one row and the count divides by ``world_size``: every rank must run the same number of micro-steps."""
+    kept = sum(1 for i in rows if not skip[i])
+    extra = 0
+    while kept + extra < len(rows) and (kept + extra < world_size or (kept + extra) % world_size):
+        extra += 1
+    back = set([i for i in rows if skip[i]][:extra])
+    return [i for i in rows if not skip[i] or i in back]
 
 
 def plan_updates(
@@ -199,13 +216,16 @@ def plan_updates(
     rank: int,
     shuffle: bool,
     seed: int,
-    groups: Sequence[int] | None = None,
+    groups: Sequence[int] | None,
+    skip: Sequence[bool] | None,
 ) -> UpdatePlan:
     """Split the batch into mini-batches (one optimizer step each), balance each across ranks, cut into micro-batches.
 
     ``mini_size`` counts sequences (verl's ``ppo_mini_batch_size * rollout.n``). Raises ``ValueError`` unless the
     batch divides into whole mini-batches and each mini-batch into equal per-rank shares. ``groups`` (each row's
-    group) keeps groups together: see the module docstring.
+    group) keeps groups together: see the module docstring. ``skip`` marks rows whose loss and gradient are zero: a
+    mini-batch's other rows are balanced and computed (:func:`computed_rows`), while ``counted`` keeps its shares as
+    if none were left out.
     """
     _check_rank(world_size, rank)
     n = len(lengths)
@@ -215,17 +235,29 @@ def plan_updates(
         raise ValueError(f"mini_size={mini_size} sequences is not divisible by world_size={world_size}")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if skip is not None and len(skip) != n:
+        raise ValueError(f"skip marks {len(skip)} rows, the batch has {n}")
     plan: list[list[list[list[int]]]] = []
+    counted: list[list[list[int]]] = []
     imbalances: list[float] = []
+    left_out = 0
     for epoch in range(epochs):
         order = _epoch_order(n, shuffle, seed * 1_000_003 + epoch, groups)
         minis: list[list[list[int]]] = []
+        shares: list[list[int]] = []
         for start in range(0, n, mini_size):
-            parts = rank_shares(order[start : start + mini_size], lengths, world_size, groups)
+            rows = order[start : start + mini_size]
+            parts = rank_shares(rows, lengths, world_size, groups)
+            shares.append(parts[rank])
+            if skip is not None and any(skip[i] for i in rows):
+                kept = computed_rows(rows, skip, world_size)
+                left_out += (len(rows) - len(kept)) if epoch == 0 else 0
+                parts = rank_shares(kept, lengths, world_size, groups)
             imbalances.append(token_imbalance(lengths, parts))
             minis.append(split_micro(parts[rank], lengths, micro_size, groups=groups))
         plan.append(minis)
-    return UpdatePlan(epochs=plan, imbalance=sum(imbalances) / len(imbalances))
+        counted.append(shares)
+    return UpdatePlan(epochs=plan, counted=counted, left_out=left_out, imbalance=sum(imbalances) / len(imbalances))
 
 
 def _epoch_order(n: int, shuffle: bool, seed: int, groups: Sequence[int] | None) -> list[int]:

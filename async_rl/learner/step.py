@@ -432,6 +432,7 @@ class Learner:
             {
                 mc.LEARNER_BATCH_PADDING_WASTE: 1.0 - computed / total_slots if total_slots else 0.0,
                 mc.LEARNER_BATCH_TOKENS_COMPUTED: total_slots,
+                mc.LEARNER_BATCH_SKIPPED_SEQUENCES: float(plan.left_out),
                 mc.LEARNER_BATCH_TOKEN_IMBALANCE: plan.imbalance,
                 mc.LEARNER_ACTOR_SKIPPED_UPDATES: float(skipped),
                 mc.LEARNER_ACTOR_SKIPPED_TOTAL: float(self.actor.guard.skipped_total),
@@ -501,7 +502,26 @@ class Learner:
             shuffle=actor_cfg.shuffle,
             seed=seed,
             groups=row_groups(batch, self.layout),
+            skip=self._zero_advantage_rows(batch) if actor_cfg.skip_zero_advantage else None,
         )
+
+    def _zero_advantage_rows(self, batch: RolloutBatch) -> list[bool] | None:
+        """Each row, whether all its advantages are exactly zero, where such a row's loss and gradient are exactly
+        zero (``actor.skip_zero_advantage``); None where the objective has a term that does not vanish with the
+        advantage or couples rows: an entropy bonus, a KL loss, distillation, batch-normalised importance weights,
+        rejection sampling."""
+        spec = self.objective
+        if (
+            spec.entropy_coeff != 0
+            or spec.kl_loss_coef is not None
+            or spec.distill is not None
+            or spec.is_batch_normalize
+            or spec.rs_bounds is not None
+        ):
+            return None
+        assert batch.advantages is not None, "the step computes them first"
+        zero = (batch.advantages == 0) | (batch.loss_mask == 0)
+        return zero.all(dim=-1).tolist()
 
     def _reduce_update_metrics(
         self, batch: RolloutBatch, plan: UpdatePlan, acc: MetricAccumulator, out: dict[str, float]

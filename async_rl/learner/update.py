@@ -79,10 +79,9 @@ def run_updates(
     """
     loss_key, grad_norm_key, lr_key = UPDATE_KEYS[trained.name]
     skipped = 0
-    for epoch in plan.epochs:
-        for mini in epoch:
-            rows = [i for micro in mini for i in micro]
-            tokens, seqs = mini_batch_counts(ctx, batch, rows)
+    for epoch, shares in zip(plan.epochs, plan.counted, strict=True):
+        for mini, share in zip(epoch, shares, strict=True):
+            tokens, seqs = mini_batch_counts(ctx, batch, share)  # rows left out of the computation count too
             loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)  # stays on the device: no host sync
             for micro in mini:
                 loss = micro_loss(micro, max(tokens, 1.0), max(seqs, 1.0))

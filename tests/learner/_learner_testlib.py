@@ -119,6 +119,7 @@ KEYS = {
     "use_shared_prompt": f"{ARR}.model.use_shared_prompt",
     "enable_gradient_checkpointing": f"{ARR}.model.enable_gradient_checkpointing",
     "gradient_checkpointing_interval": f"{ARR}.model.gradient_checkpointing_interval",
+    "skip_zero_advantage": f"{ARR}.actor.skip_zero_advantage",
     "use_fused_kernels": f"{ARR}.model.use_fused_kernels",
     "max_prompt_length": "data.max_prompt_length",
     "max_response_length": "data.max_response_length",

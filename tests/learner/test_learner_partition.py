@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from async_rl.learner.partition import (
+    computed_rows,
     forward_order,
     karmarkar_karp,
     pack_rows,
@@ -69,11 +70,16 @@ def test_plan_forward_and_order_cover_the_batch() -> None:
     assert sorted(forward_order(lengths, 2)) == list(range(6))
 
 
+NO_SKIP: dict[str, None] = {"groups": None, "skip": None}
+
+
 def test_plan_updates_follows_verl_geometry() -> None:
     # 16 sequences, mini-batches of 8 (2 prompts x n=4), 2 ranks, micro-batches of 3, 2 epochs
     lengths = [10 + (i * 7) % 13 for i in range(16)]
     plans = [
-        plan_updates(lengths, mini_size=8, micro_size=3, epochs=2, world_size=2, rank=r, shuffle=True, seed=5)
+        plan_updates(
+            lengths, mini_size=8, micro_size=3, epochs=2, world_size=2, rank=r, shuffle=True, seed=5, **NO_SKIP
+        )
         for r in range(2)
     ]
     for plan in plans:
@@ -89,9 +95,13 @@ def test_plan_updates_follows_verl_geometry() -> None:
         assert epoch_rows == list(range(16))  # every sequence once per epoch
     # shuffling: epochs differ from each other, but the plan is a pure function of the seed
     minis = lambda p, e: [sorted(i for mb in mini for i in mb) for mini in p.epochs[e]]  # noqa: E731
-    again = plan_updates(lengths, mini_size=8, micro_size=3, epochs=2, world_size=2, rank=0, shuffle=True, seed=5)
+    again = plan_updates(
+        lengths, mini_size=8, micro_size=3, epochs=2, world_size=2, rank=0, shuffle=True, seed=5, **NO_SKIP
+    )
     assert again == plans[0]
-    no_shuffle = plan_updates(lengths, mini_size=8, micro_size=3, epochs=1, world_size=1, rank=0, shuffle=False, seed=0)
+    no_shuffle = plan_updates(
+        lengths, mini_size=8, micro_size=3, epochs=1, world_size=1, rank=0, shuffle=False, seed=0, **NO_SKIP
+    )
     assert minis(no_shuffle, 0) == [list(range(8)), list(range(8, 16))]
 
 
@@ -109,7 +119,7 @@ def test_plan_updates_rejects_bad_geometry(kwargs: dict[str, int], match: str) -
     args = {"mini_size": 6, "micro_size": 1, "epochs": 1, "world_size": 1, "rank": 0, "shuffle": False, "seed": 0}
     args |= kwargs
     with pytest.raises(ValueError, match=match):
-        plan_updates([1] * 12, **args)
+        plan_updates([1] * 12, **args, **NO_SKIP)
 
 
 def test_padding_waste_by_hand() -> None:
@@ -141,3 +151,34 @@ def test_pack_rows_properties(lengths: list[int], extra: int) -> None:
     assert all(sum(lengths[i] for i in row) <= capacity for row in rows)
     # first fit never leaves two rows at most half full (the later row's items would have fit in the earlier one)
     assert sum(1 for row in rows if 2 * sum(lengths[i] for i in row) <= capacity) <= 1
+
+
+def test_computed_rows_leave_marked_rows_out_but_give_every_rank_a_share() -> None:
+    skip = [False, True, True, False, True, True, True, True]
+    assert computed_rows(range(8), skip, 1) == [0, 3]
+    assert computed_rows(range(8), skip, 2) == [0, 3]
+    assert computed_rows(range(8), skip, 4) == [0, 1, 2, 3]  # two marked rows come back: one row per rank
+    assert computed_rows(range(8), [True] * 8, 2) == [0, 1]  # nothing to learn from: still one row a rank
+    assert computed_rows([5, 4, 3], [False, False, False, False, False, True], 1) == [4, 3]  # in the given order
+    assert computed_rows(range(6), [False, True, False, True, False, True], 2) == [0, 1, 2, 4]  # an even count
+
+
+def test_plan_updates_computes_the_unmarked_rows_and_counts_the_whole_mini_batch() -> None:
+    """4 groups of 4 rows, 2 of them marked (all-zero advantages), 2 ranks, 2 epochs: the computed micro-batches hold
+    only the other groups' rows, balanced over the ranks, while ``counted`` is the plan without marks."""
+    groups = [g for g in range(4) for _ in range(4)]
+    lengths = [10 + (i * 7) % 13 for i in range(16)]
+    skip = [g in (1, 2) for g in groups]
+    args = {"mini_size": 16, "micro_size": 64, "epochs": 2, "world_size": 2, "shuffle": True, "seed": 3}
+    plans = [plan_updates(lengths, rank=r, groups=groups, skip=skip, **args) for r in range(2)]
+    unmarked = [plan_updates(lengths, rank=r, groups=groups, skip=None, **args) for r in range(2)]
+    for e in range(2):
+        computed = [i for plan in plans for mb in plan.epochs[e][0] for i in mb]
+        assert sorted(computed) == [0, 1, 2, 3, 12, 13, 14, 15]
+        assert [len(plan.epochs[e][0]) for plan in plans] == [1, 1]  # the same number of micro-steps per rank
+        assert [len(plan.epochs[e][0][0]) for plan in plans] == [4, 4]
+        for plan, base in zip(plans, unmarked, strict=True):
+            assert plan.counted[e] == base.counted[e] == [sorted(i for mb in base.epochs[e][0] for i in mb)]
+    assert [plan.left_out for plan in plans] == [8, 8] and unmarked[0].left_out == 0
+    with pytest.raises(ValueError, match="skip marks 3 rows, the batch has 16"):
+        plan_updates(lengths, rank=0, groups=groups, skip=[False] * 3, **args)

@@ -314,7 +314,16 @@ def test_shuffling_moves_whole_groups() -> None:
     groups = [g for g in range(8) for _ in range(4)]
     lengths = [12] * 32
     plan = plan_updates(
-        lengths, mini_size=8, micro_size=8, epochs=2, world_size=1, rank=0, shuffle=True, seed=5, groups=groups
+        lengths,
+        mini_size=8,
+        micro_size=8,
+        epochs=2,
+        world_size=1,
+        rank=0,
+        shuffle=True,
+        seed=5,
+        groups=groups,
+        skip=None,
     )
     for epoch in plan.epochs:
         for mini in epoch:

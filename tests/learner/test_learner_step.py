@@ -207,3 +207,61 @@ def test_a_group_with_an_out_of_vocab_id_is_dropped_not_a_crash() -> None:
     assert max(float(g.abs().max()) for g in without.values()) > 1e-2  # a real update, not two zero gradients
     for name in without:
         torch.testing.assert_close(with_bad[name], without[name], atol=1e-6, rtol=0, msg=name)
+
+
+def _equal_rewards(groups: list[RolloutGroup], which: tuple[int, ...]) -> list[RolloutGroup]:
+    """``groups`` with every completion of the groups ``which`` rewarded 0.5 (zero advantage under GRPO)."""
+    out = list(groups)
+    for g in which:
+        done = [msgspec.structs.replace(c, reward=0.5) for c in groups[g].completions]
+        out[g] = msgspec.structs.replace(groups[g], completions=done)
+    return out
+
+
+@pytest.mark.parametrize(("layout_name", "mini"), [("shared", 2), ("padded", 2), ("shared", 4)])
+def test_skipping_zero_advantage_sequences_gives_the_same_update(layout_name: str, mini: int) -> None:
+    """actor.skip_zero_advantage: two of four groups have equal rewards, so their advantages are all zero; leaving them
+    out of the forward and backward gives the same gradients, loss and parameters (the loss is still normalised over
+    all 16 sequences), over two steps of two mini-batches, or of one (the proximal pass skipped)."""
+    groups, prompts = scripted_groups(4, 4, seed=21)
+    batches = [_equal_rewards(groups, (1, 2)), _equal_rewards(scripted_groups(4, 4, seed=22)[0], (0, 3))]
+    common = {"ppo_mini_batch_size": mini, "ppo_micro_batch_size_per_gpu": 3, "max_response_length": 12}
+    runs = {}
+    for skip in (True, False):
+        learner = Learner(
+            settings(skip_zero_advantage=skip, **common, **layout(layout_name)), START, local_context(), tiny_policy
+        )
+        grads: list[dict[str, torch.Tensor]] = []
+        learner.actor.grad_hook = lambda m, store=grads: store.append(
+            {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
+        )
+        metrics = [learner.train_step(batch, prompts) for batch in batches]
+        params = {n: p.detach().clone() for n, p in learner.actor.model.named_parameters()}
+        runs[skip] = (grads, metrics, params)
+    (g_skip, m_skip, p_skip), (g_all, m_all, p_all) = runs[True], runs[False]
+    assert [m["learner/batch/skipped_sequences"] for m in m_skip] == [8.0, 8.0]
+    assert [m["learner/batch/skipped_sequences"] for m in m_all] == [0.0, 0.0]
+    assert m_skip[0]["learner/batch/tokens_computed"] < m_all[0]["learner/batch/tokens_computed"]
+    assert len(g_skip) == len(g_all) == 2 * 4 // mini  # optimizer steps
+    for step_skip, step_all in zip(g_skip, g_all, strict=True):
+        assert max(float(g.abs().max()) for g in step_all.values()) > 1e-3
+        for name in step_all:
+            torch.testing.assert_close(step_skip[name], step_all[name], atol=1e-6, rtol=1e-5, msg=name)
+    for a, b in zip(m_skip, m_all, strict=True):
+        assert a["learner/actor/pg_loss"] == pytest.approx(b["learner/actor/pg_loss"], abs=1e-7)
+        assert a["learner/actor/grad_norm"] == pytest.approx(b["learner/actor/grad_norm"], rel=1e-5)
+    # within 1% of one step (lr 1e-3): AdamW divides a gradient near its eps by its own scale, so the summation order's
+    # 1e-8 differences move a few weights by a few 1e-6
+    for name in p_all:
+        torch.testing.assert_close(p_skip[name], p_all[name], atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    "extra", [{"entropy_coeff": 0.01}, {"use_kl_loss": True}, {"rollout_is": "token", "is_batch_normalize": True}]
+)
+def test_zero_advantage_sequences_are_computed_where_their_gradient_is_not_zero(extra: dict[str, object]) -> None:
+    groups, prompts = scripted_groups(4, 4, seed=21)
+    cfg = settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, max_response_length=12, **extra)
+    learner = Learner(cfg, START, local_context(), tiny_policy)
+    metrics = learner.train_step(_equal_rewards(groups, (1, 2)), prompts)
+    assert metrics["learner/batch/skipped_sequences"] == 0.0

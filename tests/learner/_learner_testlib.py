@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import random
 
+import msgspec
 import torch
 from torch import nn
 
@@ -71,6 +72,15 @@ def scripted_groups(num_groups: int, n: int, seed: int = 0, version: int = 0) ->
             completions.append(make_completion(tokens, logprobs, version_min=version, reward=reward))
         groups.append(local_group(g, completions))
     return groups, prompts
+
+
+def equal_rewards(groups: list[RolloutGroup], which: tuple[int, ...]) -> list[RolloutGroup]:
+    """``groups`` with every completion of the groups ``which`` rewarded 0.5 (zero advantage under GRPO)."""
+    out = list(groups)
+    for g in which:
+        done = [msgspec.structs.replace(c, reward=0.5) for c in groups[g].completions]
+        out[g] = msgspec.structs.replace(groups[g], completions=done)
+    return out
 
 
 def collate(groups: list[RolloutGroup], prompts: Prompts, *, max_response_length: int | None = None) -> RolloutBatch:

@@ -19,7 +19,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
-from _learner_testlib import START, VOCAB, layout, replace, scripted_groups, settings, tiny_critic, tiny_policy  # noqa: E402
+from _learner_testlib import (  # noqa: E402
+    START,
+    VOCAB,
+    equal_rewards,
+    layout,
+    replace,
+    scripted_groups,
+    settings,
+    tiny_critic,
+    tiny_policy,
+)
 from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -125,6 +135,23 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     token_logprobs.LOGPROB_CHUNK_BYTES = 32 << 20
     local_l.train_step(*groups)
     res["fused/tied/shared"] = max_diff(g_fused[0], g_local[0])
+    # actor.skip_zero_advantage on 2 ranks: 1 of 4 groups has rewards that differ, so 4 rows are computed, split over
+    # the ranks, and 12 left out; one process computes all 16
+    one_group = (equal_rewards(groups[0], (0, 1, 3)), groups[1])
+    for lay in ("shared", "padded"):
+        common = dict(ppo_mini_batch_size=4, **layout(lay))
+        dist_l = Learner(settings(ppo_micro_batch_size_per_gpu=3, **common), START, ctx, tiny_policy)
+        local_l = Learner(
+            settings(ppo_micro_batch_size_per_gpu=16, skip_zero_advantage=False, **common),
+            START,
+            local_context(),
+            tiny_policy,
+        )
+        g_dist, g_local = capture(dist_l), capture(local_l)
+        metrics = dist_l.train_step(*one_group)
+        local_l.train_step(*one_group)
+        res[f"skip/{lay}"] = max_diff(g_dist[0], g_local[0])
+        res[f"skip/{lay}/left_out"] = metrics["learner/batch/skipped_sequences"]
     return res
 
 

@@ -56,6 +56,10 @@ def test_fsdp2_gradients_match_single_process_for_any_micro_batch_and_world_size
     # use_fused_kernels: log-probs from the hidden states, the tied output embedding's gradient summed over chunks
     assert res["fused_switched_rank0"] is True and res["fused_switched_rank1"] is True
     assert res["fused/tied/shared"] < 1e-6, res["fused/tied/shared"]
+    # zero-advantage sequences left out on 2 ranks: the same gradients as one process computing every row
+    for lay in ("shared", "padded"):
+        assert res[f"skip/{lay}/left_out"] == 12.0
+        assert res[f"skip/{lay}"] < 1e-6, (lay, res[f"skip/{lay}"])
 
 
 def test_two_rank_training_matches_single_process_and_exports(tmp_path: Path) -> None:

@@ -7,7 +7,16 @@ import math
 import msgspec
 import pytest
 import torch
-from _learner_testlib import START, Prompts, layout, scripted_groups, settings, tiny_critic, tiny_policy
+from _learner_testlib import (
+    START,
+    Prompts,
+    equal_rewards,
+    layout,
+    scripted_groups,
+    settings,
+    tiny_critic,
+    tiny_policy,
+)
 
 from async_rl.learner import Learner, local_context
 from async_rl.peft_format import LoRASpec
@@ -209,22 +218,13 @@ def test_a_group_with_an_out_of_vocab_id_is_dropped_not_a_crash() -> None:
         torch.testing.assert_close(with_bad[name], without[name], atol=1e-6, rtol=0, msg=name)
 
 
-def _equal_rewards(groups: list[RolloutGroup], which: tuple[int, ...]) -> list[RolloutGroup]:
-    """``groups`` with every completion of the groups ``which`` rewarded 0.5 (zero advantage under GRPO)."""
-    out = list(groups)
-    for g in which:
-        done = [msgspec.structs.replace(c, reward=0.5) for c in groups[g].completions]
-        out[g] = msgspec.structs.replace(groups[g], completions=done)
-    return out
-
-
 @pytest.mark.parametrize(("layout_name", "mini"), [("shared", 2), ("padded", 2), ("shared", 4)])
 def test_skipping_zero_advantage_sequences_gives_the_same_update(layout_name: str, mini: int) -> None:
     """actor.skip_zero_advantage: two of four groups have equal rewards, so their advantages are all zero; leaving them
     out of the forward and backward gives the same gradients, loss and parameters (the loss is still normalised over
     all 16 sequences), over two steps of two mini-batches, or of one (the proximal pass skipped)."""
     groups, prompts = scripted_groups(4, 4, seed=21)
-    batches = [_equal_rewards(groups, (1, 2)), _equal_rewards(scripted_groups(4, 4, seed=22)[0], (0, 3))]
+    batches = [equal_rewards(groups, (1, 2)), equal_rewards(scripted_groups(4, 4, seed=22)[0], (0, 3))]
     common = {"ppo_mini_batch_size": mini, "ppo_micro_batch_size_per_gpu": 3, "max_response_length": 12}
     runs = {}
     for skip in (True, False):
@@ -263,5 +263,5 @@ def test_zero_advantage_sequences_are_computed_where_their_gradient_is_not_zero(
     groups, prompts = scripted_groups(4, 4, seed=21)
     cfg = settings(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, max_response_length=12, **extra)
     learner = Learner(cfg, START, local_context(), tiny_policy)
-    metrics = learner.train_step(_equal_rewards(groups, (1, 2)), prompts)
+    metrics = learner.train_step(equal_rewards(groups, (1, 2)), prompts)
     assert metrics["learner/batch/skipped_sequences"] == 0.0

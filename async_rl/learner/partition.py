@@ -199,10 +199,8 @@ def computed_rows(rows: Sequence[int], skip: Sequence[bool], world_size: int) ->
     """``rows`` (in order) without those ``skip`` marks, except that the first marked rows stay until every rank has
     at least one row and the count divides by ``world_size``: every rank must run the same number of micro-steps."""
     kept = sum(1 for i in rows if not skip[i])
-    extra = 0
-    while kept + extra < len(rows) and (kept + extra < world_size or (kept + extra) % world_size):
-        extra += 1
-    back = set([i for i in rows if skip[i]][:extra])
+    target = max(world_size, -(-kept // world_size) * world_size)  # the next multiple of world_size, at least one
+    back = set([i for i in rows if skip[i]][: max(min(target, len(rows)) - kept, 0)])
     return [i for i in rows if not skip[i] or i in back]
 
 
@@ -251,7 +249,8 @@ def plan_updates(
             shares.append(parts[rank])
             if skip is not None and any(skip[i] for i in rows):
                 kept = computed_rows(rows, skip, world_size)
-                left_out += (len(rows) - len(kept)) if epoch == 0 else 0
+                if epoch == 0:
+                    left_out += len(rows) - len(kept)
                 parts = rank_shares(kept, lengths, world_size, groups)
             imbalances.append(token_imbalance(lengths, parts))
             minis.append(split_micro(parts[rank], lengths, micro_size, groups=groups))

@@ -3,7 +3,7 @@
     python tools/bench_cpu_engine.py [--model builtin:smollm2-135m-instruct] [--groups 16] [--n 8] [--max-tokens 16]
         [--rounds 6] [--dtype auto]
 
-Four engines run at once, the recipe's engine settings otherwise (eager, prefix caching on, chunked prefill off,
+Five engines run at once, the recipe's engine settings otherwise (eager, prefix caching on, chunked prefill off,
 processed log-probs, as the actor runs them on CPU), each adding one of the actor's settings to the one before:
 
 * ``default``: vLLM's CPU defaults: 128-token KV blocks, torch RMSNorm;
@@ -11,15 +11,17 @@ processed log-probs, as the actor runs them on CPU), each adding one of the acto
   blocks, and a GRPO group is ``n`` samples of one prompt: with 128-token blocks a prompt shorter than a block is
   prefilled once per sample; with 32-token blocks the samples share its full blocks;
 * ``kernels``: 32-token blocks and vLLM's C++ RMSNorm kernels put first (``async_rl.actor.cpu_kernels``), loaded as
-  the actor loads them, through its weight-sync worker extension, with vLLM's Gumbel-max sampler: the actor as it runs;
+  the actor loads them, through its weight-sync worker extension, with vLLM's Gumbel-max sampler;
+* ``tails``: all of the above and the scheduler that has one sample of a group compute the prompt's partly filled
+  last block and the others copy it (``async_rl.actor.prompt_tails``): the actor as it runs;
 * ``sampler``: all of the above and the opt-in inverse-CDF sampler (``async_rl.actor.cpu_sampler``,
   ``ASYNC_RL_CPU_SAMPLER=inverse_cdf`` in its processes).
 
 Each round draws ``--groups`` fresh chat prompts ("What is a + b? ..."), the recipe's task, and generates ``n``
 samples of each, ``--max-tokens`` tokens each (EOS ignored), on every engine, the order rotating by round. The last
 lines are the geometric means of the per-round time ratios with their 95% intervals: ``actor_kv_block_32_vs_128``
-(default / blocks), ``actor_rmsnorm_kernel_vs_torch`` (blocks / kernels) and ``actor_cpu_sampler_vs_gumbel`` (kernels
-/ sampler); above 1, the later setting is faster.
+(default / blocks), ``actor_rmsnorm_kernel_vs_torch`` (blocks / kernels), ``actor_prompt_tail_copy_vs_prefill``
+(kernels / tails) and ``actor_cpu_sampler_vs_gumbel`` (tails / sampler); above 1, the later setting is faster.
 Nothing is downloaded (``builtin:`` models are converted from installed wheels).
 """
 
@@ -65,7 +67,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from async_rl.actor import cpu_kernels, cpu_sampler
-    from async_rl.actor.engine import CPU_BLOCK_SIZE
+    from async_rl.actor.engine import CPU_BLOCK_SIZE, PROMPT_TAIL_SCHEDULER
     from async_rl.config.precision import rollout_precision
     from async_rl.runtime.resources import resolve_model_path
     from async_rl.weight_sync.client import vllm_engine_kwargs
@@ -78,7 +80,8 @@ def main() -> None:
         "blocks": {"block_size": CPU_BLOCK_SIZE},
         "kernels": {"block_size": CPU_BLOCK_SIZE, "ir_op_priority": cpu_kernels.IR_OP_PRIORITY, **vllm_engine_kwargs()},
     }
-    settings["sampler"] = settings["kernels"]
+    settings["tails"] = {**settings["kernels"], "scheduler_cls": PROMPT_TAIL_SCHEDULER}
+    settings["sampler"] = settings["tails"]
     engines = {}
     for name, extra in settings.items():
         if name == "sampler":  # its processes put the inverse-CDF sampler in (they read the variable when they start)
@@ -99,7 +102,7 @@ def main() -> None:
             **extra,
         )
     os.environ.pop(cpu_sampler.ENV, None)
-    for name in ("kernels", "sampler"):
+    for name in ("kernels", "tails", "sampler"):
         state = engines[name].collective_rpc("cpu_sampler_state")[0]
         if state["in_use"] != (name == "sampler"):
             raise SystemExit(f"engine {name!r}: the inverse-CDF sampler in use: {state['in_use']}, expected otherwise")
@@ -109,7 +112,8 @@ def main() -> None:
     pairs = {
         "actor_kv_block_32_vs_128": ("default", "blocks"),
         "actor_rmsnorm_kernel_vs_torch": ("blocks", "kernels"),
-        "actor_cpu_sampler_vs_gumbel": ("kernels", "sampler"),
+        "actor_prompt_tail_copy_vs_prefill": ("kernels", "tails"),
+        "actor_cpu_sampler_vs_gumbel": ("tails", "sampler"),
     }
     ratios: dict[str, list[float]] = {line: [] for line in pairs}
     drawn = 0

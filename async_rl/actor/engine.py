@@ -375,9 +375,10 @@ def engine_args(
     """vLLM's ``AsyncEngineArgs`` for an engine of this actor: the model and dtype of ``start``, the rollout's
     parallelism, batch and eager settings, its scheduler budget (:func:`scheduler_budget`, extended to
     ``max_model_len`` when chunked prefill is off), and ``kwargs`` (prefix caching, log-prob mode, seed, LoRA, ...).
-    A CPU engine gets :data:`CPU_BLOCK_SIZE` and, when it loads the weight-sync worker extension, vLLM's C++
-    RMSNorm kernels (``actor/cpu_kernels.py``); ``engine_kwargs.vllm.block_size`` / ``.ir_op_priority`` override
-    them."""
+    A CPU engine gets :data:`CPU_BLOCK_SIZE`, the scheduler that computes a prompt's partial last block once per
+    group (:data:`PROMPT_TAIL_SCHEDULER`) and, when it loads the weight-sync worker extension, vLLM's C++ RMSNorm
+    kernels (``actor/cpu_kernels.py``); ``engine_kwargs.vllm.block_size`` / ``.scheduler_cls`` / ``.ir_op_priority``
+    override them."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     on_cpu = not has_cuda()
@@ -399,7 +400,8 @@ def engine_args(
     defaults: set[str] = set()  # set here for a CPU engine; engine_kwargs.vllm may override them
     if on_cpu:
         ours["block_size"] = CPU_BLOCK_SIZE
-        defaults.add("block_size")
+        ours["scheduler_cls"] = PROMPT_TAIL_SCHEDULER
+        defaults.update(("block_size", "scheduler_cls"))
         if ours.get("worker_extension_cls") == EXTENSION_CLS:  # it registers the kernels in vLLM's worker
             from async_rl.actor import cpu_kernels
 
@@ -416,6 +418,14 @@ CPU_BLOCK_SIZE = 32
 build picks 128, and its prefix cache shares only full blocks: a group's n samples of a 46-token prompt (the SmolLM2
 recipes) then each prefilled the whole prompt. At 32 (the smallest the CPU attention kernel takes), 16 prompts x 8
 samples x 16 tokens took 5.4-5.8 s against 8.2-8.6 s (raw vLLM, bf16, one core; docs/architecture.md, "The actor")."""
+
+PROMPT_TAIL_SCHEDULER = "async_rl.actor.prompt_tails.PromptTailScheduler"
+"""vLLM's ``scheduler_cls`` of a CPU engine, unless ``engine_kwargs.vllm.scheduler_cls`` says otherwise
+(``vllm.v1.core.sched.scheduler.Scheduler``: vLLM's own). With full blocks shared, a group's n samples of a 46-token
+prompt still each prefilled its last 14 tokens, which fill part of a block; this scheduler has one sample compute them
+and the others copy its block (``actor/prompt_tails.py``). Same tokens and log-probs; 16 prompts x 8 samples x 16
+tokens took 5.7 s against 7.0 s (raw vLLM, bf16, one core, other work beside it; docs/architecture.md, "The
+actor")."""
 
 _ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs"
 

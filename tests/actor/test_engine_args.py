@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from async_rl.actor import engine
-from async_rl.actor.engine import CPU_BLOCK_SIZE, engine_args
+from async_rl.actor.engine import CPU_BLOCK_SIZE, PROMPT_TAIL_SCHEDULER, engine_args
 from async_rl.actor.vllm_launch import in_process_cpu_worker
 from async_rl.config import default_config
 from async_rl.config.resolve import EngineStart
@@ -38,6 +38,12 @@ def test_a_cpu_engine_gets_small_blocks_so_a_groups_samples_share_their_prompt()
 def test_engine_kwargs_vllm_reach_the_engine_and_may_set_the_block_size() -> None:
     args = _args(vllm={"block_size": 64, "max_logprobs": 3})
     assert (args.block_size, args.max_logprobs) == (64, 3)
+
+
+def test_a_cpu_engine_computes_a_prompts_partial_last_block_once_per_group_unless_told_otherwise() -> None:
+    assert _args().scheduler_cls == PROMPT_TAIL_SCHEDULER == "async_rl.actor.prompt_tails.PromptTailScheduler"
+    vllms = "vllm.v1.core.sched.scheduler.Scheduler"
+    assert _args(vllm={"scheduler_cls": vllms}).scheduler_cls == vllms
 
 
 def test_engine_kwargs_name_the_bad_key() -> None:
@@ -100,3 +106,10 @@ def test_a_tensor_parallel_engine_keeps_vllms_layout() -> None:
     args = engine_args(rollout, START, max_model_len=128, gpu_memory_utilization=0.5, enable_prefix_caching=True)
     assert args.tensor_parallel_size == 2
     assert not in_process_cpu_worker(args, on_cpu=True)
+
+
+def test_a_cuda_engine_keeps_vllms_block_size_and_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "has_cuda", lambda: True)
+    args = _args()
+    assert args.block_size is None  # vLLM's platform default
+    assert args.scheduler_cls is None

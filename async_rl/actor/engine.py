@@ -424,8 +424,8 @@ PROMPT_TAIL_SCHEDULER = "async_rl.actor.prompt_tails.PromptTailScheduler"
 (``vllm.v1.core.sched.scheduler.Scheduler``: vLLM's own). With full blocks shared, a group's n samples of a 46-token
 prompt still each prefilled its last 14 tokens, which fill part of a block; this scheduler has one sample compute them
 and the others copy its block (``actor/prompt_tails.py``). Same tokens and log-probs; 16 prompts x 8 samples x 16
-tokens took 5.7 s against 7.0 s (raw vLLM, bf16, one core, other work beside it; docs/architecture.md, "The
-actor")."""
+tokens took 5.8 s against 7.5 s a round (``tools/bench_cpu_engine.py``: 1.32x, 95% CI 1.24-1.39; bf16, Zen 4;
+docs/architecture.md, "The actor")."""
 
 _ENGINE_KWARGS_KEY = "actor_rollout_ref.rollout.engine_kwargs"
 

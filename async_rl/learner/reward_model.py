@@ -87,6 +87,7 @@ class RewardModel(SupervisedModel):
             head="sequence_score",
             pad_token_id=pad_token_id,
             reshard_after_forward=True,  # FSDP2's default: reward_model_train has no fsdp_config section
+            shared_prompt=False,  # one scored sequence per row: no groups to share a prompt
             fused_output_layer=False,
             min_num_params=0,  # one unit per decoder layer, verl's default
         )

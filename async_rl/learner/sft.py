@@ -73,6 +73,7 @@ class SFTModel(SupervisedModel):
             gradient_checkpointing=m.enable_gradient_checkpointing,
             lora=lora,
             reshard_after_forward=True,  # FSDP2's default: the SFT config has no fsdp_config section
+            shared_prompt=False,  # one supervised sequence per row: no groups to share a prompt
             fused_output_layer=False,
             min_num_params=0,  # one unit per decoder layer, verl's default
         )

@@ -203,6 +203,7 @@ class Learner:
             trainable=False,
             compute_dtype=self.compute_dtype,
             shared_prompt=self.layout == "shared",
+            gradient_checkpointing=0,  # forward only, without gradients: nothing to recompute
             fused_output_layer=self.model_cfg.use_fused_kernels,
             reshard_after_forward=self.ref_fsdp.reshard_after_forward,
             min_num_params=self.ref_fsdp.wrap_policy.min_num_params,

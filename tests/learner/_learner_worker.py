@@ -82,7 +82,16 @@ def scenario_grads(ctx: Any) -> dict[str, Any]:
     # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
     ref = tiny_policy()
     sharded = build_model(
-        tiny_policy, ctx, role="raw", seed=0, fused_output_layer=False, reshard_after_forward=True, min_num_params=0
+        tiny_policy,
+        ctx,
+        role="raw",
+        seed=0,
+        compute_dtype=torch.float32,
+        gradient_checkpointing=0,
+        shared_prompt=False,
+        fused_output_layer=False,
+        reshard_after_forward=True,
+        min_num_params=0,
     )
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
     ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
@@ -202,7 +211,16 @@ def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
     grads = {}
     for label in ("in_place", "gloo"):
         model = build_model(
-            tiny_policy, ctx, role=label, seed=0, fused_output_layer=False, reshard_after_forward=True, min_num_params=0
+            tiny_policy,
+            ctx,
+            role=label,
+            seed=0,
+            compute_dtype=torch.float32,
+            gradient_checkpointing=0,
+            shared_prompt=False,
+            fused_output_layer=False,
+            reshard_after_forward=True,
+            min_num_params=0,
         )
         units = [m for m in model.modules() if isinstance(m, FSDPModule)]
         comms = {type(u._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm).__name__ for u in units}
@@ -225,6 +243,9 @@ def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
             ctx,
             role=label,
             seed=0,
+            compute_dtype=torch.float32,
+            gradient_checkpointing=0,
+            shared_prompt=False,
             fused_output_layer=False,
             reshard_after_forward=True,
             min_num_params=0,
@@ -282,6 +303,9 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         ctx,
         role="tied",
         seed=0,
+        compute_dtype=torch.float32,
+        gradient_checkpointing=0,
+        shared_prompt=False,
         fused_output_layer=False,
         reshard_after_forward=True,
         min_num_params=0,
@@ -299,6 +323,9 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
             ctx,
             role="reshard",
             seed=0,
+            compute_dtype=torch.float32,
+            gradient_checkpointing=0,
+            shared_prompt=False,
             fused_output_layer=False,
             reshard_after_forward=reshard,
             min_num_params=0,
@@ -317,6 +344,9 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
             ctx,
             role="units",
             seed=0,
+            compute_dtype=torch.float32,
+            gradient_checkpointing=0,
+            shared_prompt=False,
             fused_output_layer=False,
             reshard_after_forward=True,
             min_num_params=min_params,

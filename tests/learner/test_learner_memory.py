@@ -108,6 +108,8 @@ def test_gradient_checkpointing_interval_checkpoints_every_kth_layer_with_the_sa
             role=f"k{k}",
             seed=0,
             gradient_checkpointing=k,
+            compute_dtype=torch.float32,
+            shared_prompt=False,
             fused_output_layer=False,
             reshard_after_forward=True,
             min_num_params=0,

@@ -89,6 +89,8 @@ def test_default_is_auto_and_unknown_names_are_refused() -> None:
             role="actor",
             compute_dtype=torch.float16,
             seed=0,
+            gradient_checkpointing=0,
+            shared_prompt=False,
             fused_output_layer=False,
             reshard_after_forward=True,
             min_num_params=0,

@@ -283,6 +283,8 @@ def test_a_model_without_the_attention_interface_keeps_separate_sequences(caplog
             role="actor",
             shared_prompt=True,
             seed=0,
+            compute_dtype=torch.float32,
+            gradient_checkpointing=0,
             fused_output_layer=False,
             reshard_after_forward=True,
             min_num_params=0,

@@ -54,8 +54,6 @@ class PromptTailScheduler(Scheduler):
         self._owners: dict[_TailKey, str] = {}  # prompt -> the request that computes its tail
         self._owned: dict[str, _TailKey] = {}  # and back
         self._waiting_for_owner: set[str] = set()  # requests to skip for one step
-        self.tails_shared = 0  # requests that copied a tail instead of computing it
-        self.tail_tokens_saved = 0
         if not self.shares_tails:
             logger.info("prompt tails: not shared (prefix caching off, a KV connector, or a hybrid KV cache)")
 
@@ -86,8 +84,6 @@ class PromptTailScheduler(Scheduler):
             return hit
         manager = self.kv_cache_manager.coordinator.single_type_managers[0]
         tail = manager.req_to_blocks[owner.request_id][full // self.block_size]
-        self.tails_shared += 1
-        self.tail_tokens_saved += prompt_len - 1 - full
         return KVCacheBlocks((list(blocks.blocks[0]) + [tail],)), prompt_len - 1, boundary, False
 
     def _ec_transfer_pending(self, request: Request, num_computed_tokens: int) -> bool:

@@ -58,7 +58,7 @@ demo: $(STAMP)
 	$(PY) -m async_rl.entrypoints.demo
 
 # The real pretrained model (SmolLM2-135M-Instruct, converted from its wheel) on chat arithmetic: about 3.5 min on 2 cores
-# with native bf16 (README: 170.4-170.6 s to step 16 on a Zen 4), about 20 on an AVX2-only CPU (1,081 s to step 16,
+# with native bf16 (README: 167.4-170.6 s to step 16 on a Zen 4), about 20 on an AVX2-only CPU (1,081 s to step 16,
 # 2026-12-03, not measured since).
 real-demo: $(STAMP)
 	$(PY) launchers/local.py --config configs/smollm2_arith_grpo.yaml --run-dir outputs/smollm2 \

@@ -77,22 +77,30 @@ def digest(learner: Learner) -> str:
     return h.hexdigest()
 
 
-def scenario_grads(ctx: Any) -> dict[str, Any]:
-    res: dict[str, Any] = {}
-    # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
-    ref = tiny_policy()
-    sharded = build_model(
-        tiny_policy,
+def plain_sharded(
+    source: Any, ctx: Any, *, role: str, reshard_after_forward: bool = True, min_num_params: int = 0
+) -> torch.nn.Module:
+    """``source`` sharded over the ranks as a plain fp32 policy: seed 0, no checkpointing, no shared prompts, the
+    stock output layer."""
+    return build_model(
+        source,
         ctx,
-        role="raw",
+        role=role,
         seed=0,
         compute_dtype=torch.float32,
         gradient_checkpointing=0,
         shared_prompt=False,
         fused_output_layer=False,
-        reshard_after_forward=True,
-        min_num_params=0,
+        reshard_after_forward=reshard_after_forward,
+        min_num_params=min_num_params,
     )
+
+
+def scenario_grads(ctx: Any) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    # 1. raw FSDP2: a mean loss over the full batch vs each rank's half, gradients averaged by FSDP
+    ref = tiny_policy()
+    sharded = plain_sharded(tiny_policy, ctx, role="raw")
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(3))
     ref(input_ids=ids).logits.logsumexp(-1).mean().backward()
     half = ids[ctx.rank * 2 : ctx.rank * 2 + 2].to(ctx.device)
@@ -210,18 +218,7 @@ def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
     ids = torch.randint(1, 64, (4, 10), generator=torch.Generator().manual_seed(5))
     grads = {}
     for label in ("in_place", "gloo"):
-        model = build_model(
-            tiny_policy,
-            ctx,
-            role=label,
-            seed=0,
-            compute_dtype=torch.float32,
-            gradient_checkpointing=0,
-            shared_prompt=False,
-            fused_output_layer=False,
-            reshard_after_forward=True,
-            min_num_params=0,
-        )
+        model = plain_sharded(tiny_policy, ctx, role=label)
         units = [m for m in model.modules() if isinstance(m, FSDPModule)]
         comms = {type(u._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm).__name__ for u in units}
         res[f"{label}_units"] = len(units)
@@ -238,18 +235,7 @@ def scenario_grad_reduce(ctx: Any) -> dict[str, Any]:
     # bits of the dense embedding gradient and autograd's sum, two micro-batches each
     tied = {}
     for label in ("rows", "dense"):
-        model = build_model(
-            lambda: tiny_policy(tie=True),
-            ctx,
-            role=label,
-            seed=0,
-            compute_dtype=torch.float32,
-            gradient_checkpointing=0,
-            shared_prompt=False,
-            fused_output_layer=False,
-            reshard_after_forward=True,
-            min_num_params=0,
-        )
+        model = plain_sharded(lambda: tiny_policy(tie=True), ctx, role=label)
         embedding = model.get_input_embeddings()
         res[f"tied_{label}_switched_rank{ctx.rank}"] = "forward" in vars(embedding)
         if label == "dense":
@@ -298,18 +284,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
         )
     )
     # a tied output embedding survives sharding and is exported once, under the input-embedding name
-    tied = build_model(
-        lambda: tiny_policy(seed=2, tie=True),
-        ctx,
-        role="tied",
-        seed=0,
-        compute_dtype=torch.float32,
-        gradient_checkpointing=0,
-        shared_prompt=False,
-        fused_output_layer=False,
-        reshard_after_forward=True,
-        min_num_params=0,
-    )
+    tied = plain_sharded(lambda: tiny_policy(seed=2, tie=True), ctx, role="tied")
     tied_full = dict(iter_full_state(tied, ctx, all_ranks=True, dtype=None))
     tied_ref = tiny_policy(seed=2, tie=True).state_dict()
     res[f"tied_export_ok_rank{ctx.rank}"] = "lm_head.weight" not in tied_full and all(
@@ -318,18 +293,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     # fsdp_config.reshard_after_forward: true frees each decoder layer's gathered parameters after its forward
     # (sharded DTensors again), false keeps them gathered (plain tensors) until the backward
     for reshard in (True, False):
-        unit = build_model(
-            tiny_policy,
-            ctx,
-            role="reshard",
-            seed=0,
-            compute_dtype=torch.float32,
-            gradient_checkpointing=0,
-            shared_prompt=False,
-            fused_output_layer=False,
-            reshard_after_forward=reshard,
-            min_num_params=0,
-        )
+        unit = plain_sharded(tiny_policy, ctx, role="reshard", reshard_after_forward=reshard)
         loss = unit(torch.tensor([[1, 2, 3, 4]])).logits.float().sum()
         res[f"layers_sharded_after_forward_{reshard}_rank{ctx.rank}"] = all(
             isinstance(p, DTensor) for layer in unit.model.layers for p in layer.parameters()
@@ -339,18 +303,7 @@ def scenario_train(ctx: Any, out: Path) -> dict[str, Any]:
     # fsdp_config.wrap_policy.min_num_params: both decoder layers in one FSDP2 unit (one state), the same gradients
     grads, states = {}, {}
     for min_params in (0, 1 << 30):
-        model = build_model(
-            tiny_policy,
-            ctx,
-            role="units",
-            seed=0,
-            compute_dtype=torch.float32,
-            gradient_checkpointing=0,
-            shared_prompt=False,
-            fused_output_layer=False,
-            reshard_after_forward=True,
-            min_num_params=min_params,
-        )
+        model = plain_sharded(tiny_policy, ctx, role="units", min_num_params=min_params)
         layers = list(model.model.layers)
         states[min_params] = layers[0]._get_fsdp_state() is layers[1]._get_fsdp_state()
         model(torch.tensor([[1, 2, 3, 4, 5]])).logits.float().pow(2).mean().backward()

@@ -1,18 +1,20 @@
-"""Benchmark: a CPU actor's vLLM process layout, the model in the engine-core process (``uni``, what the actor runs,
-``async_rl/actor/vllm_launch.py``) against vLLM's own (``mp``: a separate worker process), side by side.
+"""Benchmark: a CPU actor's vLLM process layout, side by side. Three layouts: the model in the engine-core process
+forked from the actor's (``fork``, what the actor runs, ``async_rl/actor/vllm_launch.py``), the same spawned (``uni``,
+vLLM's start method on CPU), and vLLM's own layout (``mp``: a separate worker process, spawned too).
 
     python tools/bench_cpu_executor.py [--model builtin:smollm2-135m-instruct] [--groups 16] [--n 8]
         [--max-tokens 16] [--rounds 4] [--pairs 2] [--beside 1]
 
-Each layout runs in a fresh process, the two alternating for ``--pairs`` pairs (the first of each pair swaps). A
-process builds the actor's engine arguments for the recipe's task (32-token KV blocks, vLLM's C++ RMSNorm kernels,
+Each layout runs in a fresh process, the three in turn for ``--pairs`` rounds (each round starts one layout later).
+A process builds the actor's engine arguments for the recipe's task (32-token KV blocks, vLLM's C++ RMSNorm kernels,
 processed log-probs, bf16 where the CPU has it), starts the engine, runs one warm-up round and ``--rounds`` timed
 rounds of ``--groups`` chat prompts x ``--n`` samples x ``--max-tokens`` tokens (EOS ignored). While it generates,
 ``--beside`` one-thread bf16 matmul processes run next to it, standing in for a learner sharing the cores; their rate
-is the CPU the engine leaves to others. The last lines are geometric means over the pairs, above 1 when the actor's
-layout is better: ``actor_cpu_engine_start_mp_vs_uni`` (start-up time, process start to engine up),
-``actor_cpu_generation_mp_vs_uni`` (median round time) and ``actor_cpu_beside_matmul_uni_vs_mp`` (matmul rate).
-Nothing is downloaded (``builtin:`` models are converted from installed wheels).
+is the CPU the engine leaves to others. The last lines are geometric means over the rounds, above 1 when the second
+layout named is better: ``actor_cpu_engine_start_mp_vs_uni`` and ``actor_cpu_engine_start_spawn_vs_fork`` (start-up
+time, process start to engine up), ``actor_cpu_generation_mp_vs_uni`` and ``actor_cpu_generation_spawn_vs_fork``
+(median round time), ``actor_cpu_beside_matmul_uni_vs_mp`` and ``actor_cpu_beside_matmul_fork_vs_spawn`` (matmul
+rate, first over second). Nothing is downloaded (``builtin:`` models are converted from installed wheels).
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ from bench_cpu_engine import recipe_prompts  # noqa: E402  (tools/ is this scrip
 
 from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 
-LAYOUTS = ("mp", "uni")
+LAYOUTS = ("mp", "uni", "fork")
+PAIRS = (("mp", "uni"), ("uni", "fork"))  # (before, after): vLLM's layout against the model in the engine core,
+# then that engine core spawned against forked
+NAMES = {
+    "start_uni": "actor_cpu_engine_start_mp_vs_uni",
+    "generation_uni": "actor_cpu_generation_mp_vs_uni",
+    "matmul_uni": "actor_cpu_beside_matmul_uni_vs_mp",
+    "start_fork": "actor_cpu_engine_start_spawn_vs_fork",
+    "generation_fork": "actor_cpu_generation_spawn_vs_fork",
+    "matmul_fork": "actor_cpu_beside_matmul_fork_vs_spawn",
+}
 MATMUL = """
 import sys, time, torch
 torch.set_num_threads(1)
@@ -56,13 +68,15 @@ async def _child(args: argparse.Namespace, started: float) -> None:
     from vllm.sampling_params import RequestOutputKind
 
     from async_rl.actor.engine import engine_args
-    from async_rl.actor.vllm_launch import start_async_llm
+    from async_rl.actor.vllm_launch import keep_torch_single_threaded, start_async_llm
     from async_rl.config import default_config
     from async_rl.config.precision import rollout_precision
     from async_rl.config.resolve import EngineStart
     from async_rl.runtime.resources import resolve_model_path
     from async_rl.weight_sync.client import EXTENSION_CLS
 
+    if args.child == "fork":
+        keep_torch_single_threaded()  # as the actor's process
     model = resolve_model_path(args.model, Path(tempfile.gettempdir()))
     rollout = default_config().actor_rollout_ref.rollout
     rollout.max_num_seqs, rollout.enforce_eager = args.groups * args.n, True
@@ -149,7 +163,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per engine (one warm-up round first)")
-    p.add_argument("--pairs", type=int, default=2, help="engines started per layout, alternating")
+    p.add_argument("--pairs", type=int, default=2, help="engines started per layout, in turn")
     p.add_argument("--beside", type=int, default=1, help="one-thread matmul processes running beside generation")
     p.add_argument("--dtype", default="auto", help="vLLM dtype; auto: bf16 where the CPU has it, else fp32")
     p.add_argument("--child", choices=LAYOUTS, help=argparse.SUPPRESS)
@@ -158,10 +172,10 @@ def main() -> None:
     if args.child:
         asyncio.run(_child(args, started=float(os.environ["BENCH_STARTED"])))
         return
-    ratios: dict[str, list[float]] = {"start": [], "generation": [], "matmul": []}
+    ratios: dict[str, list[float]] = {key: [] for key in NAMES}
     for pair in range(args.pairs):
         runs = {}
-        for layout in LAYOUTS if pair % 2 == 0 else reversed(LAYOUTS):
+        for layout in LAYOUTS[pair % 3 :] + LAYOUTS[: pair % 3]:
             runs[layout] = _run(args, layout)
             r = runs[layout]
             print(
@@ -170,16 +184,12 @@ def main() -> None:
                 + f" s, matmul beside {r['matmul_per_s']:.0f}/s",
                 flush=True,
             )
-        mp, uni = runs["mp"], runs["uni"]
-        ratios["start"].append(mp["start_s"] / uni["start_s"])
-        ratios["generation"].append(statistics.median(mp["round_s"]) / statistics.median(uni["round_s"]))
-        if args.beside:
-            ratios["matmul"].append(uni["matmul_per_s"] / mp["matmul_per_s"])
-    names = {
-        "start": "actor_cpu_engine_start_mp_vs_uni",
-        "generation": "actor_cpu_generation_mp_vs_uni",
-        "matmul": "actor_cpu_beside_matmul_uni_vs_mp",
-    }
+        for (slow, fast), kind in zip(PAIRS, ("uni", "fork"), strict=True):
+            a, b = runs[slow], runs[fast]
+            ratios[f"start_{kind}"].append(a["start_s"] / b["start_s"])
+            ratios[f"generation_{kind}"].append(statistics.median(a["round_s"]) / statistics.median(b["round_s"]))
+            if args.beside:
+                ratios[f"matmul_{kind}"].append(b["matmul_per_s"] / a["matmul_per_s"])
     lines = []
     for key, values in ratios.items():
         if not values:
@@ -189,8 +199,8 @@ def main() -> None:
             f"{args.groups} prompts x {args.n} samples x {args.max_tokens} tokens, {args.beside} matmul process(es)"
             f" beside, {args.pairs} pairs: geomean {s.geomean:.2f} (pairs {s.low:.2f}-{s.high:.2f})"
         )
-        print(f"{names[key]}: {detail}")
-        lines.append(BenchLine(names[key], s.geomean, None, detail))
+        print(f"{NAMES[key]}: {detail}")
+        lines.append(BenchLine(NAMES[key], s.geomean, None, detail))
     emit("cpu_executor", lines)
 
 

@@ -154,6 +154,11 @@ class GenerationEngine:
         """Run the model on ``n`` threads from its next step on (a CPU engine bound to at least ``n`` cores)."""
         await self.vllm.collective_rpc("cpu_threads", args=(n,))
 
+    async def cpu_layout(self) -> dict[str, Any]:
+        """A CPU engine's thread count and the cores its model runs on (``{"threads": n, "cores": [...]}``)."""
+        (layout,) = await self.vllm.collective_rpc("cpu_layout")
+        return dict(layout)
+
     @property
     def dead(self) -> bool:
         """True once vLLM's engine core has died: nothing can be generated any more."""

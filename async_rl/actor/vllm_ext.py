@@ -43,6 +43,7 @@ the learner announces a version, and the learner only runs ``WeightSender``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
@@ -416,6 +417,10 @@ class WeightSyncWorkerExtension:
         Returns the count now in force."""
         torch._C.set_num_threads(int(n))
         return torch.get_num_threads()
+
+    def cpu_layout(self) -> dict[str, list[int] | int]:
+        """Where the model runs: the OpenMP thread count now in force and the cores the calling thread may use."""
+        return {"threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0))}
 
     def cpu_sampler_state(self) -> dict[str, bool]:
         """Whether this worker process replaced vLLM's CPU sampler (``actor/cpu_sampler.py``), and whether the

@@ -185,6 +185,7 @@ def lend_threads(cfg: Config, env: MutableMapping[str, str], cores: list[int]) -
 
 
 async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, report: Report) -> dict[str, float]:
+    from async_rl.actor.engine import has_cuda
     from async_rl.actor.loop import ActorLoop
     from async_rl.transport import RolloutClient
     from async_rl.weight_sync import AsyncEngineWeightSync
@@ -201,6 +202,9 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, repo
         await engine.start()
         if lend is not None:
             await engine.set_cpu_threads(lend[0])
+        if not has_cuda():
+            layout = await engine.cpu_layout()
+            logger.info("actor: vLLM's model runs on %d thread(s), on cores %s", layout["threads"], layout["cores"])
         if teacher is not None:
             await teacher.start()
         episodes = episode_runner(cfg, engine, model_path)
@@ -241,9 +245,12 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, repo
 
 def run_actor(cfg: Config, *, coordinator: str, actor_id: str, report: Report) -> dict[str, Any]:
     """Run one actor until the coordinator says shutdown; ``report`` gets its summary before the engines shut down.
-    Needs ``if __name__ == "__main__":`` (vLLM spawns)."""
+    Needs ``if __name__ == "__main__":`` (vLLM spawns on GPUs, and on CPU with
+    ``VLLM_WORKER_MULTIPROC_METHOD=spawn``)."""
     from async_rl.actor.engine import has_cuda
+    from async_rl.actor.vllm_launch import keep_torch_single_threaded
 
+    keep_torch_single_threaded()  # this process only drives its engines: theirs are forked from it (vllm_launch)
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None and not has_cuda():
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache on CPU; the default reserves far more
     vllm_exit.arm()  # the engines' processes skip the interpreter's seconds-long teardown when they stop

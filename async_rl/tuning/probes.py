@@ -562,9 +562,11 @@ def main() -> None:
     args = p.parse_args()
     params = json.loads(args.params)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if args.probe != "learner":
+    if args.probe != "learner":  # as the actor's process: drives engines only, theirs are forked from it
         from async_rl.actor import vllm_exit
+        from async_rl.actor.vllm_launch import keep_torch_single_threaded
 
+        keep_torch_single_threaded()
         vllm_exit.arm()
     try:
         if args.probe == "learner":

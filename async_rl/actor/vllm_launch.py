@@ -141,4 +141,3 @@ def start_async_llm(args: Any, *, on_cpu: bool) -> Any:
             log_stats=not args.disable_log_stats,
             usage_context=UsageContext.ENGINE_CONTEXT,
         )
-

@@ -20,6 +20,8 @@ through each follower's own kernel with one-hot inputs, which must give them exa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,18 @@ from torch import nn
 from async_rl.weight_sync.errors import WeightMismatchError
 
 __all__ = ["TiedParameters"]
+
+
+@contextmanager
+def _full_fp32_matmuls() -> Iterator[None]:
+    """fp32 products in full precision while probing (a GPU may run them in TF32, which would round the weights read
+    back); 16-bit products of one-hot rows are exact anyway."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,7 @@ class TiedParameters:
                 cols = torch.linspace(0, param.shape[1] - 1, min(self.probe_columns, param.shape[1])).long()
                 onehot = torch.zeros(len(cols), param.shape[1], dtype=param.dtype, device=param.device)
                 onehot[torch.arange(len(cols), device=param.device), cols.to(param.device)] = 1
-                with torch.no_grad():
+                with torch.no_grad(), _full_fp32_matmuls():
                     got = apply(module, onehot).float()
                 want = param.detach()[:, cols.to(param.device)].t().float()
                 if got.shape != want.shape or not torch.equal(got, want):

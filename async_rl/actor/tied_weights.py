@@ -76,6 +76,11 @@ class TiedParameters:
         """The followers' parameter names (``["lm_head.weight"]`` for a tied output layer)."""
         return [name for tie in self.ties for _, _, name in tie.followers]
 
+    @property
+    def classes(self) -> set[str]:
+        """The followers' module classes (``{"ParallelLMHead"}`` for vLLM's tied output layer)."""
+        return {type(module).__name__ for tie in self.ties for module, _, _ in tie.followers}
+
     def restore(self) -> None:
         """After a reload: every follower holds its leader's parameter, processed again as after a first load."""
         for tie in self.ties:

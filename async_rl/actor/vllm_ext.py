@@ -61,6 +61,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
+from async_rl.actor import vllm_logs
 from async_rl.actor.tied_weights import TiedParameters
 from async_rl.weight_sync.buckets import BufferPool
 from async_rl.weight_sync.errors import WeightMismatchError, WeightSyncError
@@ -130,6 +131,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.updates = 0
         self._verifier = self._make_verifier()
         self._ties = TiedParameters(model)  # a tied output layer, re-tied after every reload (actor/tied_weights.py)
+        vllm_logs.install().tied_classes.update(self._ties.classes)  # their "Failed to load weights" is expected
         # Receive buffers reused from one update to the next on CPU (see BufferPool: fresh host memory costs a page
         # fault per page), under tcmalloc too: the actor's memory has room, and on the recipe two runs that let them go
         # updated in 0.466-0.486 s (median) against 0.431-0.460 s in six that kept them. vLLM's loaders copy every
@@ -447,6 +449,7 @@ def register_engine() -> None:
 
 
 register_engine()
+vllm_logs.install()  # vLLM's expected load warnings, once (actor/vllm_logs.py)
 if not torch.cuda.is_available():  # vLLM's CPU LoRA ops copy each token's adapter weights: use grouped matmuls
     from async_rl.actor import cpu_kernels, cpu_sampler
     from async_rl.actor.lora_kernels import install as _install_lora_kernels

@@ -65,3 +65,7 @@ def test_an_untied_model_has_nothing_to_restore() -> None:
     assert ties.ties == [] and ties.names == []
     ties.restore()
     ties.check()
+
+
+def test_tied_classes_are_named_for_the_log_filter() -> None:
+    assert TiedParameters(_Model()).classes == {"Module"}

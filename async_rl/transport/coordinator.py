@@ -69,6 +69,10 @@ Grant = tuple[ActorState, list[Lease], int]  # an actor, its training leases, th
 EvalGrant = tuple[ActorState, EvalRound, list[EvalLease]]
 STATE_FORMAT = 1
 SCAN_INTERVAL_S = 0.01  # liveness/lease scans at most this often (they are O(actors + leases))
+WAITING_OFF_GRACE_S = 0.2
+"""The actors hear that the learner stopped waiting once it has not waited again for this long: it polls get_groups
+and wait_eval in slices (every 2 s), and the gap between two slices should not make lending actors give the cores
+back and take them again. That it waits is told at once."""
 
 
 class Coordinator:
@@ -151,7 +155,8 @@ class Coordinator:
         self._last_scan = 0.0
         self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
         self._learner_waiting = False  # the learner is blocked in get_groups or wait_eval (actors are told)
-        self._waiting_dirty = False  # ... and the actors have not been told of its last change yet
+        self._waiting_since = 0.0  # when _learner_waiting last changed (monotonic)
+        self._waiting_told = False  # ... as the actors were last told (a heartbeat goes out when the two differ)
         self._eval_version_told = -1  # the open round's version while it has prompts to grant, as last told
         self._eval: EvalRound | None = None  # the validation round being served (one at a time)
         self._next_eval_round = 0
@@ -336,8 +341,15 @@ class Coordinator:
     def _set_learner_waiting_locked(self, waiting: bool) -> None:
         if waiting != self._learner_waiting:
             self._learner_waiting = waiting
-            self._waiting_dirty = True
-            self._io.wake()
+            self._waiting_since = time.monotonic()
+            if waiting:
+                self._io.wake()  # told at once; its end waits WAITING_OFF_GRACE_S for the thread's next tick
+
+    def _waiting_to_tell_locked(self, now: float) -> bool:
+        """What the actors should hear now: a wait at once, its end after WAITING_OFF_GRACE_S without a new one."""
+        if self._learner_waiting or now - self._waiting_since >= WAITING_OFF_GRACE_S:
+            return self._learner_waiting
+        return self._waiting_told
 
     def finish_eval(self, round_id: int) -> EvalResult:
         """Close round ``round_id`` (complete or not) and return its results; later deliveries are dropped."""
@@ -724,15 +736,16 @@ class Coordinator:
             )
             out.extend((s.rid, update) for s in self._actors.alive())
         eval_version = self._eval.version if self._eval is not None and self._eval.pending else -1
-        told = self._waiting_dirty or eval_version != self._eval_version_told
-        self._waiting_dirty, self._eval_version_told = False, eval_version
+        waiting = self._waiting_to_tell_locked(now)
+        told = waiting != self._waiting_told or eval_version != self._eval_version_told
+        self._waiting_told, self._eval_version_told = waiting, eval_version
         for s in self._actors.alive():
             if told or now - s.last_heartbeat_sent >= self.transport.heartbeat_interval_s:
                 s.last_heartbeat_sent = now
                 beat = Heartbeat(
                     sender=COORDINATOR_ID,
                     policy_version=self._version,
-                    learner_waiting=self._learner_waiting,
+                    learner_waiting=waiting,
                     eval_version=eval_version,
                 )
                 out.append((s.rid, beat))

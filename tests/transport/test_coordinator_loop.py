@@ -301,3 +301,42 @@ def test_actors_are_told_at_once_while_the_learner_waits_for_them(
     assert _wait(lambda: client.learner_waiting, poll=client.poll, timeout_s=1.0)
     learner.join()
     assert _wait(lambda: not client.learner_waiting, poll=client.poll, timeout_s=1.0)
+
+
+def test_a_learner_polling_in_slices_is_told_as_one_wait(
+    coordinator_factory: Factory, client_factory: ClientFactory
+) -> None:
+    """The learner waits in slices (get_groups with a timeout, again and again); the moments between two slices
+    must not reach the actors, who would give the lent cores back and take them again each time."""
+    import threading
+
+    from async_rl.transport.protocol import Heartbeat
+
+    s = plane_config(heartbeat_interval_s=30.0)
+    coord = coordinator_factory(8, s)
+    client = client_factory(coord.address, cfg=s)
+    client.hello()
+    assert _wait(lambda: coord.metrics()["transport/actors_alive"] == 1)
+    told: list[bool] = []
+    handle = client._handle
+
+    def spy(msg: Any) -> None:
+        if isinstance(msg, Heartbeat):
+            told.append(msg.learner_waiting)
+        handle(msg)
+
+    client._handle = spy  # type: ignore[method-assign]
+
+    def learner() -> None:
+        for _ in range(6):  # six slices of 0.15 s, a millisecond apart
+            with pytest.raises(TimeoutError):
+                coord.get_groups(1, timeout_s=0.15)
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    while thread.is_alive():
+        client.poll()
+        time.sleep(0.005)
+    assert _wait(lambda: not client.learner_waiting, poll=client.poll, timeout_s=1.0)
+    assert told == [True, False]

@@ -552,6 +552,11 @@ TRANSPORT_ACTORS_SERVED_CHECK_FAILURES_TOTAL = _m(
     "cumulative",
     "... of which the served adapter did not compute what the learner's does (that actor stops generating)",
 )
+TRANSPORT_ACTORS_LEND_SWITCHES_TOTAL = _m(
+    "transport/actors/lend_switches_total",
+    "cumulative",
+    "times an actor's engine changed its thread count to take or give back the learner's cores (lend_learner_cores)",
+)
 TRANSPORT_ACTORS_REWARD_MODEL_REQUESTS_TOTAL = _m(
     "transport/actors/reward_model_requests_total", "cumulative", "groups scored by the learned reward model"
 )

@@ -707,6 +707,7 @@ class ActorLoop:
                 "uptime_s": now - started,
                 "served_checks": float(self.stats.served_checks),  # LoRA: adapters checked against the learner's probe
                 "served_check_failures": float(self.stats.served_check_failures),
+                "lend_switches": float(self.stats.lend_switches),
                 **self._reward_model_report(),
             }
             await asyncio.sleep(self.poll_interval_s)

@@ -19,8 +19,8 @@ from async_rl.transport.validation import INVALID_REASONS
 logger = logging.getLogger(__name__)
 
 # Cumulative counters an actor reports on its periodic Heartbeat (under these names): tokens generated, seconds with
-# nothing to generate, seconds since it started, served-adapter checks, the learned reward model's requests and
-# faults. The coordinator sums their growth over all
+# nothing to generate, seconds since it started, served-adapter checks, lent-core switches, the learned reward
+# model's requests and faults. The coordinator sums their growth over all
 # actors into the metric each maps to.
 ACTOR_REPORT_TOTALS = {
     "generated_tokens": mc.TRANSPORT_ACTORS_GENERATED_TOKENS_TOTAL,
@@ -28,6 +28,7 @@ ACTOR_REPORT_TOTALS = {
     "uptime_s": mc.TRANSPORT_ACTORS_UPTIME_S_TOTAL,
     "served_checks": mc.TRANSPORT_ACTORS_SERVED_CHECKS_TOTAL,
     "served_check_failures": mc.TRANSPORT_ACTORS_SERVED_CHECK_FAILURES_TOTAL,
+    "lend_switches": mc.TRANSPORT_ACTORS_LEND_SWITCHES_TOTAL,
     "reward_model_requests": mc.TRANSPORT_ACTORS_REWARD_MODEL_REQUESTS_TOTAL,
     "reward_model_timeouts": mc.TRANSPORT_ACTORS_REWARD_MODEL_TIMEOUTS_TOTAL,
     "reward_model_deferred": mc.TRANSPORT_ACTORS_REWARD_MODEL_DEFERRED_TOTAL,

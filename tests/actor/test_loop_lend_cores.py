@@ -45,6 +45,7 @@ def test_the_engine_runs_wide_exactly_while_the_learner_waits() -> None:
     # waiting at first (2 threads), not once a group is back (1), waiting again with 3 sent (2), then not (1)
     assert engine.threads == [2, 1, 2, 1][: len(engine.threads)] and engine.threads[:3] == [2, 1, 2]
     assert loop.stats.lend_switches == len(engine.threads)
+    assert client.report["lend_switches"] == len(engine.threads)  # heartbeat -> transport/actors/lend_switches_total
 
 
 def test_without_lending_the_thread_count_is_never_touched() -> None:

@@ -131,3 +131,5 @@ def test_actor_reports_accumulate_growth_and_survive_restarts() -> None:
     snap = m.snapshot({}, {}, {})
     assert snap["transport/actors/served_checks_total"] == 5.0
     assert snap["transport/actors/served_check_failures_total"] == 1.0
+    m.record_actor_report({}, {"lend_switches": 4.0})  # lent cores taken and given back twice
+    assert m.snapshot({}, {}, {})["transport/actors/lend_switches_total"] == 4.0

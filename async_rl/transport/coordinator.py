@@ -17,11 +17,12 @@ filtering (transport.filtering, DAPO dynamic sampling) a valid training group wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -329,6 +330,18 @@ class Coordinator:
                 if self._stopping:
                     raise RuntimeError("coordinator is closed")
                 self._wait_locked(remaining)
+
+    @contextlib.contextmanager
+    def learner_waits(self) -> Iterator[None]:
+        """Around a learner wait for the actors other than get_groups and wait_eval (the weight sync's roster of
+        actors joining an epoch): they are told it waits, as there, and may lend it cores."""
+        with self._cv:
+            self._set_learner_waiting_locked(True)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._set_learner_waiting_locked(False)
 
     def _wait_locked(self, timeout_s: float | None) -> None:
         """The learner's thread blocks on the condition; the actors are told it waits (they may lend it cores)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -64,6 +65,8 @@ class _Coordinator(Protocol):
     def set_policy_version(self, version: int, weight_sync: WeightSyncPlan | None = None) -> None: ...
 
     def confirm_weights(self, version: int, actor_ids: list[str]) -> None: ...
+
+    def learner_waits(self) -> AbstractContextManager[None]: ...
 
 
 def send_metrics(report: SendReport) -> dict[str, float]:
@@ -192,7 +195,8 @@ class WeightPublisher:
         t0 = time.monotonic()
         self.coordinator.set_policy_version(version, weight_sync=self._plan(version=version, candidates=candidates))
         live_ids = self.coordinator.live_actor_ids
-        roster = collect_roster(self.store, self.epoch, candidates, self.join_timeout_s, alive=live_ids)
+        with self.coordinator.learner_waits():  # idle until the actors join: lending actors may use its cores
+            roster = collect_roster(self.store, self.epoch, candidates, self.join_timeout_s, alive=live_ids)
         announced = read_candidates(self.store, candidates)
         live = set(live_ids())
         for actor in candidates:

@@ -303,6 +303,20 @@ def test_actors_are_told_at_once_while_the_learner_waits_for_them(
     assert _wait(lambda: not client.learner_waiting, poll=client.poll, timeout_s=1.0)
 
 
+def test_a_learner_waiting_for_the_weight_sync_roster_is_told_too(
+    coordinator_factory: Factory, client_factory: ClientFactory
+) -> None:
+    """learner_waits(): the publisher's wait for actors to join an epoch lets them lend it cores, as get_groups does."""
+    s = plane_config(heartbeat_interval_s=30.0)
+    coord = coordinator_factory(8, s)
+    client = client_factory(coord.address, cfg=s)
+    client.hello()
+    assert _wait(lambda: coord.metrics()["transport/actors_alive"] == 1)
+    with coord.learner_waits():
+        assert _wait(lambda: client.learner_waiting, poll=client.poll, timeout_s=1.0)
+    assert _wait(lambda: not client.learner_waiting, poll=client.poll, timeout_s=1.0)
+
+
 def test_a_learner_polling_in_slices_is_told_as_one_wait(
     coordinator_factory: Factory, client_factory: ClientFactory
 ) -> None:

@@ -8,6 +8,7 @@ announcement; the coordinator is told which actors received each version (grants
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -59,6 +60,7 @@ class _Coordinator:
         self.plan: WeightSyncPlan | None = None
         self.versions: list[int] = []
         self.confirmed: list[tuple[int, list[str]]] = []
+        self.waits: list[float] = []  # seconds of each learner_waits block (the actors are told the learner waits)
 
     @property
     def policy_version(self) -> int:
@@ -79,6 +81,14 @@ class _Coordinator:
 
     def confirm_weights(self, version: int, actor_ids: list[str]) -> None:
         self.confirmed.append((version, list(actor_ids)))
+
+    @contextlib.contextmanager
+    def learner_waits(self) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.waits.append(time.monotonic() - t0)
 
 
 def _publisher(coord: _Coordinator, *, timeout_s: float, join_timeout_s: float = JOIN_S) -> WeightPublisher:
@@ -255,11 +265,13 @@ def test_silent_and_unready_actors_cost_at_most_one_join_deadline() -> None:
         assert coord.current().candidates == ("good", "stuck")  # "silent" never announced: never invited
         assert first["sync/actors"] == 1.0 and first["sync/left_out"] == 1.0
         assert JOIN_S <= first["sync/join_seconds"] < JOIN_S + 2.0 and first_s < JOIN_S + 5.0
+        assert len(coord.waits) == 1 and JOIN_S <= coord.waits[0] < JOIN_S + 2.0  # told it waits for the roster
         assert not pub.needs_refresh()  # "stuck" is not invited again on its old announcement
         t0 = time.monotonic()
         second = pub.publish(2, lambda _dtype: _weights(2))
         assert time.monotonic() - t0 < JOIN_S  # the same members: no new epoch, no waiting
         assert "sync/join_seconds" not in second and second["sync/epoch"] == first["sync/epoch"] == 0.0
+        assert len(coord.waits) == 1  # no roster, no wait
         actor.join(timeout=10.0)
         assert got == [1.0, 2.0]
         assert coord.confirmed == [(1, ["good"]), (2, ["good"])]

@@ -155,7 +155,7 @@ class Coordinator:
         self._notify_on_close = True
         self._last_scan = 0.0
         self._learner_wants = 0  # num_groups of a get_groups call currently waiting (0: none)
-        self._learner_waiting = False  # the learner is blocked in get_groups or wait_eval (actors are told)
+        self._learner_waiting = False  # blocked in get_groups, wait_eval or learner_waits (actors are told)
         self._waiting_since = 0.0  # when _learner_waiting last changed (monotonic)
         self._waiting_told = False  # ... as the actors were last told (a heartbeat goes out when the two differ)
         self._eval_version_told = -1  # the open round's version while it has prompts to grant, as last told

@@ -54,7 +54,7 @@ class ScriptedClient:
         self.sent: list[RolloutGroup] = []
         self.shutdown_requested = False
         self.weight_sync: WeightSyncPlan | None = None
-        self.learner_waiting = False
+        self.learner_waiting: bool | None = False
         self.eval_version = -1  # no round with prompts left to grant
         self.queued_grants: tuple[PromptGrant, ...] = ()
         self.report: dict[str, float] = {}

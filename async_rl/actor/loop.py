@@ -96,7 +96,7 @@ class PlaneClient(Protocol):
     shutdown_requested: bool
     weight_sync: WeightSyncPlan | None  # the learner's latest plan
     report: dict[str, float]  # cumulative counters sent on heartbeats
-    learner_waiting: bool  # the learner is blocked waiting for the actors (the coordinator's heartbeats say)
+    learner_waiting: bool | None  # the learner is blocked waiting for the actors (heartbeats say; None: none yet)
     eval_version: int  # the open round's version while the coordinator still has prompts of it to grant, else -1
 
     @property
@@ -254,9 +254,10 @@ class ActorLoop:
         self.max_concurrent = max_concurrent_groups
         self.max_concurrent_eval = max_concurrent_eval
         self.update_mode = update_mode
-        # (threads normally, threads while the learner waits): the engine runs on the learner's idle cores then
+        # (threads normally, threads while the learner waits): the engine runs on the learner's idle cores then. It
+        # starts wide (the actor's start-up sets it so): a learner waits for its first batch
         self.lend_threads = lend_threads
-        self._lending: bool | None = None
+        self._lending = lend_threads is not None
         self.poll_interval_s = poll_interval_s
         self.max_groups = max_groups
         self.stats = ActorLoopStats()
@@ -722,11 +723,15 @@ class ActorLoop:
 
     async def _lend_learner_cores(self) -> None:
         """With ``lend_threads``: the engine's thread count follows whether the learner waits for the actors. A call
-        that fails (a dying engine) stops the lending, logged; the loop's own checks deal with the engine."""
+        that fails (a dying engine) stops the lending, logged; the loop's own checks deal with the engine.
+
+        Until the coordinator's first heartbeat the engine keeps the width it started with (every core): a switch
+        reaches the engine only between its steps, and the first step (the prefill of every prompt granted at once,
+        10-20 s in fp32 on 2 cores) would otherwise run on one thread beside a learner that waits for its result."""
         if self.lend_threads is None:
             return
         waiting = self.client.learner_waiting
-        if waiting == self._lending:
+        if waiting is None or waiting == self._lending:
             return
         self._lending = waiting
         try:

@@ -200,8 +200,8 @@ async def _run(cfg: Config, coordinator: str, actor_id: str, workdir: Path, repo
     episodes = None
     try:
         await engine.start()
-        if lend is not None:
-            await engine.set_cpu_threads(lend[0])
+        if lend is not None:  # start wide, as the loop assumes: a learner waits for its first batch
+            await engine.set_cpu_threads(lend[1])
         if not has_cuda():
             layout = await engine.cpu_layout()
             logger.info("actor: vLLM's model runs on %d thread(s), on cores %s", layout["threads"], layout["cores"])

@@ -8,6 +8,7 @@ over-grants. Both counters restart at a (re)Welcome.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -89,6 +90,7 @@ class ActorRegistry:
         state.alive, state.died_at = True, None
         state.loaded_version = loaded_version
         state.last_seen = now
+        state.last_heartbeat_sent = -math.inf  # a heartbeat at the next pass: the learner's state, told at once
         state.credit = 0
         state.granted_total = 0
         state.reported = {}  # a restarted actor counts from zero again

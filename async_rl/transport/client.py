@@ -109,7 +109,8 @@ class RolloutClient:
         self.min_version = 0
         self.loaded_version = 0
         self.weight_sync: WeightSyncPlan | None = None  # the learner's latest plan (Welcome, VersionUpdate)
-        self.learner_waiting = False  # the learner blocked waiting for the actors (the coordinator's heartbeats)
+        # the learner blocked waiting for the actors (the coordinator's heartbeats; None until the first one)
+        self.learner_waiting: bool | None = None
         self.eval_version = -1  # the open round's version while it has prompts to grant (the coordinator's heartbeats)
         self.shutdown_requested = False
         self.version_updates = 0

@@ -42,10 +42,37 @@ def test_the_engine_runs_wide_exactly_while_the_learner_waits() -> None:
     engine, client = ThreadsEngine(), WaitingClient([make_grant(i, min_version=0) for i in range(4)])
     loop = _loop(engine, client, lend=(1, 2))
     assert len(client.sent) == 4
-    # waiting at first (2 threads), not once a group is back (1), waiting again with 3 sent (2), then not (1)
-    assert engine.threads == [2, 1, 2, 1][: len(engine.threads)] and engine.threads[:3] == [2, 1, 2]
+    # waiting at first (the engine starts on 2 threads: no switch), not once a group is back (1), waiting again with 3
+    # sent (2), then not (1)
+    assert engine.threads == [1, 2, 1][: len(engine.threads)] and engine.threads[:2] == [1, 2]
     assert loop.stats.lend_switches == len(engine.threads)
     assert client.report["lend_switches"] == len(engine.threads)  # heartbeat -> transport/actors/lend_switches_total
+
+
+class SilentThenBusyClient(ScriptedClient):
+    """No heartbeat for the first polls (``learner_waiting`` None), then a learner that does not wait."""
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        super().poll(timeout_s)
+        self.learner_waiting = None if self.polls <= 3 else False
+
+
+def test_the_engine_keeps_its_start_width_until_the_coordinator_says() -> None:
+    """Before the first heartbeat the engine stays on every core (it starts there: a learner waits for its first
+    batch), and the first grants start on it; the first word that the learner is busy narrows it once."""
+    engine, client = ThreadsEngine(), SilentThenBusyClient([make_grant(i, min_version=0) for i in range(4)])
+    seen: list[tuple[int, int]] = []  # (poll, threads set so far) when each group is generated
+    generate = engine.generate
+
+    async def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append((client.polls, len(engine.threads)))
+        return await generate(*args, **kwargs)
+
+    engine.generate = recording  # type: ignore[method-assign]
+    loop = _loop(engine, client, lend=(1, 2))
+    assert len(client.sent) == 4
+    assert seen[0] == (1, 0)  # the first group started before any heartbeat, with no switch made: on 2 threads
+    assert engine.threads == [1] and loop.stats.lend_switches == 1
 
 
 def test_without_lending_the_thread_count_is_never_touched() -> None:
@@ -78,6 +105,6 @@ def test_a_failed_switch_stops_the_lending_and_generation_goes_on(caplog: pytest
     engine, client = FailingThreadsEngine(), WaitingClient([make_grant(i, min_version=0) for i in range(4)])
     with caplog.at_level(logging.WARNING):
         loop = _loop(engine, client, lend=(1, 2))
-    assert len(client.sent) == 4 and engine.threads == [2]  # tried once, then never again
+    assert len(client.sent) == 4 and engine.threads == [1]  # tried once, then never again
     assert loop.lend_threads is None and loop.stats.lend_switches == 0
     assert "stopped lending the learner's cores: RuntimeError('engine core gone')" in caplog.text

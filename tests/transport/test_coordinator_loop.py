@@ -295,7 +295,8 @@ def test_actors_are_told_at_once_while_the_learner_waits_for_them(
     client = client_factory(coord.address, cfg=s)
     client.hello()
     assert _wait(lambda: coord.metrics()["transport/actors_alive"] == 1)
-    assert client.learner_waiting is False
+    # a new actor's first heartbeat goes at once, not a heartbeat interval (30 s here) later
+    assert _wait(lambda: client.learner_waiting is False, poll=client.poll, timeout_s=1.0)
     learner = threading.Thread(target=lambda: pytest.raises(TimeoutError, coord.get_groups, 1, timeout_s=1.5))
     learner.start()
     assert _wait(lambda: client.learner_waiting, poll=client.poll, timeout_s=1.0)

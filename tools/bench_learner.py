@@ -9,8 +9,8 @@ Part 0 (one process, ``--threads``) trains one batch of the chosen ``--geometry`
 once (``use_shared_prompt``) and as separate padded sequences (the layout before shared prompts), in interleaved
 rounds, and prints the geometric mean of the per-round step-time ratios with its 95% interval and the tokens each
 layout computed (``learner_shared_prompt_vs_unshared``). Geometries: ``recipe`` is the SmolLM2 GRPO recipe's step
-(16 prompts of 46 tokens x 8 completions of 8-12 tokens, micro-batches of 16, one optimizer step), ``long`` is
-4 prompts of 64 tokens x 8 completions of 256 tokens (micro-batches of 8).
+(16 prompts of 46 tokens x 8 completions of 8-12 tokens, micro-batches of 64 as the recipe's ranks take them, one
+optimizer step), ``long`` is 4 prompts of 64 tokens x 8 completions of 256 tokens (micro-batches of 8).
 
 Part 1 (one process) trains the same batch of rollout groups, whose response lengths have a long tail like real
 rollouts, with padded micro-batches and with packed ones, and prints update tokens/s, padding waste and the ratio.
@@ -54,7 +54,7 @@ from async_rl.transport.protocol import RolloutGroup, make_completion  # noqa: E
 from async_rl.tuning.bench import BenchLine, emit, paired_ratios  # noqa: E402
 
 GEOMETRIES = {  # groups, n, prompt tokens, response tokens (low, high), micro-batch
-    "recipe": (16, 8, 46, (8, 12), 16),
+    "recipe": (16, 8, 46, (8, 12), 64),  # micro-batch: the recipe's ppo_micro_batch_size_per_gpu (16 before 2026-12-07)
     "long": (4, 8, 64, (256, 256), 8),
     "calculator": (8, 8, 300, (64, 128), 8),  # the calculator-tool recipe's step, as tools/bench_memory.py runs it
 }

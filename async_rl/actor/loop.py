@@ -727,7 +727,7 @@ class ActorLoop:
 
         Until the coordinator's first heartbeat the engine keeps the width it started with (every core): a switch
         reaches the engine only between its steps, and the first step (the prefill of every prompt granted at once,
-        10-20 s in fp32 on 2 cores) would otherwise run on one thread beside a learner that waits for its result."""
+        up to tens of seconds in fp32 on 2 cores) would otherwise run on one thread beside a learner waiting for it."""
         if self.lend_threads is None:
             return
         waiting = self.client.learner_waiting

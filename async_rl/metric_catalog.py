@@ -255,6 +255,18 @@ LEARNER_ACTOR_PG_CLIPFRAC_LOWER = _m(
     "share held by the dual clip (GMPO: clipped with a negative advantage; else 0)",
 )
 LEARNER_ACTOR_PPO_KL = _m("learner/actor/ppo_kl", "mean", "approximate KL between the proximal and the current policy")
+LEARNER_ACTOR_STEP_KL = _m(
+    "learner/actor/step_kl",
+    "token_mean",
+    "the step's real size: KL(policy before || policy after the step's optimizer updates), k3 estimate on the loss"
+    " tokens of the sequences the update computed (with `actor.step_kl_freq`; the clip sees only one mini-batch's"
+    " move)",
+)
+LEARNER_ACTOR_STEP_ABS_LOG_RATIO = _m(
+    "learner/actor/step_abs_log_ratio",
+    "token_mean",
+    "mean |log pi_after - log pi_before| over the same tokens as learner/actor/step_kl",
+)
 LEARNER_ACTOR_PROXIMAL_PASS_SKIPPED = _m(
     "learner/actor/proximal_pass_skipped", "step", "1 when the proximal log-probs came from the update's forward"
 )
@@ -355,6 +367,11 @@ LEARNER_BATCH_ADVANTAGES_MIN = _m(
 )
 LEARNER_BATCH_INFORMATIVE_GROUPS = _m(
     "learner/batch/informative_groups", "batch", "groups whose rewards differ (the others get zero advantage)"
+)
+LEARNER_BATCH_ZERO_ADVANTAGE_SHARE = _m(
+    "learner/batch/zero_advantage_share",
+    "batch",
+    "share of the step's groups whose rewards are all equal (no group-relative signal): 1 - informative / groups",
 )
 LEARNER_BATCH_SKIPPED_SEQUENCES = _m(
     "learner/batch/skipped_sequences",

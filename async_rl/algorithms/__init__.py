@@ -30,6 +30,7 @@ from async_rl.algorithms.kl import (
     KLController,
     apply_kl_in_reward,
     kl_penalty,
+    policy_shift_sums,
 )
 from async_rl.algorithms.losses import (
     LOSS_AGG_MODES,
@@ -90,6 +91,7 @@ __all__ = [
     "compute_rloo_vectorized_outcome_advantage",
     "entropy_from_logits",
     "kl_penalty",
+    "policy_shift_sums",
     "linear_token_log_probs_and_entropy",
     "label_smoothed_nll",
     "masked_logit_mean",

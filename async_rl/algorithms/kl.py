@@ -25,6 +25,7 @@ __all__ = [
     "KLController",
     "apply_kl_in_reward",
     "kl_penalty",
+    "policy_shift_sums",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,22 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
         return value
     k2 = 0.5 * (logprob - ref_logprob).square()
     return k2 - k2.detach() + value.detach()
+
+
+def policy_shift_sums(
+    before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How far an update moved a policy on sampled tokens: ``(sum of k3 KL(before || after), sum of |after - before|,
+    token count)`` over the positions where ``mask`` is non-zero (all ``[B, T]``; log-probs in, fp64 sums out).
+
+    The tokens were sampled from (a policy close to) ``before``, so k3 with ``before`` as the sampling side is the
+    low-variance, non-negative estimate of KL(before || after). Sums, not means, so ranks and micro-batches add up.
+    """
+    check_same_shape("before", before, "after", after)
+    check_same_shape("before", before, "mask", mask)
+    b, a = before.double(), after.double()
+    m = float_mask(mask, b)
+    return (kl_penalty(b, a, "k3") * m).sum(), ((a - b).abs() * m).sum(), m.sum()
 
 
 class KLController(Protocol):

@@ -157,6 +157,17 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             " proximal pass is skipped) then cover the sequences computed."
         ),
     ] = True
+    step_kl_freq: Annotated[
+        NonNegInt,
+        doc(
+            "Every N steps, measure how far the step moved the policy: after the optimizer updates, one no-grad"
+            " forward over the sequences the update computed gives learner/actor/step_kl (KL from the policy before"
+            " the step to the policy after it) and learner/actor/step_abs_log_ratio. With one optimizer step per"
+            " batch the PPO ratio is exactly 1 at the update, so ppo_kl and the clip fractions are 0 and this is the"
+            " only view of the step's size. 0 = off (the forward costs about a quarter of an update's compute;"
+            " this project's key, verl has none)."
+        ),
+    ] = 0
     use_kl_loss: Annotated[bool, doc("Add a KL(policy || reference) term to the actor loss (GRPO style).")] = False
     kl_loss_coef: Annotated[NonNegFloat, doc("Coefficient of the KL loss term.")] = 0.001
     kl_loss_type: Annotated[KLKind, doc("KL estimator of the KL loss ('+' suffix: straight-through k2 gradient).")] = (

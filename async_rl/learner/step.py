@@ -71,6 +71,7 @@ from async_rl.learner.partition import Layout, UpdatePlan, padding_waste, plan_u
 from async_rl.learner.policy import build_micro_inputs, forward_full_batch, response_log_probs, row_groups
 from async_rl.learner.precision import resolve_compute_dtype
 from async_rl.learner.shared_prompt import shared_prompt_enabled
+from async_rl.learner.step_size import measure_step_size
 from async_rl.learner.update import TrainedModel, run_updates
 from async_rl.metric_catalog import histogram_mean, lag_histogram
 from async_rl.peft_format import adapter_config, peft_name
@@ -337,8 +338,14 @@ class Learner:
         return one_step and self.kl_ctrl is None and not batch_level and spec.bypass_loss_type is None
 
     def _actor_micro_loss(
-        self, batch: RolloutBatch, acc: MetricAccumulator, reuse_proximal: bool = False
+        self,
+        batch: RolloutBatch,
+        acc: MetricAccumulator,
+        reuse_proximal: bool = False,
+        capture: torch.Tensor | None = None,
     ) -> Callable[..., torch.Tensor]:
+        """The actor's micro-batch loss; ``capture`` ``[B, T]``, when given, receives each computed row's log-probs
+        (the policy before the step, when the step makes one optimizer update)."""
         spec, temperature = self.objective, self.rollout_cfg.temperature
         device = self.ctx.device
 
@@ -353,6 +360,8 @@ class Learner:
             mode = "grad" if spec.entropy_coeff != 0 else "detached"
             log_prob, entropy = response_log_probs(self.model, mi, temperature=temperature, entropy=mode)
             assert entropy is not None
+            if capture is not None:
+                capture.index_copy_(0, idx.to(capture.device), log_prob.detach().to(capture))
             if reuse_proximal:
                 old_log_prob = log_prob.detach()
                 _accumulate_offpolicy(acc, old_log_prob, sel(batch.rollout_log_probs), sel(batch.sampled_mask))
@@ -423,7 +432,20 @@ class Learner:
         seed = self.seed * 1_000_003 + self.version
         skipped_critic = self.critic.update(batch, acc, seed) if self.critic is not None else 0
         plan = self._plan_updates(batch, seed)
-        skipped = run_updates(self.ctx, self.actor, plan, batch, self._actor_micro_loss(batch, acc, reuse), acc)
+        before, capture = self._before_step(batch, plan, reuse) if self._measures_step_size() else (None, None)
+        micro_loss = self._actor_micro_loss(batch, acc, reuse, capture)
+        skipped = run_updates(self.ctx, self.actor, plan, batch, micro_loss, acc)
+        if before is not None:
+            measure_step_size(
+                self.model,
+                batch,
+                plan,
+                before,
+                acc,
+                layout=self.layout,
+                device=self.ctx.device,
+                temperature=self.rollout_cfg.temperature,
+            )
         offpolicy, computed, total_slots = self._reduce_update_metrics(batch, plan, acc, out)
         t_end = time.perf_counter()
         out.update(self._batch_metrics(batch, offpolicy if reuse else None))
@@ -488,6 +510,28 @@ class Learner:
         truncated = mask_truncated(batch) if self.actor_cfg.mask_truncated_responses else 0
         out[mc.LEARNER_BATCH_TRUNCATED_MASKED] = float(truncated)
         return reuse
+
+    def _measures_step_size(self) -> bool:
+        """Whether this step measures its size (``actor.step_kl_freq``: the first step and every N-th after it)."""
+        freq = self.actor_cfg.step_kl_freq
+        return freq > 0 and self.version % freq == 0
+
+    def _before_step(
+        self, batch: RolloutBatch, plan: UpdatePlan, reuse: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``[B, T]`` of the policy before the step, and the buffer the update's forward must fill (or
+        None): the proximal pass's where it ran; else, with one update, an empty buffer that its forward fills; else
+        (several updates and no proximal pass: bypass mode) a pass of its own."""
+        if not reuse and self.objective.bypass_loss_type is None:
+            assert batch.old_log_probs is not None, "the proximal pass ran"
+            return batch.old_log_probs, None
+        if plan.num_updates == 1:
+            buffer = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=self.ctx.device)
+            return buffer, buffer
+        self.model.eval()
+        before = self._log_probs(self.model, batch)
+        self.model.train()
+        return before, None
 
     def _plan_updates(self, batch: RolloutBatch, seed: int) -> UpdatePlan:
         """This rank's mini- and micro-batches of ``batch`` for every epoch (``ppo_mini_batch_size`` counts prompts)."""
@@ -574,12 +618,12 @@ class Learner:
             distill[mc.LEARNER_DISTILLATION_REVERSE_KL] = float(gap.mean()) if gap.numel() else 0.0
         scores = batch.token_level_scores.sum(-1)
         groups = batch.index
-        informative = sum(
-            1 for g in torch.unique(groups) if bool((scores[groups == g] != scores[groups == g][0]).any())
-        )
+        group_ids = torch.unique(groups)
+        informative = sum(1 for g in group_ids if bool((scores[groups == g] != scores[groups == g][0]).any()))
         return {
             # groups whose samples' rewards differ: the only ones a group-relative advantage learns from
             mc.LEARNER_BATCH_INFORMATIVE_GROUPS: float(informative),
+            mc.LEARNER_BATCH_ZERO_ADVANTAGE_SHARE: 1.0 - informative / max(len(group_ids), 1),
             mc.LEARNER_BATCH_SIZE: float(len(batch)),
             mc.LEARNER_BATCH_RESPONSE_LENGTH_MEAN: float(batch.response_lengths.float().mean()),
             mc.LEARNER_BATCH_SAMPLED_LENGTH_MEAN: float(mask.sum(-1).float().mean()),

@@ -240,6 +240,29 @@ def _episode_panels(axes: Any, records: Sequence[dict[str, Any]]) -> None:
     )
 
 
+def _policy_panels(axes: Any, records: Sequence[dict[str, Any]]) -> None:
+    """What a collapse shows first: the policy's entropy, and how far each step moved it."""
+    _lines_panel(
+        axes[0],
+        "policy entropy and gradient norm",
+        "nats per token / norm",
+        [
+            ("entropy on the trained tokens", _series(records, mc.LEARNER_ACTOR_ENTROPY)),
+            ("gradient norm (before clipping)", _series(records, mc.LEARNER_ACTOR_GRAD_NORM)),
+        ],
+    )
+    _lines_panel(
+        axes[1],
+        "step size (actor.step_kl_freq) and signal",
+        "nats per token / share",
+        [
+            ("KL(before || after the step)", _series(records, mc.LEARNER_ACTOR_STEP_KL)),
+            ("mean |log-ratio| after / before the step", _series(records, mc.LEARNER_ACTOR_STEP_ABS_LOG_RATIO)),
+            ("share of zero-advantage groups", _series(records, mc.LEARNER_BATCH_ZERO_ADVANTAGE_SHARE)),
+        ],
+    )
+
+
 def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     """Draw the run's curves from ``metrics_jsonl`` into ``out_png`` (parents created) and return ``out_png``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -249,9 +272,9 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     records = by_step(raw)
     val = validation_records(raw)
     episodes = any(TURNS_KEY in r for r in records)  # a multi-turn run: one more row
-    fig = Figure(figsize=(14, 23 if episodes else 19), dpi=100)
+    fig = Figure(figsize=(14, 27 if episodes else 23), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(6 if episodes else 5, 2)
+    axes = fig.subplots(7 if episodes else 6, 2)
 
     _reward_panel(axes[0][0], records, "step", "reward vs step", "step")
     scale, unit = _wall_scale(records)
@@ -298,8 +321,9 @@ def plot_run(metrics_jsonl: Path, out_png: Path) -> Path:
     _validation_panel(
         axes[4][1], val, WALL_KEY, "validation reward vs wall-clock time", f"wall-clock time ({val_unit})", val_scale
     )
+    _policy_panels(axes[5], records)
     if episodes:
-        _episode_panels(axes[5], records)
+        _episode_panels(axes[6], records)
     last = records[-1]["step"] if records else 0
     fig.suptitle(f"{Path(metrics_jsonl).parent.name or 'run'}: {len(records)} steps logged (last step {last})")
     fig.tight_layout(rect=(0, 0, 1, 0.97))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from async_rl.config import Config
-from async_rl.data.arith import ARITH_EVAL_SIZE, ARITH_TRAIN_SIZE
+from async_rl.data.arith import ARITH_EVAL_SIZE, ARITH_TRAIN_SIZE, CHAT_ARITH_EVAL_SIZE
 
 if TYPE_CHECKING:
     pass
@@ -72,6 +72,7 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
         if f == BUILTIN_DATA:
             out.extend({**r, "extra": {}} for r in make_arith_problems(size, seed=seed, digits=2, split=split))
         elif f == BUILTIN_CHAT_DATA:
+            size = ARITH_TRAIN_SIZE if split == "train" else CHAT_ARITH_EVAL_SIZE
             problems = make_chat_arith_problems(size, seed=seed, digits=2, split=split)
             out.extend({**r, "extra": {"data_source": ARITH_CHAT_SOURCE}} for r in problems)
         elif f == BUILTIN_CALCULATOR_DATA:

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from async_rl.algorithms import KL_KINDS, kl_penalty
+from async_rl.algorithms import KL_KINDS, kl_penalty, policy_shift_sums
 
 LN2 = math.log(2.0)
 
@@ -85,3 +85,19 @@ def test_unknown_kind_and_bad_shapes_raise() -> None:
         kl_penalty(x, x[:, :2], "k1")
     with pytest.raises(ValueError, match="logprob"):
         kl_penalty(x[0], x[0], "k1")
+
+
+def test_policy_shift_sums_by_hand() -> None:
+    # before -> after: token 0 from .5 to .25, token 1 from .25 to .5, token 2 masked out (a huge move that must not
+    # count), row 2: one token unchanged
+    before = torch.tensor([[math.log(0.5), math.log(0.25), math.log(0.9)], [math.log(0.3), 0.0, 0.0]])
+    after = torch.tensor([[math.log(0.25), math.log(0.5), math.log(1e-6)], [math.log(0.3), 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    kl, moved, count = policy_shift_sums(before, after, mask)
+    # k3 of KL(before || after) per token: r = after / before; r - 1 - ln r: .5 - 1 + ln2 and 2 - 1 - ln2; 0 for row 2
+    assert float(kl) == pytest.approx((0.5 - 1 + LN2) + (2 - 1 - LN2), abs=1e-6)  # fp32 log-probs in
+    assert float(moved) == pytest.approx(2 * LN2, abs=1e-6)
+    assert float(count) == 3.0
+    assert kl.dtype == torch.float64
+    with pytest.raises(ValueError, match="mask"):
+        policy_shift_sums(before, after, mask[:, :2])

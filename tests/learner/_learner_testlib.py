@@ -130,6 +130,7 @@ KEYS = {
     "enable_gradient_checkpointing": f"{ARR}.model.enable_gradient_checkpointing",
     "gradient_checkpointing_interval": f"{ARR}.model.gradient_checkpointing_interval",
     "skip_zero_advantage": f"{ARR}.actor.skip_zero_advantage",
+    "step_kl_freq": f"{ARR}.actor.step_kl_freq",
     "use_fused_kernels": f"{ARR}.model.use_fused_kernels",
     "max_prompt_length": "data.max_prompt_length",
     "max_response_length": "data.max_response_length",

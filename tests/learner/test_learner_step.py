@@ -265,3 +265,44 @@ def test_zero_advantage_sequences_are_computed_where_their_gradient_is_not_zero(
     learner = Learner(cfg, START, local_context(), tiny_policy)
     metrics = learner.train_step(equal_rewards(groups, (1, 2)), prompts)
     assert metrics["learner/batch/skipped_sequences"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"ppo_mini_batch_size": 4},  # one update: the update's own forward is the policy before the step
+        {"ppo_mini_batch_size": 2},  # two updates: the proximal pass is the policy before the step
+        {"ppo_mini_batch_size": 2, "bypass_mode": True, "bypass_loss_type": "ppo_clip"},  # no proximal pass: a pass
+    ],
+)
+def test_step_kl_is_the_kl_from_the_policy_before_the_step_to_the_one_after(extra: dict[str, object]) -> None:
+    learner = Learner(
+        settings(step_kl_freq=2, skip_zero_advantage=False, **extra), START, local_context(), tiny_policy
+    )
+    groups, prompts = scripted_groups(4, 4, seed=21)
+    batch = learner.collate(groups, prompts)
+    learner.model.eval()
+    before = learner._log_probs(learner.model, batch)
+    metrics = learner.train_batch(batch, [g.prompt_id for g in groups])
+    after = learner._log_probs(learner.model, batch)
+    learner.model.train()
+    mask = batch.loss_mask.double()
+    shift = (after - before).double()
+    k3 = (shift.exp() - shift - 1.0) * mask
+    assert metrics["learner/actor/step_kl"] == pytest.approx(float(k3.sum() / mask.sum()), rel=1e-4, abs=1e-7)
+    moved = float((shift.abs() * mask).sum() / mask.sum())
+    assert metrics["learner/actor/step_abs_log_ratio"] == pytest.approx(moved, rel=1e-4)
+    assert moved > 1e-3  # lr 1e-3 on a tiny model moves it: not a trivial zero
+    # every second step only (step_kl_freq=2): the next step does not measure, the one after does
+    assert "learner/actor/step_kl" not in learner.train_step(groups, prompts)
+    assert learner.train_step(groups, prompts)["learner/actor/step_kl"] > 0.0
+
+
+def test_step_kl_is_off_by_default_and_the_zero_advantage_share_is_reported() -> None:
+    learner = Learner(settings(), START, local_context(), tiny_policy)
+    groups, prompts = scripted_groups(4, 4, seed=21)
+    metrics = learner.train_step(equal_rewards(groups, (0, 2)), prompts)
+    assert "learner/actor/step_kl" not in metrics
+    informative = metrics["learner/batch/informative_groups"]
+    assert metrics["learner/batch/zero_advantage_share"] == pytest.approx(1.0 - informative / 4)
+    assert metrics["learner/batch/zero_advantage_share"] >= 0.5  # groups 0 and 2 at least

@@ -48,6 +48,10 @@ def _full_record(step: int) -> dict[str, Any]:
         "learner/idle_fraction": 0.1,
         "actor/idle_fraction": 0.3,
         "learner/batch/response_length_mean": 6.0,
+        "learner/actor/entropy": 0.8 - step / 200,
+        "learner/actor/grad_norm": 1.5,
+        "learner/actor/step_kl": 0.01 + 0.005 * math.sin(step),
+        "learner/batch/zero_advantage_share": 0.25,
         "learner/actor/pg_loss": None,  # a NaN written as null
     }
 
@@ -74,7 +78,7 @@ def test_plot_run_full_metrics_writes_png(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(plot_mod, "_no_data", lambda ax, title: (empty_panels.append(title), real_no_data(ax, title)))
     out = plot_run(src, tmp_path / "plots" / "run.png")
     assert out == tmp_path / "plots" / "run.png"
-    assert _png_size(out) == (1400, 1900)  # figsize 14 x 19 inches at 100 dpi
+    assert _png_size(out) == (1400, 2300)  # figsize 14 x 23 inches at 100 dpi
     assert out.stat().st_size > 10_000
     assert empty_panels == []  # every panel, the two validation panels included, has data
 
@@ -105,6 +109,8 @@ def test_plot_run_with_most_keys_missing(tmp_path: Path, monkeypatch: pytest.Mon
             "rollout transport",
             "idle fractions (waiting for work)",
             "response length",
+            "policy entropy and gradient norm",
+            "step size (actor.step_kl_freq) and signal",
             "validation reward vs step (policy version)",
             "validation reward vs wall-clock time",
         ]
@@ -198,7 +204,7 @@ def test_multi_turn_runs_get_the_episode_panels(tmp_path: Path, monkeypatch: pyt
         plot_mod, "_lines_panel", lambda ax, title, *a: (titles.append(title), real_lines(ax, title, *a))
     )
     out = plot_run(src, tmp_path / "run.png")
-    assert _png_size(out) == (1400, 2300)  # one more row
+    assert _png_size(out) == (1400, 2700)  # one more row
     assert "episodes: turns and tool calls" in titles and "episodes: errors and template checks" in titles
     assert not unknown_keys(records[0], record_kind(records[0]))
 

@@ -276,9 +276,7 @@ def test_zero_advantage_sequences_are_computed_where_their_gradient_is_not_zero(
     ],
 )
 def test_step_kl_is_the_kl_from_the_policy_before_the_step_to_the_one_after(extra: dict[str, object]) -> None:
-    learner = Learner(
-        settings(step_kl_freq=2, skip_zero_advantage=False, **extra), START, local_context(), tiny_policy
-    )
+    learner = Learner(settings(step_kl_freq=2, skip_zero_advantage=False, **extra), START, local_context(), tiny_policy)
     groups, prompts = scripted_groups(4, 4, seed=21)
     batch = learner.collate(groups, prompts)
     learner.model.eval()

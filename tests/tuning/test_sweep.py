@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from async_rl import metric_catalog as mc
 from async_rl.tuning.sweep import RunOutcome, SweepRun, completed_steps, parse_args, plan_sweep, run_sweep
-from async_rl.tuning.sweep_report import summarize_cells, summarize_run, write_report
+from async_rl.tuning.sweep_report import (
+    cell_band,
+    hold_tolerance,
+    mean_ci95,
+    summarize_cells,
+    summarize_run,
+    t_quantile_975,
+    verdict,
+    write_report,
+)
 
 
 def _plan(tmp_path: Path, **kwargs) -> list[SweepRun]:
@@ -116,9 +126,11 @@ def _write_metrics(
     wall0: float = 10.0,
     dt: float = 2.0,
     val: dict[int, float] | None = None,
+    staleness_max: float | None = None,
 ) -> None:
     """``steps`` records: reward rising by 0.01 a step, ``dt`` s a step, 1000 trained tokens a step; a validation
-    record after each step in ``val`` (step -> validation reward)."""
+    record after each step in ``val`` (step -> validation reward); with ``staleness_max``, a largest staleness of K at
+    every step but step 5, where it is ``staleness_max``."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     lines = []
     for step in range(1, steps + 1):
@@ -133,6 +145,8 @@ def _write_metrics(
             "rollout/version_span_mean": 0.25,
             "transport/drops_total": 3 * step,
         }
+        if staleness_max is not None:
+            record[mc.LEARNER_STALENESS_MAX] = staleness_max if step == 5 else float(run.staleness)
         lines.append(json.dumps(record))
         if val is not None and step in val:
             lines.append(json.dumps({"step": step, "val/version": float(step), "val/reward_mean": val[step]}))
@@ -311,3 +325,103 @@ def test_report_only_reads_back_the_runs_of_every_seed(tmp_path):
         ("on", "2", "54.5"),
         ("off", "2", "54.5"),
     ]
+
+
+def test_mean_ci95_is_students_t_over_the_values():
+    assert (t_quantile_975(1), t_quantile_975(2), t_quantile_975(30), t_quantile_975(31)) == (
+        12.7062,
+        4.3027,
+        2.0423,
+        1.96,
+    )
+    # mean 0.85, sample std 0.05: 4.3027 x 0.05 / sqrt(3)
+    mean, half = mean_ci95([0.80, 0.85, 0.90])
+    assert mean == pytest.approx(0.85) and half == pytest.approx(0.1242, abs=1e-4)
+    assert mean_ci95([0.7]) == (pytest.approx(0.7), None)  # one seed: no interval
+    assert mean_ci95([]) == (None, None)
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
+
+
+def test_verdict_tolerance_depends_on_k():
+    assert (hold_tolerance(0), hold_tolerance(8), hold_tolerance(9), hold_tolerance(16)) == (0.05, 0.05, 0.10, 0.10)
+    assert verdict(2, -0.03) == "holds" and verdict(2, 0.02) == "holds"
+    assert verdict(2, -0.06) == "falls"
+    assert verdict(8, 0.80 - 0.85) == "holds"  # exactly the tolerance, up to float rounding
+    assert verdict(16, -0.08) == "holds" and verdict(16, -0.11) == "falls"
+    assert verdict(0, None) == "baseline" and verdict(0, -0.2) == "baseline"
+    assert verdict(4, None) == "no baseline"
+
+
+def test_cell_band_means_every_step_and_bands_where_two_runs_have_a_value():
+    steps, means, halves = cell_band([[(10, 0.5), (20, 0.8)], [(10, 0.7), (20, 0.9)], [(20, 1.0), (30, 0.4)]])
+    assert steps == [10, 20, 30]
+    assert means == [pytest.approx(0.6), pytest.approx(0.9), pytest.approx(0.4)]
+    # step 10: std 0.1414 of 2 values, 12.7062 x 0.1414 / sqrt(2); step 20: std 0.1 of 3, 4.3027 x 0.1 / sqrt(3)
+    assert halves[0] == pytest.approx(1.27062) and halves[1] == pytest.approx(0.248417, abs=1e-6)
+    assert halves[2] is None
+    assert cell_band([]) == ([], [], [])
+
+
+def test_cells_judge_the_final_validation_reward_against_k0(tmp_path):
+    runs = _plan(tmp_path, steps=20, staleness=[0, 2, 8, 16], seeds=[1, 2, 3], seed_in_name=True)
+    # last validation reward by cell and seed; correction off has no finished K = 0 run
+    finals = {
+        "k0-corr-on": (0.80, 0.85, 0.90),  # mean 0.85
+        "k2-corr-on": (0.79, 0.82, 0.85),  # mean 0.82: 0.03 below, tolerance 0.05
+        "k8-corr-on": (0.74, 0.79, 0.84),  # mean 0.79: 0.06 below, tolerance 0.05
+        "k16-corr-on": (0.72, 0.77, 0.82),  # mean 0.77: 0.08 below, tolerance 0.10
+        "k0-corr-off": (0.9, 0.9, 0.9),
+        "k2-corr-off": (0.60, 0.1, 0.1),
+        "k8-corr-off": (0.5, 0.5, 0.5),
+        "k16-corr-off": (0.40, 0.50, 0.60),
+    }
+    failed = {"k0-corr-off": (1, 2, 3), "k2-corr-off": (2, 3), "k8-corr-off": (1, 2, 3)}
+    outcomes = []
+    for run in runs:
+        final = finals[run.cell][run.seed - 1]
+        _write_metrics(run, 20, reward0=0.1, val={10: final - 0.1, 20: final}, staleness_max=run.staleness + run.seed)
+        status = "failed" if run.seed in failed.get(run.cell, ()) else "done"
+        outcomes.append(RunOutcome(status, 60.0, 0 if status == "done" else 1, run.log_path))
+    paths = write_report(runs, outcomes, tmp_path)
+
+    rows = [summarize_run(run, outcome) for run, outcome in zip(runs, outcomes, strict=True)]
+    assert [(r["K"], r["seed"], r["staleness_max"]) for r in rows[:2]] == [(0, 1, 1.0), (0, 1, 1.0)]
+    cells = {f"k{c['K']}-corr-{c['correction']}": c for c in summarize_cells(runs, rows)}
+    k0 = cells["k0-corr-on"]
+    assert k0["val_reward_last_mean"] == pytest.approx(0.85)
+    assert k0["val_reward_last_ci95"] == pytest.approx(0.1242, abs=1e-4)
+    assert (k0["val_reward_last_vs_k0"], k0["verdict"]) == (None, "baseline")
+    judged = {name: (cells[name]["val_reward_last_vs_k0"], cells[name]["verdict"]) for name in cells}
+    assert judged["k2-corr-on"] == (pytest.approx(-0.03), "holds")
+    assert judged["k8-corr-on"] == (pytest.approx(-0.06), "falls")
+    assert judged["k16-corr-on"] == (pytest.approx(-0.08), "holds")
+    assert judged["k0-corr-off"] == (None, "baseline")  # no finished run, still the baseline row
+    assert judged["k2-corr-off"] == (None, "no baseline") and judged["k16-corr-off"] == (None, "no baseline")
+    assert judged["k8-corr-off"] == (None, None)  # nothing finished to judge
+    # one finished seed: its value, no interval
+    k2_off = cells["k2-corr-off"]
+    assert (k2_off["done"], k2_off["val_reward_last_mean"], k2_off["val_reward_last_ci95"]) == (1, 0.6, None)
+    # staleness reached: the largest run maximum (K + seed) over the finished seeds, and the mean of the run means (K)
+    assert (cells["k16-corr-on"]["staleness_max_max"], cells["k16-corr-on"]["staleness_mean_mean"]) == (19.0, 16.0)
+    assert (k2_off["staleness_max_max"], k2_off["staleness_mean_mean"]) == (3.0, 2.0)  # seed 1 only
+    assert cells["k8-corr-off"]["staleness_max_max"] is None
+
+    table = {f"k{c['K']}-corr-{c['correction']}": c for c in csv.DictReader((tmp_path / "sweep_cells.csv").open())}
+    assert table["k8-corr-on"]["verdict"] == "falls"
+    assert float(table["k8-corr-on"]["val_reward_last_vs_k0"]) == pytest.approx(-0.06)
+    assert float(table["k0-corr-on"]["val_reward_last_ci95"]) == pytest.approx(0.1242, abs=1e-4)
+    assert table["k2-corr-off"]["val_reward_last_ci95"] == "" and table["k8-corr-off"]["verdict"] == ""
+    assert table["k16-corr-on"]["staleness_max_max"] == "19.0"
+    md = (tmp_path / "sweep_cells.md").read_text().splitlines()
+    assert md[0].endswith(
+        "| last validation reward, mean ± 95% CI | max staleness, highest | last validation reward vs K=0 | verdict |"
+    )
+    assert md[2].startswith("| 0 | on | 3 of 3 |") and md[2].endswith("| 0.850 ± 0.124 | 3 | n/a | baseline |")
+    assert md[3].startswith("| 0 | off | 0 of 3 |") and md[3].endswith("| n/a | n/a | n/a | baseline |")
+    assert md[4].endswith("| 0.820 ± 0.075 | 5 | -0.030 | holds |")  # 4.3027 x 0.03 / sqrt(3) = 0.0745
+    assert md[5].endswith("| 0.600 | 3 | n/a | no baseline |")
+    assert md[6].endswith("| -0.060 | falls |") and md[8].endswith("| -0.080 | holds |")
+
+    (bands,) = [p for p in paths if p.name == "sweep_val_bands.png"]
+    assert bands == tmp_path / "sweep_val_bands.png" and bands.stat().st_size > 10_000

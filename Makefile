@@ -57,9 +57,8 @@ test: lint typecheck pytest
 demo: $(STAMP)
 	$(PY) -m async_rl.entrypoints.demo
 
-# The real pretrained model (SmolLM2-135M-Instruct, converted from its wheel) on chat arithmetic: about 3.5 min on 2 cores
-# with native bf16 (README: 167.4-170.6 s to step 16 on a Zen 4), about 20 on an AVX2-only CPU (1,081 s to step 16,
-# 2026-12-03, not measured since).
+# The real pretrained model (SmolLM2-135M-Instruct, converted from its wheel) on chat arithmetic, 48 steps: about 11
+# minutes on 2 cores with native bf16 (README, "A real model"); about three times that without native bf16.
 real-demo: $(STAMP)
 	$(PY) launchers/local.py --config configs/smollm2_arith_grpo.yaml --run-dir outputs/smollm2 \
 		trainer.default_local_dir=outputs/smollm2

@@ -164,7 +164,7 @@ class ActorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             " forward over the sequences the update computed gives learner/actor/step_kl (KL from the policy before"
             " the step to the policy after it) and learner/actor/step_abs_log_ratio. With one optimizer step per"
             " batch the PPO ratio is exactly 1 at the update, so ppo_kl and the clip fractions are 0 and this is the"
-            " only view of the step's size. 0 = off (the forward costs about a quarter of an update's compute;"
+            " only view of the step's size. 0 = off (the forward is a no-grad pass over the trained sequences;"
             " this project's key, verl has none)."
         ),
     ] = 0

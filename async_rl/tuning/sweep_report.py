@@ -392,6 +392,15 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _legend_or_no_data(ax: Any, drawn: int) -> None:
+    """A plot's legend and grid when it drew a line, else "no data" across it."""
+    if drawn:
+        ax.legend(fontsize=8, loc="best", ncol=2)
+        ax.grid(alpha=0.3)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14, color="gray")
+
+
 def _line_plot(
     data: Sequence[tuple[SweepRun, list[dict[str, Any]]]],
     keys: Sequence[str],
@@ -425,11 +434,7 @@ def _line_plot(
     ax.set_title(title + (" (rolling mean over 5% of steps)" if smooth else ""))
     ax.set_xlabel(unit)
     ax.set_ylabel(ylabel)
-    if drawn:
-        ax.legend(fontsize=8, loc="best", ncol=2)
-        ax.grid(alpha=0.3)
-    else:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14, color="gray")
+    _legend_or_no_data(ax, drawn)
     return _save(fig, path)
 
 
@@ -483,11 +488,7 @@ def _val_band_plot(
     ax.set_title("held-out validation reward: mean over finished runs, 95% t band (>= 2 runs)")
     ax.set_xlabel("step")
     ax.set_ylabel("validation reward")
-    if drawn:
-        ax.legend(fontsize=8, loc="best", ncol=2)
-        ax.grid(alpha=0.3)
-    else:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=14, color="gray")
+    _legend_or_no_data(ax, drawn)
     return _save(fig, path)
 
 

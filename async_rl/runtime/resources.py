@@ -68,11 +68,11 @@ def load_raw_records(files: str | list[str] | None, prompt_key: str, split: str,
 
     out: list[dict[str, Any]] = []
     for f in [files] if isinstance(files, str) else files:
-        size = ARITH_TRAIN_SIZE if split == "train" else ARITH_EVAL_SIZE
+        eval_size = CHAT_ARITH_EVAL_SIZE if f == BUILTIN_CHAT_DATA else ARITH_EVAL_SIZE
+        size = ARITH_TRAIN_SIZE if split == "train" else eval_size
         if f == BUILTIN_DATA:
             out.extend({**r, "extra": {}} for r in make_arith_problems(size, seed=seed, digits=2, split=split))
         elif f == BUILTIN_CHAT_DATA:
-            size = ARITH_TRAIN_SIZE if split == "train" else CHAT_ARITH_EVAL_SIZE
             problems = make_chat_arith_problems(size, seed=seed, digits=2, split=split)
             out.extend({**r, "extra": {"data_source": ARITH_CHAT_SOURCE}} for r in problems)
         elif f == BUILTIN_CALCULATOR_DATA:
